@@ -1,0 +1,176 @@
+"""Typed errors for every layer of tierd.
+
+Every error tierd raises on purpose derives from :class:`TierdError` *and* from the builtin
+exception a Python caller would naturally catch (``ValueError`` for bad input,
+``FileNotFoundError`` for missing objects, ``OSError`` for backend faults, ...). Callers can
+therefore write ``except ValueError`` without knowing tierd, or ``except TierdError`` to catch
+all of ours. Messages name the parameter, what was expected and the value received; the CLI and
+HTTP layers print ``str(err)`` and never a stack trace.
+
+Each class has a stable ``code`` (used as the ``error`` field of HTTP error bodies and in JSON
+CLI output) and an ``http_status``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+
+class TierdError(Exception):
+    """Root of all tierd errors."""
+
+    code: ClassVar[str] = "tierd_error"
+    http_status: ClassVar[int] = 500
+
+    def __init__(self, message: str, **detail: Any) -> None:
+        super().__init__(message)
+        self.message = message
+        #: Structured context (offending value, path, offsets, ...) for logs and JSON output.
+        self.detail: dict[str, Any] = detail
+
+    def __str__(self) -> str:
+        return self.message
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Keep errors picklable (they cross process boundaries in Spark and subprocess tests).
+        return (_rebuild_error, (type(self), self.message, self.detail))
+
+
+def _rebuild_error(cls: type[TierdError], message: str, detail: dict[str, Any]) -> TierdError:
+    err = cls.__new__(cls)
+    TierdError.__init__(err, message, **detail)
+    return err
+
+
+# --------------------------------------------------------------------------- input validation
+class InvalidArgumentError(TierdError, ValueError):
+    """A caller passed a value outside the documented limits."""
+
+    code = "invalid_argument"
+    http_status = 400
+
+
+class InvalidTopicError(InvalidArgumentError):
+    """Topic name violates the naming rules (see docs/limits.md)."""
+
+    code = "invalid_topic"
+
+
+class MessageTooLargeError(InvalidArgumentError):
+    """Body larger than ``store.max_message_size`` or record larger than the record limit."""
+
+    code = "message_too_large"
+    http_status = 413
+
+
+class InvalidPropertiesError(InvalidArgumentError):
+    """Properties too long, empty, or containing the reserved separator bytes 0x01/0x02."""
+
+    code = "invalid_properties"
+
+
+class InvalidQueueError(InvalidArgumentError):
+    """Queue id out of range for the topic."""
+
+    code = "invalid_queue"
+
+
+class InvalidRangeError(InvalidArgumentError):
+    """A byte or offset range that is negative, empty or overflowing."""
+
+    code = "invalid_range"
+
+
+class ConfigError(InvalidArgumentError):
+    """Configuration file or environment override is invalid."""
+
+    code = "config_error"
+
+
+# --------------------------------------------------------------------------- store state
+class StoreClosedError(TierdError, RuntimeError):
+    """Operation on a store (or segment) that has been closed."""
+
+    code = "store_closed"
+    http_status = 503
+
+
+class StoreLockedError(TierdError, BlockingIOError):
+    """Another process holds the store directory's lock file."""
+
+    code = "store_locked"
+    http_status = 503
+
+
+class StoreFullError(TierdError, OSError):
+    """Writes refused: the disk is nearly full and history may not be dropped."""
+
+    code = "store_full"
+    http_status = 507
+
+
+# --------------------------------------------------------------------------- data integrity
+class CorruptionError(TierdError, ValueError):
+    """Bytes on disk or in the bucket do not decode: bad magic, bad length, CRC mismatch, gaps."""
+
+    code = "corruption"
+
+
+class CorruptRecordError(CorruptionError):
+    """One commitlog record failed validation. ``detail`` names the position and the reason."""
+
+    code = "corrupt_record"
+
+
+# --------------------------------------------------------------------------- backend / segments
+class BackendError(TierdError, OSError):
+    """A storage backend failed (network, permission, server error). Usually retryable."""
+
+    code = "backend_error"
+    http_status = 502
+
+
+class SegmentNotFoundError(TierdError, FileNotFoundError):
+    """The backend has no object/file for the segment."""
+
+    code = "segment_not_found"
+    http_status = 404
+
+
+class SegmentReadError(InvalidRangeError):
+    """A read outside a segment's committed bytes (past the end, negative, empty)."""
+
+    code = "segment_read_out_of_range"
+
+
+class SegmentSealedError(TierdError, PermissionError):
+    """A write to a segment that has been sealed (immutable)."""
+
+    code = "segment_sealed"
+    http_status = 409
+
+
+class ConcurrentCommitError(TierdError, RuntimeError):
+    """A commit was attempted while another commit of the same segment is in flight."""
+
+    code = "concurrent_commit"
+    http_status = 409
+
+
+class DriverNotFoundError(ConfigError):
+    """No segment driver registered under the configured name."""
+
+    code = "driver_not_found"
+
+
+class DriverDependencyError(ConfigError, ImportError):
+    """A driver is registered but its optional dependency is not installed."""
+
+    code = "driver_dependency_missing"
+
+
+class NotFoundError(TierdError, LookupError):
+    """A topic, queue or message does not exist."""
+
+    code = "not_found"
+    http_status = 404

@@ -1,0 +1,405 @@
+"""RocketMQ commitlog record codec (FORMATS §1.1): byte-identical encoding, strict decoding.
+
+Two encoders share one layout:
+
+* :func:`encode_record` packs one record with a precompiled :class:`struct.Struct` — the single
+  ``put`` path, where numpy's per-call overhead would dominate.
+* :func:`encode_batch` builds every fixed-size header of a batch at once in a numpy structured
+  array and assembles the records with one ``bytes.join`` — the ``put_batch`` path. The only
+  per-message Python work left is what cannot be vectorised: the body CRC and the join list.
+
+Decoding never trusts its input: bad magic, lengths that do not add up, and CRC mismatches raise
+:class:`~tierd.errors.CorruptRecordError` (or are reported as :data:`INVALID` by the scanner used
+for recovery, which must not pay for exceptions in its loop).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import struct
+import zlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Final
+
+import numpy as np
+import numpy.typing as npt
+
+from tierd.errors import CorruptRecordError, InvalidArgumentError
+from tierd.message import MessageExt
+
+MAGIC_V1: Final = 0xDAA320A7
+MAGIC_V2: Final = 0xDAA320AB
+BLANK_MAGIC: Final = 0xCBD43194
+#: A record needs this many spare bytes after it in its file, else the file ends with a blank marker.
+END_FILE_MIN_BLANK: Final = 8
+
+SYSFLAG_COMPRESSED: Final = 0x1
+SYSFLAG_MULTI_TAGS: Final = 0x2
+SYSFLAG_TRANSACTION_MASK: Final = 0xC
+SYSFLAG_TRANSACTION_PREPARED: Final = 0x4
+SYSFLAG_TRANSACTION_COMMIT: Final = 0x8
+SYSFLAG_TRANSACTION_ROLLBACK: Final = 0xC
+SYSFLAG_BORNHOST_V6: Final = 0x10
+SYSFLAG_STOREHOST_V6: Final = 0x20
+
+PROP_NAME_SEP: Final = "\x01"
+PROP_SEP: Final = "\x02"
+MAX_PROPERTIES_LENGTH: Final = 32767
+#: Topics longer than this (in characters) are written with the v2 magic (2-byte topic length).
+V1_TOPIC_MAX: Final = 127
+V2_TOPIC_MAX_BYTES: Final = 32767
+
+# Byte positions that do not depend on host widths.
+POS_TOTAL: Final = 0
+POS_MAGIC: Final = 4
+POS_BODY_CRC: Final = 8
+POS_QUEUE_ID: Final = 12
+POS_FLAG: Final = 16
+POS_QUEUE_OFFSET: Final = 20
+POS_PHYSICAL_OFFSET: Final = 28
+POS_SYSFLAG: Final = 36
+POS_BORN_TIMESTAMP: Final = 40
+POS_BORN_HOST: Final = 48
+#: Header length with IPv4 hosts, up to and including BODYLENGTH.
+HEADER_V4: Final = 88
+
+_INT = struct.Struct(">i")
+_UINT = struct.Struct(">I")
+_LONG = struct.Struct(">q")
+_SIZE_MAGIC = struct.Struct(">iI")
+
+
+def _header_struct(born_len: int, store_len: int) -> struct.Struct:
+    # total, magic, crc, queue id, flag, queue offset, physical offset, sysflag, born ts,
+    # born host, store ts, store host, reconsume times, prepared tx offset, body length
+    return struct.Struct(f">iIiiiqqiq{born_len}sq{store_len}siqi")
+
+
+_HEADERS: dict[tuple[int, int], struct.Struct] = {
+    (b, s): _header_struct(b, s) for b in (8, 20) for s in (8, 20)
+}
+
+
+# ----------------------------------------------------------------------------- small helpers
+@lru_cache(maxsize=4096)
+def java_string_hash(s: str) -> int:
+    """Java's ``String.hashCode`` (over UTF-16 code units, signed 32-bit wrap-around)."""
+    h = 0
+    data = s.encode("utf-16-be")
+    for (unit,) in struct.iter_unpack(">H", data):
+        h = (31 * h + unit) & 0xFFFFFFFF
+    return h - (1 << 32) if h & 0x80000000 else h
+
+
+def tags_code(tags: str | None) -> int:
+    """Consume-queue tags code: Java hash of the TAGS value, 0 without tags."""
+    return java_string_hash(tags) if tags else 0
+
+
+@lru_cache(maxsize=1024)
+def encode_host(host: str) -> bytes:
+    """``"ip:port"`` / ``"[v6]:port"`` → 4+4 or 16+4 bytes as RocketMQ writes them."""
+    try:
+        if host.startswith("["):
+            addr, _, port = host[1:].partition("]:")
+        else:
+            addr, _, port = host.rpartition(":")
+        ip = ipaddress.ip_address(addr)
+        port_num = int(port)
+        if not 0 <= port_num <= 65535:
+            raise ValueError(port)
+    except ValueError as e:
+        raise InvalidArgumentError(
+            f"host must be 'ip:port' or '[ipv6]:port', got {host!r}", host=host
+        ) from e
+    return ip.packed + _INT.pack(port_num)
+
+
+def decode_host(raw: bytes) -> str:
+    ip = ipaddress.ip_address(raw[:-4])
+    port = _INT.unpack(raw[-4:])[0]
+    return f"[{ip}]:{port}" if ip.version == 6 else f"{ip}:{port}"
+
+
+def offset_msg_id(store_host: bytes, physical_offset: int) -> str:
+    """Offset message id: uppercase hex of STOREHOST bytes + the 8-byte PHYSICALOFFSET."""
+    return store_host.hex().upper() + f"{physical_offset & 0xFFFFFFFFFFFFFFFF:016X}"
+
+
+def parse_offset_msg_id(msg_id: str) -> tuple[str, int]:
+    """Inverse of :func:`offset_msg_id`: ``(store host, physical offset)``."""
+    try:
+        raw = bytes.fromhex(msg_id)
+    except ValueError as e:
+        raise InvalidArgumentError(f"msg_id must be hex, got {msg_id!r}", msg_id=msg_id) from e
+    if len(raw) not in (16, 28):
+        raise InvalidArgumentError(
+            f"msg_id must be 32 (IPv4) or 56 (IPv6) hex characters, got {len(msg_id)}", msg_id=msg_id
+        )
+    return decode_host(raw[:-8]), _LONG.unpack(raw[-8:])[0]
+
+
+def encode_properties(props: Mapping[str, str]) -> bytes:
+    """``name 0x01 value 0x02`` per pair, UTF-8. Validation (separators, length) is the caller's
+    (see :mod:`tierd.local.validation`) so the hot path checks once."""
+    return "".join(f"{k}\x01{v}\x02" for k, v in props.items()).encode()
+
+
+def decode_properties(raw: bytes | str) -> dict[str, str]:
+    """Split on 0x02, then on the first 0x01; pieces without a name or value are ignored, as
+    RocketMQ does."""
+    text = raw.decode() if isinstance(raw, bytes | bytearray | memoryview) else raw
+    out: dict[str, str] = {}
+    for item in text.split(PROP_SEP):
+        name, sep, value = item.partition(PROP_NAME_SEP)
+        if sep and name and value:
+            out[name] = value
+    return out
+
+
+def topic_field(topic_bytes: bytes) -> tuple[int, bytes]:
+    """Magic and length-prefixed topic bytes for a UTF-8 topic (v2 beyond 127 bytes/chars)."""
+    if len(topic_bytes) > V1_TOPIC_MAX:
+        return MAGIC_V2, len(topic_bytes).to_bytes(2, "big") + topic_bytes
+    return MAGIC_V1, bytes((len(topic_bytes),)) + topic_bytes
+
+
+def record_overhead(born_host_len: int, store_host_len: int, v2: bool) -> int:
+    """Fixed bytes of a record besides body, topic and properties (91 for v1 with IPv4)."""
+    return HEADER_V4 - 16 + born_host_len + store_host_len + (2 if v2 else 1) + 2
+
+
+# ----------------------------------------------------------------------------- single record
+def encode_record(
+    *,
+    body: bytes,
+    topic_part: bytes,
+    magic: int,
+    properties: bytes,
+    queue_id: int,
+    flag: int,
+    queue_offset: int,
+    physical_offset: int,
+    sys_flag: int,
+    born_timestamp: int,
+    born_host: bytes,
+    store_timestamp: int,
+    store_host: bytes,
+    reconsume_times: int = 0,
+    prepared_transaction_offset: int = 0,
+    body_crc: int | None = None,
+) -> bytes:
+    """One record. ``topic_part`` is the length-prefixed topic from :func:`topic_field` (cached by
+    callers); host widths set the v6 sysflag bits automatically."""
+    if len(born_host) == 20:
+        sys_flag |= SYSFLAG_BORNHOST_V6
+    if len(store_host) == 20:
+        sys_flag |= SYSFLAG_STOREHOST_V6
+    hdr = _HEADERS[len(born_host), len(store_host)]
+    body_len = len(body)
+    total = hdr.size + body_len + len(topic_part) + 2 + len(properties)
+    crc = (zlib.crc32(body) & 0x7FFFFFFF) if body_crc is None else body_crc
+    return b"".join(
+        (
+            hdr.pack(
+                total, magic, crc, queue_id, flag, queue_offset, physical_offset, sys_flag,
+                born_timestamp, born_host, store_timestamp, store_host, reconsume_times,
+                prepared_transaction_offset, body_len,
+            ),
+            body,
+            topic_part,
+            len(properties).to_bytes(2, "big"),
+            properties,
+        )
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class RecordView:
+    """The fields the dispatcher and recovery need, parsed without copying the body."""
+
+    size: int
+    queue_id: int
+    queue_offset: int
+    physical_offset: int
+    sys_flag: int
+    store_timestamp: int
+    topic: str
+    properties: str
+
+
+def _fail(reason: str, pos: int) -> CorruptRecordError:
+    return CorruptRecordError(f"corrupt record at position {pos}: {reason}", position=pos, reason=reason)
+
+
+def _layout(buf: bytes | memoryview, pos: int, limit: int) -> tuple[int, int, int, int, int, int]:
+    """Validate framing; return (size, magic, sysflag, born len, store len, body start)."""
+    if limit - pos < HEADER_V4:
+        raise _fail(f"{limit - pos} bytes left, a record needs at least {HEADER_V4}", pos)
+    size, magic = _SIZE_MAGIC.unpack_from(buf, pos)
+    if magic not in (MAGIC_V1, MAGIC_V2):
+        raise _fail(f"bad magic 0x{magic:08X}", pos)
+    if size < HEADER_V4 + 3 or size > limit - pos:
+        raise _fail(f"total size {size} does not fit in {limit - pos} bytes", pos)
+    sys_flag = _INT.unpack_from(buf, pos + POS_SYSFLAG)[0]
+    born_len = 20 if sys_flag & SYSFLAG_BORNHOST_V6 else 8
+    store_len = 20 if sys_flag & SYSFLAG_STOREHOST_V6 else 8
+    return size, magic, sys_flag, born_len, store_len, pos + HEADER_V4 - 16 + born_len + store_len
+
+
+def decode_record(buf: bytes | memoryview, pos: int = 0, *, limit: int | None = None,
+                  check_crc: bool = True) -> MessageExt:
+    """Decode the record at ``pos``; raise :class:`CorruptRecordError` on any inconsistency."""
+    end = len(buf) if limit is None else limit
+    size, magic, sys_flag, born_len, store_len, body_start = _layout(buf, pos, end)
+    hdr = _HEADERS[born_len, store_len]
+    (_, _, crc, queue_id, flag, queue_offset, phys, _, born_ts, born_host, store_ts, store_host,
+     reconsume, prepared, body_len) = hdr.unpack_from(buf, pos)
+    rec_end = pos + size
+    body_end = body_start + body_len
+    if body_len < 0 or body_end > rec_end:
+        raise _fail(f"body length {body_len} overruns the record", pos)
+    tlen_width = 2 if magic == MAGIC_V2 else 1
+    topic_len = int.from_bytes(buf[body_end : body_end + tlen_width], "big")
+    topic_end = body_end + tlen_width + topic_len
+    if topic_end + 2 > rec_end:
+        raise _fail(f"topic length {topic_len} overruns the record", pos)
+    props_len = int.from_bytes(buf[topic_end : topic_end + 2], "big")
+    if topic_end + 2 + props_len != rec_end:
+        raise _fail(f"field lengths add up to {topic_end + 2 + props_len - pos}, total size says {size}", pos)
+    body = bytes(buf[body_start:body_end])
+    if check_crc and (zlib.crc32(body) & 0x7FFFFFFF) != crc:
+        raise _fail(f"body CRC mismatch (stored {crc})", pos)
+    try:
+        topic = bytes(buf[body_end + tlen_width : topic_end]).decode()
+        props = decode_properties(bytes(buf[topic_end + 2 : rec_end]))
+    except UnicodeDecodeError as e:
+        raise _fail(f"topic or properties are not UTF-8 ({e.reason})", pos) from e
+    store_host_b = bytes(store_host)
+    return MessageExt(
+        topic=topic, queue_id=queue_id, queue_offset=queue_offset, body=body, properties=props,
+        store_timestamp=store_ts, born_timestamp=born_ts, born_host=decode_host(bytes(born_host)),
+        store_host=decode_host(store_host_b), commitlog_offset=phys, size=size, flag=flag,
+        sys_flag=sys_flag, reconsume_times=reconsume, prepared_transaction_offset=prepared,
+        body_crc=crc, msg_id=offset_msg_id(store_host_b, phys),
+    )
+
+
+#: Scanner outcomes (recovery loops must not pay for exceptions).
+VALID: Final = 1
+BLANK: Final = 0
+INVALID: Final = -1
+
+
+def scan_record(buf: bytes | memoryview, pos: int, limit: int,
+                check_crc: bool) -> tuple[int, int, RecordView | None]:
+    """Check the record at ``pos`` without raising: ``(VALID, size, view)``, ``(BLANK, size, None)``
+    for an end-of-file marker, or ``(INVALID, 0, None)`` (torn tail, garbage, zeros)."""
+    if limit - pos >= 8:
+        size, magic = _SIZE_MAGIC.unpack_from(buf, pos)
+        if magic == BLANK_MAGIC and size >= 8 and pos + size == limit:
+            return BLANK, size, None
+    try:
+        return VALID, *_view(buf, pos, limit, check_crc)
+    except CorruptRecordError:
+        return INVALID, 0, None
+
+
+def parse_record_view(buf: bytes | memoryview, pos: int, limit: int, check_crc: bool = False) -> RecordView:
+    """Like :func:`scan_record` for a record known to be there; raises on corruption."""
+    return _view(buf, pos, limit, check_crc)[1]
+
+
+def _view(buf: bytes | memoryview, pos: int, limit: int, check_crc: bool) -> tuple[int, RecordView]:
+    size, magic, sys_flag, born_len, store_len, body_start = _layout(buf, pos, limit)
+    crc, queue_id = struct.unpack_from(">ii", buf, pos + POS_BODY_CRC)
+    queue_offset, phys = struct.unpack_from(">qq", buf, pos + POS_QUEUE_OFFSET)
+    store_ts = _LONG.unpack_from(buf, pos + POS_BORN_HOST + born_len)[0]
+    body_len = _INT.unpack_from(buf, body_start - 4)[0]
+    rec_end = pos + size
+    body_end = body_start + body_len
+    tlen_width = 2 if magic == MAGIC_V2 else 1
+    if body_len < 0 or body_end + tlen_width > rec_end:
+        raise _fail(f"body length {body_len} overruns the record", pos)
+    topic_len = int.from_bytes(buf[body_end : body_end + tlen_width], "big")
+    topic_end = body_end + tlen_width + topic_len
+    if topic_end + 2 > rec_end:
+        raise _fail(f"topic length {topic_len} overruns the record", pos)
+    props_len = int.from_bytes(buf[topic_end : topic_end + 2], "big")
+    if topic_end + 2 + props_len != rec_end:
+        raise _fail(f"field lengths add up to {topic_end + 2 + props_len - pos}, total size says {size}", pos)
+    if check_crc and (zlib.crc32(buf[body_start:body_end]) & 0x7FFFFFFF) != crc:
+        raise _fail(f"body CRC mismatch (stored {crc})", pos)
+    try:
+        topic = bytes(buf[body_end + tlen_width : topic_end]).decode()
+        props = bytes(buf[topic_end + 2 : rec_end]).decode()
+    except UnicodeDecodeError as e:
+        raise _fail(f"topic or properties are not UTF-8 ({e.reason})", pos) from e
+    return size, RecordView(size, queue_id, queue_offset, phys, sys_flag, store_ts, topic, props)
+
+
+def blank_marker(free_bytes: int) -> bytes:
+    """End-of-file marker: the whole free space as an int, then the BLANK magic."""
+    return _SIZE_MAGIC.pack(free_bytes, BLANK_MAGIC)
+
+
+# ----------------------------------------------------------------------------- batch encoding
+_HEADER_V4_DTYPE = np.dtype(
+    [
+        ("total", ">i4"), ("magic", ">u4"), ("crc", ">u4"), ("queue_id", ">i4"), ("flag", ">i4"),
+        ("queue_offset", ">i8"), ("physical_offset", ">i8"), ("sys_flag", ">i4"),
+        ("born_timestamp", ">i8"), ("born_host", "V8"), ("store_timestamp", ">i8"),
+        ("store_host", "V8"), ("reconsume_times", ">i4"), ("prepared_offset", ">i8"),
+        ("body_length", ">i4"),
+    ]
+)
+assert _HEADER_V4_DTYPE.itemsize == HEADER_V4
+
+
+def encode_batch(
+    *,
+    bodies: Sequence[bytes],
+    tails: Sequence[bytes],
+    magics: npt.NDArray[np.uint32] | int,
+    crcs: npt.NDArray[np.uint32],
+    queue_ids: npt.NDArray[np.int32],
+    flags: npt.NDArray[np.int32] | int,
+    queue_offsets: npt.NDArray[np.int64],
+    physical_offsets: npt.NDArray[np.int64],
+    sizes: npt.NDArray[np.int64],
+    body_lengths: npt.NDArray[np.int64],
+    born_timestamps: npt.NDArray[np.int64] | int,
+    born_host: bytes,
+    store_timestamp: int,
+    store_host: bytes,
+) -> bytes:
+    """Encode a batch of IPv4-host records with one numpy header build and one join.
+
+    ``tails`` are each record's ``topic field + properties length + properties`` (everything after
+    the body); ``sizes`` the precomputed total sizes. Callers route records with IPv6 hosts
+    through :func:`encode_record` instead (the header width differs)."""
+    n = len(bodies)
+    h = np.empty(n, _HEADER_V4_DTYPE)
+    h["total"] = sizes
+    h["magic"] = magics
+    h["crc"] = crcs
+    h["queue_id"] = queue_ids
+    h["flag"] = flags
+    h["queue_offset"] = queue_offsets
+    h["physical_offset"] = physical_offsets
+    h["sys_flag"] = 0
+    h["born_timestamp"] = born_timestamps
+    h["born_host"] = np.frombuffer(born_host, "V8")[0]
+    h["store_timestamp"] = store_timestamp
+    h["store_host"] = np.frombuffer(store_host, "V8")[0]
+    h["reconsume_times"] = 0
+    h["prepared_offset"] = 0
+    h["body_length"] = body_lengths
+    raw = h.tobytes()
+    parts: list[bytes] = [b""] * (3 * n)
+    parts[0::3] = [raw[i : i + HEADER_V4] for i in range(0, n * HEADER_V4, HEADER_V4)]
+    parts[1::3] = bodies
+    parts[2::3] = tails
+    return b"".join(parts)

@@ -1,0 +1,285 @@
+"""The commitlog: every message of every topic, appended in one sequence of files.
+
+Appends happen under one lock which also assigns queue offsets, so commitlog order and queue
+order always agree. A batch is laid out with numpy (offsets, file roll points) and written with
+one ``memcpy`` per file. Each append hands a :class:`~tierd.local.dispatch.DispatchBatch` to the
+reput thread, which builds consume queues and the key index from it.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+import numpy.typing as npt
+
+from tierd.errors import CorruptRecordError, MessageTooLargeError
+from tierd.local.codec import (
+    BLANK,
+    END_FILE_MIN_BLANK,
+    HEADER_V4,
+    VALID,
+    RecordView,
+    blank_marker,
+    decode_record,
+    encode_batch,
+    encode_record,
+    scan_record,
+)
+from tierd.local.mapped_file import MappedFileQueue
+from tierd.message import MessageExt
+
+if TYPE_CHECKING:
+    from tierd.local.dispatch import DispatchBatch
+    from tierd.local.prepare import PreparedBatch
+
+log = logging.getLogger(__name__)
+
+
+class CommitLog:
+    def __init__(self, directory: Path, file_size: int, store_host: bytes) -> None:
+        self.files = MappedFileQueue(directory, file_size)
+        self.file_size = file_size
+        self.store_host = store_host
+        self.lock = threading.Lock()
+        #: Next queue offset per (topic, queue id); only touched under ``lock``.
+        self.queue_offsets: dict[tuple[str, int], int] = {}
+        self.last_store_timestamp = 0
+        #: Called under the lock with each appended batch, in commitlog order.
+        self.on_append: Callable[[DispatchBatch], None] = lambda batch: None
+
+    # ------------------------------------------------------------------ offsets
+    @property
+    def min_offset(self) -> int:
+        return self.files.min_offset
+
+    @property
+    def max_offset(self) -> int:
+        return self.files.max_offset
+
+    # ------------------------------------------------------------------ append
+    def append(self, batch: PreparedBatch) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], int]:
+        """Append a prepared batch; return (queue offsets, physical offsets, end offset)."""
+        from tierd.local.dispatch import DispatchBatch
+
+        n = len(batch.bodies)
+        sizes = batch.sizes
+        with self.lock:
+            now = time.time_ns() // 1_000_000
+            store_ts = now if now > self.last_store_timestamp else self.last_store_timestamp
+            self.last_store_timestamp = store_ts
+            qoffs = self._assign_queue_offsets(batch)
+            phys = np.empty(n, np.int64)
+            ends = np.cumsum(sizes)
+            i = 0
+            while i < n:
+                f = self.files.writable_file(self.files.max_offset)
+                rel = int(ends[i - 1]) if i else 0
+                room = f.free - END_FILE_MIN_BLANK
+                k = int(np.searchsorted(ends, rel + room, side="right"))
+                if k <= i:
+                    if f.wrote == 0:
+                        raise MessageTooLargeError(
+                            f"record of {int(sizes[i])} bytes does not fit in a commitlog file of "
+                            f"{f.size} bytes (store.commitlog_file_size)", size=int(sizes[i]))
+                    f.write(blank_marker(f.free))
+                    f.wrote = f.size
+                    continue
+                base = f.file_from_offset + f.wrote - rel
+                phys[i:k] = base + ends[i:k] - sizes[i:k]
+                f.write(self._encode(batch, i, k, qoffs, phys, store_ts))
+                i = k
+            end = self.files.max_offset
+            self.on_append(DispatchBatch.from_prepared(batch, qoffs, phys, store_ts, end))
+        return qoffs, phys, end
+
+    def _assign_queue_offsets(self, batch: PreparedBatch) -> npt.NDArray[np.int64]:
+        table = self.queue_offsets
+        if len(batch.groups) == 1:
+            key = batch.groups[0][0]
+            base = table.get(key, 0)
+            table[key] = base + len(batch.bodies)
+            return np.arange(base, base + len(batch.bodies), dtype=np.int64)
+        qoffs = np.empty(len(batch.bodies), np.int64)
+        for key, idx in batch.groups:
+            base = table.get(key, 0)
+            table[key] = base + len(idx)
+            qoffs[idx] = np.arange(base, base + len(idx), dtype=np.int64)
+        return qoffs
+
+    def _encode(self, b: PreparedBatch, i: int, k: int, qoffs: npt.NDArray[np.int64],
+                phys: npt.NDArray[np.int64], store_ts: int) -> bytes:
+        if b.uniform_v4 and k - i > 1:
+            return encode_batch(
+                bodies=b.bodies[i:k], tails=b.tails[i:k], magics=b.magics[i:k], crcs=b.crcs[i:k],
+                queue_ids=b.queue_ids[i:k], flags=b.flags[i:k], queue_offsets=qoffs[i:k],
+                physical_offsets=phys[i:k], sizes=b.sizes[i:k], body_lengths=b.body_lengths[i:k],
+                born_timestamps=b.born_timestamps[i:k], born_host=b.born_hosts[0],
+                store_timestamp=store_ts, store_host=self.store_host,
+            )
+        return b"".join(
+            encode_record(
+                body=b.bodies[j], topic_part=b.topic_parts[j], magic=int(b.magics[j]),
+                properties=b.properties[j], queue_id=int(b.queue_ids[j]), flag=int(b.flags[j]),
+                queue_offset=int(qoffs[j]), physical_offset=int(phys[j]), sys_flag=0,
+                born_timestamp=int(b.born_timestamps[j]), born_host=b.born_hosts[j % len(b.born_hosts)],
+                store_timestamp=store_ts, store_host=self.store_host, body_crc=int(b.crcs[j]),
+            )
+            for j in range(i, k)
+        )
+
+    # ------------------------------------------------------------------ reads
+    def read(self, offset: int, *, check_crc: bool = False) -> MessageExt:
+        """Decode the record at commitlog ``offset``; raise CorruptRecordError if it is not one."""
+        f = self.files.find(offset)
+        if f is None:
+            raise CorruptRecordError(f"commitlog offset {offset} is not stored (range "
+                                     f"{self.min_offset}..{self.max_offset})", position=offset)
+        return decode_record(f.view, offset - f.file_from_offset, limit=f.wrote, check_crc=check_crc)
+
+    def read_bytes(self, offset: int, size: int) -> bytes:
+        f = self.files.find(offset)
+        at = offset - f.file_from_offset if f else -1
+        if f is None or at + size > f.wrote:
+            raise CorruptRecordError(f"commitlog range {offset}+{size} is not stored", position=offset)
+        return bytes(f.view[at : at + size])
+
+    def store_timestamp_at(self, offset: int) -> int:
+        """STORETIMESTAMP of the record at ``offset`` without decoding the body."""
+        f = self.files.find(offset)
+        if f is None:
+            return -1
+        at = offset - f.file_from_offset
+        sys_flag = int.from_bytes(f.view[at + 36 : at + 40], "big")
+        born_len = 20 if sys_flag & 0x10 else 8
+        return int.from_bytes(f.view[at + 48 + born_len : at + 56 + born_len], "big", signed=True)
+
+    def scan(self, start: int, *, check_crc: bool) -> tuple[int, list[tuple[int, RecordView]]]:
+        """Walk records from ``start`` (a record boundary); return the end of the last valid record
+        and every valid record seen. Blank markers jump to the next file; anything invalid ends
+        the walk (torn tail, garbage, zeros)."""
+        records: list[tuple[int, RecordView]] = []
+        pos = start
+        while True:
+            f = self.files.find(pos)
+            if f is None:
+                return pos, records
+            at = pos - f.file_from_offset
+            if f.size - at < HEADER_V4:
+                return pos, records
+            status, size, view = scan_record(f.view, at, f.size, check_crc)
+            if status == VALID:
+                assert view is not None
+                records.append((pos, view))
+                pos += size
+            elif status == BLANK:
+                pos = f.file_from_offset + f.size
+            else:
+                return pos, records
+
+    def truncate(self, offset: int) -> None:
+        self.files.truncate(offset)
+        last = self.files.last_file()
+        if last is not None:
+            last.wrote = min(last.size, offset - last.file_from_offset)
+            last.flushed = last.wrote
+        for f in self.files.files[:-1]:
+            f.wrote = f.flushed = f.size
+
+    def flush(self) -> int:
+        return self.files.flush()
+
+    def close(self) -> None:
+        self.files.close()
+
+
+class FlushService:
+    """Makes commitlog bytes durable.
+
+    ``async`` mode flushes every ``interval_ms``. ``sync`` mode is group commit: each put
+    registers the end offset it needs durable and gets a future; the flusher thread takes every
+    pending request at once, does one ``fdatasync`` (which releases the GIL, so producers keep
+    appending meanwhile), and completes all requests it covered. Concurrent producers therefore
+    share fsyncs, and a put returns only after its bytes are on disk.
+    """
+
+    def __init__(self, commitlog: CommitLog, sync: bool, interval_ms: int) -> None:
+        self.commitlog = commitlog
+        self.sync = sync
+        self.interval = interval_ms / 1000
+        self._cond = threading.Condition()
+        self._requests: list[tuple[int, concurrent.futures.Future[None]]] = []
+        self._stopping = False
+        self.flushed_offset = commitlog.max_offset
+        #: Store timestamp of the newest record known durable (for the checkpoint).
+        self.flushed_timestamp = commitlog.last_store_timestamp
+        self.fsyncs = 0
+        self.requests_served = 0
+        self._thread = threading.Thread(target=self._run, name="tierd-flush", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def request(self, end_offset: int) -> concurrent.futures.Future[None]:
+        fut: concurrent.futures.Future[None] = concurrent.futures.Future()
+        with self._cond:
+            if self._stopping:
+                fut.set_exception(RuntimeError("store is closing"))
+                return fut
+            self._requests.append((end_offset, fut))
+            self._cond.notify()
+        return fut
+
+    def _flush_once(self) -> None:
+        ts = self.commitlog.last_store_timestamp
+        self.flushed_offset = self.commitlog.flush()
+        self.flushed_timestamp = ts
+        self.fsyncs += 1
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                if self.sync:
+                    while not self._requests and not self._stopping:
+                        self._cond.wait(self.interval)
+                        if not self._requests and not self._stopping:
+                            break  # idle tick: still flush (covers async-mode appends, e.g. recovery)
+                else:
+                    self._cond.wait_for(lambda: self._stopping, self.interval)
+                requests, self._requests = self._requests, []
+                stopping = self._stopping
+            try:
+                self._flush_once()
+            except Exception as e:  # pragma: no cover - disk failure
+                log.exception("commitlog flush failed")
+                for _, fut in requests:
+                    fut.set_exception(e)
+                continue
+            done = self.flushed_offset
+            pending: list[tuple[int, concurrent.futures.Future[None]]] = []
+            for end, fut in requests:
+                if end <= done:
+                    fut.set_result(None)
+                else:
+                    pending.append((end, fut))
+            self.requests_served += len(requests) - len(pending)
+            if pending:
+                with self._cond:
+                    self._requests[:0] = pending
+            if stopping and not self._requests:
+                return
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        if self._thread.is_alive():
+            self._thread.join()
+        self._flush_once()
+

@@ -1,0 +1,154 @@
+"""Consume queue (FORMATS §1.2): per topic/queue, 20-byte units pointing into the commitlog.
+
+Unit = commitlog offset (8) · record size (4) · tags code (8). Unit ``i`` lives at byte
+``i × 20`` of the logical stream, so a queue offset is found by arithmetic, never by search.
+Only the reput thread writes units; readers take whatever prefix is visible.
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Final
+
+import numpy as np
+import numpy.typing as npt
+
+from tierd.local.mapped_file import MappedFileQueue
+
+UNIT_SIZE: Final = 20
+UNIT_DTYPE: Final = np.dtype([("offset", ">i8"), ("size", ">i4"), ("tags_code", ">i8")])
+assert UNIT_DTYPE.itemsize == UNIT_SIZE
+
+
+def encode_units(
+    offsets: npt.NDArray[np.int64], sizes: npt.NDArray[np.int64], tags_codes: npt.NDArray[np.int64]
+) -> bytes:
+    units = np.empty(len(offsets), UNIT_DTYPE)
+    units["offset"] = offsets
+    units["size"] = sizes
+    units["tags_code"] = tags_codes
+    return units.tobytes()
+
+
+def decode_units(raw: bytes | memoryview) -> npt.NDArray[np.void]:
+    return np.frombuffer(raw, UNIT_DTYPE, count=len(raw) // UNIT_SIZE)
+
+
+class ConsumeQueue:
+    """The units of one ``(topic, queue_id)``."""
+
+    def __init__(self, root: Path, topic: str, queue_id: int, units_per_file: int) -> None:
+        self.topic = topic
+        self.queue_id = queue_id
+        self.files = MappedFileQueue(root / topic / str(queue_id), units_per_file * UNIT_SIZE)
+        #: First valid queue offset (moves up when retention deletes commitlog data).
+        self.min_offset = 0
+        self._lock = threading.Lock()
+
+    # ------------------------------------------------------------------ state
+    @property
+    def max_offset(self) -> int:
+        """One past the last unit written: the next queue offset to be dispatched."""
+        return self.files.max_offset // UNIT_SIZE
+
+    def load(self) -> None:
+        self.files.load()
+        if self.files.files:
+            self.min_offset = self.files.min_offset // UNIT_SIZE
+
+    def recover(self) -> int:
+        """Find the end of valid units (size > 0) and truncate after it. Return the commitlog
+        offset one past the last unit's record (0 when empty) — where re-dispatch may resume."""
+        files = list(self.files)
+        end_phys = 0
+        valid_end = files[0].file_from_offset if files else 0
+        for f in files[-3:] if len(files) > 3 else files:
+            units = decode_units(f.view[: f.size])
+            sizes = units["size"]
+            bad = np.flatnonzero((sizes <= 0) | (units["offset"] < 0))
+            n = int(bad[0]) if len(bad) else len(units)
+            if n:
+                last = units[n - 1]
+                end_phys = int(last["offset"]) + int(last["size"])
+            valid_end = f.file_from_offset + n * UNIT_SIZE
+            if n < len(units):
+                break
+        self.files.truncate(valid_end)
+        if files and not self.files.files:
+            # Keep an (empty) file at the end position so the queue's offsets do not restart at 0.
+            self.files.new_file(valid_end)
+        for f in self.files:
+            f.wrote = f.flushed = min(f.size, max(0, valid_end - f.file_from_offset))
+        return end_phys
+
+    # ------------------------------------------------------------------ writes (reput thread only)
+    def put_units(self, queue_offset: int, units: bytes) -> None:
+        """Write units starting at ``queue_offset`` (overwriting is allowed: re-dispatch after a
+        crash rewrites the same units)."""
+        pos = queue_offset * UNIT_SIZE
+        data = memoryview(units)
+        if not self.files.files:
+            self.min_offset = queue_offset
+        while data:
+            f = self.files.find(pos) or self.files.writable_file(pos)
+            if not f.file_from_offset <= pos < f.file_from_offset + f.size:
+                f = self.files.new_file(pos - pos % self.files.file_size)
+            at = pos - f.file_from_offset
+            n = min(len(data), f.size - at)
+            f.write(data[:n], at)
+            data = data[n:]
+            pos += n
+
+    def truncate_from_physical(self, phys: int) -> None:
+        """Drop units pointing at or beyond commitlog offset ``phys`` (commitlog truncated)."""
+        lo, hi = self.min_offset, self.max_offset
+        while lo < hi:  # first unit with offset >= phys
+            mid = (lo + hi) // 2
+            unit = self.read_units(mid, 1)
+            if len(unit) and int(unit["offset"][0]) < phys:
+                lo = mid + 1
+            else:
+                hi = mid
+        if lo < self.max_offset:
+            self.files.truncate(lo * UNIT_SIZE)
+
+    # ------------------------------------------------------------------ reads
+    def read_units(self, queue_offset: int, max_count: int) -> npt.NDArray[np.void]:
+        """Units from ``queue_offset`` on, at most ``max_count``, never crossing a file end."""
+        pos = queue_offset * UNIT_SIZE
+        f = self.files.find(pos)
+        if f is None:
+            return np.empty(0, UNIT_DTYPE)
+        at = pos - f.file_from_offset
+        end = min(f.wrote, at + max_count * UNIT_SIZE)
+        if end <= at:
+            return np.empty(0, UNIT_DTYPE)
+        return decode_units(bytes(f.view[at:end]))
+
+    def flush(self) -> None:
+        self.files.flush()
+
+    def delete_before_physical(self, phys: int) -> int:
+        """Retention: delete whole files whose every unit points below commitlog offset ``phys``
+        (that data is gone); then move ``min_offset`` to the first unit still readable."""
+        with self._lock:
+            doomed = 0
+            for f in list(self.files)[:-1]:
+                last_unit = decode_units(bytes(f.view[f.size - UNIT_SIZE : f.size]))
+                if len(last_unit) and int(last_unit["offset"][0]) + int(last_unit["size"][0]) <= phys:
+                    doomed += 1
+                else:
+                    break
+            self.files.delete_first(doomed)
+            first = self.files.min_offset // UNIT_SIZE
+            self.min_offset = max(self.min_offset, first)
+            while self.min_offset < self.max_offset:
+                unit = self.read_units(self.min_offset, 1)
+                if len(unit) and int(unit["offset"][0]) >= phys:
+                    break
+                self.min_offset += 1
+            return doomed
+
+    def close(self) -> None:
+        self.files.close()

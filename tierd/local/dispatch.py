@@ -1,0 +1,184 @@
+"""The reput (dispatch) thread: the only writer of consume queues and the key index.
+
+Appends hand their batch over in commitlog order (:class:`DispatchBatch`, built from the columns
+the put path computed anyway, so nothing is parsed twice). After a restart the same batches are
+rebuilt from the commitlog bytes (:meth:`DispatchBatch.from_records`) — both paths feed one
+:meth:`ReputService.dispatch`, and a test checks they produce identical files.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+import numpy.typing as npt
+
+from tierd.local.codec import (
+    SYSFLAG_TRANSACTION_MASK,
+    SYSFLAG_TRANSACTION_PREPARED,
+    SYSFLAG_TRANSACTION_ROLLBACK,
+    RecordView,
+    decode_properties,
+    tags_code,
+)
+from tierd.local.consumequeue import ConsumeQueue, encode_units
+from tierd.message import KEY_SEPARATOR, PROPERTY_KEYS, PROPERTY_TAGS, PROPERTY_UNIQ_KEY
+
+if TYPE_CHECKING:
+    from tierd.local.index import IndexService
+    from tierd.local.prepare import GroupKey, PreparedBatch
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class DispatchBatch:
+    """Consume-queue units and index entries for a contiguous run of commitlog records."""
+
+    end: int
+    groups: list[tuple[GroupKey, npt.NDArray[np.intp]]]
+    queue_offsets: npt.NDArray[np.int64]
+    offsets: npt.NDArray[np.int64]
+    sizes: npt.NDArray[np.int64]
+    tags_codes: npt.NDArray[np.int64]
+    store_timestamps: npt.NDArray[np.int64]
+    index_keys: list[str]
+    index_messages: list[int]
+
+    @property
+    def last_timestamp(self) -> int:
+        return int(self.store_timestamps[-1]) if len(self.store_timestamps) else 0
+
+    @classmethod
+    def from_prepared(cls, b: PreparedBatch, qoffs: npt.NDArray[np.int64], phys: npt.NDArray[np.int64],
+                      store_ts: int, end: int) -> DispatchBatch:
+        return cls(end=end, groups=b.groups, queue_offsets=qoffs, offsets=phys, sizes=b.sizes,
+                   tags_codes=b.tags_codes, store_timestamps=np.full(len(phys), store_ts, np.int64),
+                   index_keys=b.index_keys, index_messages=b.index_messages)
+
+    @classmethod
+    def from_records(cls, records: list[tuple[int, RecordView]], end: int) -> DispatchBatch:
+        """Rebuild from commitlog records (recovery). Prepared and rolled-back transactional
+        records get no consume-queue unit; rolled-back ones are not indexed either."""
+        n = len(records)
+        qoffs = np.empty(n, np.int64)
+        phys = np.empty(n, np.int64)
+        sizes = np.empty(n, np.int64)
+        tags = np.zeros(n, np.int64)
+        ts = np.empty(n, np.int64)
+        group_of: dict[GroupKey, list[int]] = {}
+        keys: list[str] = []
+        key_msgs: list[int] = []
+        for j, (pos, v) in enumerate(records):
+            qoffs[j], phys[j], sizes[j], ts[j] = v.queue_offset, pos, v.size, v.store_timestamp
+            props = decode_properties(v.properties) if v.properties else {}
+            tag = props.get(PROPERTY_TAGS)
+            if tag:
+                tags[j] = tags_code(tag)
+            tx = v.sys_flag & SYSFLAG_TRANSACTION_MASK
+            if tx not in (SYSFLAG_TRANSACTION_PREPARED, SYSFLAG_TRANSACTION_ROLLBACK):
+                group_of.setdefault((v.topic, v.queue_id), []).append(j)
+            if tx != SYSFLAG_TRANSACTION_ROLLBACK:
+                for k in props.get(PROPERTY_KEYS, "").split(KEY_SEPARATOR):
+                    if k:
+                        keys.append(f"{v.topic}#{k}")
+                        key_msgs.append(j)
+                uniq = props.get(PROPERTY_UNIQ_KEY)
+                if uniq:
+                    keys.append(f"{v.topic}#{uniq}")
+                    key_msgs.append(j)
+        groups = [(k, np.asarray(idx, np.intp)) for k, idx in group_of.items()]
+        return cls(end=end, groups=groups, queue_offsets=qoffs, offsets=phys, sizes=sizes, tags_codes=tags,
+                   store_timestamps=ts, index_keys=keys, index_messages=key_msgs)
+
+
+class ReputService:
+    """Applies dispatch batches in commitlog order on a background thread."""
+
+    def __init__(self, queue_for: Callable[[str, int], ConsumeQueue], index: IndexService,
+                 start_offset: int) -> None:
+        self.queue_for = queue_for
+        self.index = index
+        #: Commitlog offset up to which consume queues and index are built.
+        self.dispatched_offset = start_offset
+        #: Store timestamp of the last dispatched record (checkpoint's logics timestamp).
+        self.dispatched_timestamp = 0
+        self._pending: deque[DispatchBatch] = deque()
+        self._cond = threading.Condition()
+        self._stopping = False
+        self._failure: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="tierd-reput", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def submit(self, batch: DispatchBatch) -> None:
+        """Queue a batch (called under the commitlog lock, so batches arrive in order)."""
+        with self._cond:
+            self._pending.append(batch)
+            self._cond.notify_all()
+
+    def dispatch(self, batch: DispatchBatch) -> None:
+        """Write units and index entries of ``batch``. Rewriting units already present is
+        harmless (same bytes at the same positions) — recovery relies on that."""
+        for (topic, queue_id), idx in batch.groups:
+            cq = self.queue_for(topic, queue_id)
+            if len(idx) == len(batch.offsets):
+                units = encode_units(batch.offsets, batch.sizes, batch.tags_codes)
+                first = int(batch.queue_offsets[0])
+            else:
+                units = encode_units(batch.offsets[idx], batch.sizes[idx], batch.tags_codes[idx])
+                first = int(batch.queue_offsets[idx[0]])
+            cq.put_units(first, units)
+        if batch.index_keys:
+            msgs = np.asarray(batch.index_messages, np.intp)
+            self.index.put_batch(batch.index_keys, batch.offsets[msgs], batch.store_timestamps[msgs])
+        if len(batch.offsets):
+            self.dispatched_timestamp = batch.last_timestamp
+        self.dispatched_offset = batch.end
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: bool(self._pending) or self._stopping)
+                if not self._pending and self._stopping:
+                    return
+                batch = self._pending[0]
+            try:
+                self.dispatch(batch)
+            except BaseException as e:
+                log.exception("dispatch failed at commitlog offset %d; consume queues stop growing",
+                              self.dispatched_offset)
+                with self._cond:
+                    self._failure = e
+                    self._cond.notify_all()
+                return
+            with self._cond:
+                self._pending.popleft()
+                self._cond.notify_all()
+
+    def wait_dispatched(self, offset: int, timeout: float | None = None) -> bool:
+        """Block until everything before commitlog ``offset`` is dispatched (read-your-writes)."""
+        with self._cond:
+            ok = self._cond.wait_for(
+                lambda: self.dispatched_offset >= offset or self._failure is not None, timeout)
+            if self._failure is not None:
+                raise RuntimeError("the dispatch thread failed; see the log") from self._failure
+            return ok
+
+    @property
+    def behind(self) -> int:
+        with self._cond:
+            return len(self._pending)
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        if self._thread.is_alive():
+            self._thread.join()

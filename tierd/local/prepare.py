@@ -1,0 +1,182 @@
+"""Turn user :class:`~tierd.message.Message` objects into encodable columns, outside the lock.
+
+Everything that does not depend on the commitlog position — validation, properties encoding,
+CRC, sizes, queue choice — happens here so the commitlog lock is held only for offset assignment
+and the copy. The result is column-oriented (numpy arrays + parallel lists) so the batch encoder
+and the dispatcher work on whole columns.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import zlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from tierd.errors import InvalidArgumentError, MessageTooLargeError
+from tierd.local.codec import HEADER_V4, encode_host, tags_code, topic_field
+from tierd.local.validation import (
+    RECORD_OVERHEAD_LIMIT,
+    build_properties,
+    check_body,
+    check_queue,
+    check_topic,
+)
+from tierd.message import PROPERTY_TAGS, PROPERTY_UNIQ_KEY, Message
+
+GroupKey = tuple[str, int]
+
+
+@dataclass(slots=True)
+class PreparedBatch:
+    bodies: list[bytes]
+    #: Everything after the body: topic field, properties length, properties.
+    tails: list[bytes]
+    topic_parts: list[bytes]
+    properties: list[bytes]
+    magics: npt.NDArray[np.uint32]
+    crcs: npt.NDArray[np.uint32]
+    queue_ids: npt.NDArray[np.int32]
+    flags: npt.NDArray[np.int32]
+    born_timestamps: npt.NDArray[np.int64]
+    born_hosts: list[bytes]
+    body_lengths: npt.NDArray[np.int64]
+    sizes: npt.NDArray[np.int64]
+    tags_codes: npt.NDArray[np.int64]
+    #: (topic, queue id) → message indices; a single group covers the whole batch in order.
+    groups: list[tuple[GroupKey, npt.NDArray[np.intp]]]
+    index_keys: list[str]
+    index_messages: list[int]
+    #: All records have IPv4 born/store hosts and one born host: the numpy encoder applies.
+    uniform_v4: bool
+
+
+class Preparer:
+    """Validates messages and chooses queues. Thread-safe (the round-robin counter is locked)."""
+
+    def __init__(self, *, max_body: int, max_queues: int, default_queues: int, store_host: bytes) -> None:
+        self.max_body = max_body
+        self.max_queues = max_queues
+        self.default_queues = default_queues
+        self.store_host = store_host
+        self._topics: dict[str, tuple[int, bytes]] = {}
+        self._round_robin: dict[str, itertools.count[int]] = {}
+        self._lock = threading.Lock()
+
+    def _topic(self, topic: str) -> tuple[int, bytes]:
+        entry = self._topics.get(topic)
+        if entry is None:
+            check_topic(topic)
+            entry = topic_field(topic.encode())
+            if len(self._topics) < 100_000:
+                self._topics[topic] = entry
+        return entry
+
+    def _next_queue(self, topic: str) -> int:
+        with self._lock:
+            counter = self._round_robin.get(topic)
+            if counter is None:
+                counter = self._round_robin[topic] = itertools.count()
+            return next(counter) % self.default_queues
+
+    def prepare(self, messages: Sequence[Message], now_ms: int) -> PreparedBatch:
+        """Columns for ``messages``. Messages without a queue id go, per topic, to one queue chosen
+        round-robin per call (a batch lands in one queue, as RocketMQ's batch send does)."""
+        n = len(messages)
+        if n == 0:
+            raise InvalidArgumentError("put_batch needs at least one message")
+        max_body = self.max_body
+        bodies: list[bytes] = [b""] * n
+        tails: list[bytes] = [b""] * n
+        topic_parts: list[bytes] = [b""] * n
+        props_list: list[bytes] = [b""] * n
+        magics = np.empty(n, np.uint32)
+        qids = np.empty(n, np.int32)
+        flags = np.zeros(n, np.int32)
+        born_ts = np.full(n, now_ms, np.int64)
+        tags = np.zeros(n, np.int64)
+        born_hosts: list[bytes] = []
+        index_keys: list[str] = []
+        index_msgs: list[int] = []
+        chosen: dict[str, int] = {}
+        first_key: GroupKey | None = None
+        mixed = False
+        for j, m in enumerate(messages):
+            if not isinstance(m, Message):
+                raise InvalidArgumentError(f"expected a tierd.Message, got {type(m).__name__}")
+            topic = m.topic
+            magic, topic_part = self._topic(topic)
+            body = m.body
+            if type(body) is not bytes or len(body) > max_body:
+                body = check_body(body, max_body)
+            keys, tag, props = m.keys, m.tags, m.properties
+            pb = build_properties(keys, tag, props) if (keys or tag is not None or props) else b""
+            qid = m.queue_id
+            if qid is None:
+                qid = chosen.get(topic)
+                if qid is None:
+                    qid = chosen[topic] = self._next_queue(topic)
+            else:
+                check_queue(qid, self.max_queues)
+            key = (topic, qid)
+            if first_key is None:
+                first_key = key
+            elif key != first_key:
+                mixed = True
+            bodies[j] = body
+            topic_parts[j] = topic_part
+            props_list[j] = pb
+            tails[j] = topic_part + len(pb).to_bytes(2, "big") + pb
+            magics[j] = magic
+            qids[j] = qid
+            if m.flag:
+                flags[j] = m.flag
+            if m.born_timestamp is not None:
+                born_ts[j] = m.born_timestamp
+            if m.born_host is not None:
+                born_hosts.append(encode_host(m.born_host))
+            if tag is None and props:
+                tag = props.get(PROPERTY_TAGS)
+            if tag:
+                tags[j] = tags_code(tag)
+            if keys:
+                for k in keys:
+                    index_keys.append(f"{topic}#{k}")
+                    index_msgs.append(j)
+            if props:
+                uniq = props.get(PROPERTY_UNIQ_KEY)
+                if uniq:
+                    index_keys.append(f"{topic}#{uniq}")
+                    index_msgs.append(j)
+        assert first_key is not None
+        if mixed:
+            group_of: dict[GroupKey, list[int]] = {}
+            for j, m in enumerate(messages):
+                group_of.setdefault((m.topic, int(qids[j])), []).append(j)
+            groups = [(k, np.asarray(v, np.intp)) for k, v in group_of.items()]
+        else:
+            groups = [(first_key, np.arange(n, dtype=np.intp))]
+        if born_hosts and len(born_hosts) != n:
+            born_hosts = [encode_host(m.born_host) if m.born_host else self.store_host for m in messages]
+        hosts = born_hosts or [self.store_host]
+        uniform_v4 = len(self.store_host) == 8 and len(set(hosts)) == 1 and len(hosts[0]) == 8
+        body_lengths = np.fromiter(map(len, bodies), np.int64, count=n)
+        sizes = body_lengths + np.fromiter(map(len, tails), np.int64, count=n) + (HEADER_V4 - 16)
+        sizes += np.fromiter(map(len, hosts), np.int64, count=len(hosts)) if len(hosts) == n else len(hosts[0])
+        sizes += len(self.store_host)
+        limit = max_body + RECORD_OVERHEAD_LIMIT
+        if int(sizes.max()) > limit:
+            j = int(np.argmax(sizes))
+            raise MessageTooLargeError(f"message {j} encodes to {int(sizes[j])} bytes, over the record "
+                                       f"limit {limit}", size=int(sizes[j]), limit=limit)
+        crcs = np.fromiter(map(zlib.crc32, bodies), np.uint32, count=n) & np.uint32(0x7FFFFFFF)
+        return PreparedBatch(
+            bodies=bodies, tails=tails, topic_parts=topic_parts, properties=props_list, magics=magics,
+            crcs=crcs, queue_ids=qids, flags=flags, born_timestamps=born_ts, born_hosts=hosts,
+            body_lengths=body_lengths, sizes=sizes, tags_codes=tags, groups=groups,
+            index_keys=index_keys, index_messages=index_msgs, uniform_v4=uniform_v4,
+        )

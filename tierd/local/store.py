@@ -1,0 +1,479 @@
+"""The hot store: commitlog + consume queues + key index on local disk (RocketMQ layout).
+
+Synchronous by design (mmap-backed). Threads it owns:
+
+* ``tierd-flush``: commitlog durability (interval flush, or group commit in ``sync`` mode);
+* ``tierd-reput``: builds consume queues and the index from appended batches;
+* ``tierd-housekeeping``: flushes queues/index, advances the checkpoint, applies retention.
+
+Layout under ``store.dir``: ``commitlog/``, ``consumequeue/{topic}/{queue}/``, ``index/``,
+``checkpoint``, ``abort``, ``lock`` (FORMATS §1).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import shutil
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal, overload
+
+import numpy as np
+import numpy.typing as npt
+
+from tierd.config import StoreConfig
+from tierd.errors import (
+    ConfigError,
+    CorruptRecordError,
+    InvalidArgumentError,
+    StoreClosedError,
+    StoreFullError,
+)
+from tierd.local.checkpoint import AbortMarker, Checkpoint, StoreLock
+from tierd.local.codec import encode_host, offset_msg_id
+from tierd.local.commitlog import CommitLog, FlushService
+from tierd.local.consumequeue import ConsumeQueue
+from tierd.local.dispatch import DispatchBatch, ReputService
+from tierd.local.index import IndexService, index_key
+from tierd.local.prepare import Preparer
+from tierd.local.validation import RECORD_OVERHEAD_LIMIT, check_queue, check_topic
+from tierd.message import GetStatus, Message, MessageExt, PutResult
+
+log = logging.getLogger(__name__)
+
+#: Upper bounds of one ``get`` (documented in docs/limits.md).
+MAX_GET_COUNT = 4096
+MAX_GET_BYTES = 32 * 1024 * 1024
+#: How long a read of an acknowledged-but-not-yet-dispatched offset waits for the reput thread.
+READ_YOUR_WRITES_WAIT = 5.0
+HOUSEKEEPING_INTERVAL = 1.0
+
+#: Hook the tiering layer installs: may the commitlog bytes before this offset be deleted?
+DeleteGuard = Callable[[int], bool]
+
+
+class PutBatchResult(Sequence[PutResult]):
+    """Results of ``put_batch`` as columns; :class:`PutResult` objects are built on access only."""
+
+    __slots__ = ("commitlog_offsets", "queue_ids", "queue_offsets", "_store_host")
+
+    def __init__(self, queue_ids: npt.NDArray[np.int32], queue_offsets: npt.NDArray[np.int64],
+                 commitlog_offsets: npt.NDArray[np.int64], store_host: bytes) -> None:
+        self.queue_ids = queue_ids
+        self.queue_offsets = queue_offsets
+        self.commitlog_offsets = commitlog_offsets
+        self._store_host = store_host
+
+    def __len__(self) -> int:
+        return len(self.queue_offsets)
+
+    @overload
+    def __getitem__(self, i: int) -> PutResult: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[PutResult]: ...
+    def __getitem__(self, i: int | slice) -> PutResult | list[PutResult]:
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        phys = int(self.commitlog_offsets[i])
+        return PutResult(int(self.queue_ids[i]), int(self.queue_offsets[i]), phys,
+                         offset_msg_id(self._store_host, phys))
+
+    def __iter__(self) -> Iterator[PutResult]:
+        return (self[i] for i in range(len(self)))
+
+    def __repr__(self) -> str:
+        return f"PutBatchResult({len(self)} messages)"
+
+
+@dataclass(frozen=True, slots=True)
+class HotGetResult:
+    status: GetStatus
+    messages: tuple[MessageExt, ...]
+    next_offset: int
+    min_offset: int
+    max_offset: int
+
+
+class HotStore:
+    def __init__(self, cfg: StoreConfig) -> None:
+        if cfg.commitlog_file_size < cfg.max_message_size + RECORD_OVERHEAD_LIMIT + 8:
+            raise ConfigError(
+                f"store.commitlog_file_size ({cfg.commitlog_file_size}) must hold the largest record: "
+                f"store.max_message_size + 64 KiB + 8 = {cfg.max_message_size + RECORD_OVERHEAD_LIMIT + 8}",
+                commitlog_file_size=cfg.commitlog_file_size)
+        self.cfg = cfg
+        self.dir = Path(cfg.dir)
+        self.store_host = encode_host(cfg.store_host)
+        self._closed = True
+        self.cqs: dict[tuple[str, int], ConsumeQueue] = {}
+        self._cq_lock = threading.Lock()
+        #: Installed by the tiering layer; local retention never deletes what it refuses.
+        self.delete_guard: DeleteGuard = lambda offset: True
+        self.disk_usage: Callable[[Path], float] = _disk_usage_ratio
+        self.full_reason: str | None = None
+        self.last_exit_ok = True
+        #: Whether the last open cut a torn or garbage commitlog tail.
+        self.recovery_truncated = False
+
+    # ------------------------------------------------------------------ lifecycle
+    @classmethod
+    def open(cls, cfg: StoreConfig) -> HotStore:
+        store = cls(cfg)
+        store._open()
+        return store
+
+    def _open(self) -> None:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self._lock = StoreLock(self.dir / "lock")
+        try:
+            self._abort = AbortMarker(self.dir / "abort")
+            self.last_exit_ok = not self._abort.found_at_start
+            self.checkpoint = Checkpoint(self.dir / "checkpoint")
+            self.commitlog = CommitLog(self.dir / "commitlog", self.cfg.commitlog_file_size, self.store_host)
+            self.index = IndexService(self.dir / "index", self.cfg.index_slots, self.cfg.index_items)
+            self._recover()
+        except BaseException:
+            self._lock.release()
+            raise
+        self._abort.create()
+        self.preparer = Preparer(max_body=self.cfg.max_message_size, max_queues=self.cfg.max_queues,
+                                 default_queues=self.cfg.default_queues, store_host=self.store_host)
+        self.flusher = FlushService(self.commitlog, self.cfg.flush == "sync", self.cfg.flush_interval_ms)
+        self.reput = ReputService(self._queue_for, self.index, self.commitlog.max_offset)
+        self.commitlog.on_append = self.reput.submit
+        self._stop = threading.Event()
+        self._housekeeper = threading.Thread(target=self._housekeeping, name="tierd-housekeeping", daemon=True)
+        self._closed = False
+        self.flusher.start()
+        self.reput.start()
+        self._housekeeper.start()
+
+    def _recover(self) -> None:
+        """FORMATS §1.4. Load files, find the valid end of the commitlog (CRC-checked from the
+        checkpoint's dispatched offset), truncate torn or garbage tails, and re-dispatch every
+        record the consume queues or index may lack."""
+        cl = self.commitlog
+        cl.files.load()
+        self.index.load(self.last_exit_ok, self.checkpoint.min_timestamp_index)
+        cq_root = self.dir / "consumequeue"
+        for topic_dir in sorted(cq_root.iterdir()) if cq_root.exists() else []:
+            for qdir in sorted(topic_dir.iterdir()):
+                if qdir.name.isdigit():
+                    cq = ConsumeQueue(cq_root, topic_dir.name, int(qdir.name), self.cfg.consumequeue_file_units)
+                    cq.load()
+                    self.cqs[topic_dir.name, int(qdir.name)] = cq
+        cq_end = max((cq.recover() for cq in self.cqs.values()), default=0)
+        start = min(cq_end, self.checkpoint.dispatched_offset) if self.cqs else 0
+        start = max(start, cl.min_offset)
+        if cl.files.files and cl.files.find(start) is None and start != cl.min_offset:
+            start = cl.min_offset
+        valid_end, records = cl.scan(start, check_crc=self.cfg.check_crc_on_recover)
+        junk = [f for f in cl.files.files if f.file_from_offset + f.size > valid_end
+                and any(f.mm[max(0, valid_end - f.file_from_offset) :][:64])]
+        if junk:
+            log.warning("recovery: commitlog truncated at offset %d: invalid or torn data after the last "
+                        "valid record", valid_end)
+        self.recovery_truncated = bool(junk)
+        cl.truncate(valid_end)
+        for cq in self.cqs.values():
+            cq.truncate_from_physical(valid_end)
+        if hasattr(self.index, "truncate_to"):  # TEMP until index helper lands
+            self.index.truncate_to(valid_end)
+        if records:
+            replay = ReputService(self._queue_for, self.index, start)
+            for i in range(0, len(records), 65536):
+                chunk = records[i : i + 65536]
+                end = records[i + 65536][0] if i + 65536 < len(records) else valid_end
+                replay.dispatch(DispatchBatch.from_records(chunk, end))
+            cl.last_store_timestamp = max(cl.last_store_timestamp, replay.dispatched_timestamp)
+            log.info("recovery: re-dispatched %d records from commitlog offset %d (last exit %s)",
+                     len(records), start, "normal" if self.last_exit_ok else "abnormal")
+        if cl.files.files and not cl.last_store_timestamp and valid_end > cl.min_offset:
+            cl.last_store_timestamp = self.checkpoint.physic_timestamp
+        for (topic, qid), cq in self.cqs.items():
+            cl.queue_offsets[topic, qid] = cq.max_offset
+        for cq in self.cqs.values():
+            cq.flush()
+        self.index.flush()
+        cl.flush()
+        self.checkpoint.dispatched_offset = valid_end
+        self.checkpoint.flush()
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._stop.set()
+        self._housekeeper.join()
+        self.reput.stop()
+        self.flusher.stop()
+        self._checkpoint_now()
+        for cq in self.cqs.values():
+            cq.close()
+        self.index.close()
+        self.commitlog.close()
+        self.checkpoint.close()
+        self._abort.remove()
+        self._lock.release()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StoreClosedError("the store is closed")
+
+    # ------------------------------------------------------------------ queues
+    def _queue_for(self, topic: str, queue_id: int) -> ConsumeQueue:
+        cq = self.cqs.get((topic, queue_id))
+        if cq is None:
+            with self._cq_lock:
+                cq = self.cqs.get((topic, queue_id))
+                if cq is None:
+                    cq = ConsumeQueue(self.dir / "consumequeue", topic, queue_id, self.cfg.consumequeue_file_units)
+                    cq.load()
+                    self.cqs[topic, queue_id] = cq
+        return cq
+
+    def topics(self) -> dict[str, list[int]]:
+        out: dict[str, list[int]] = {}
+        for topic, qid in list(self.cqs):
+            out.setdefault(topic, []).append(qid)
+        for qids in out.values():
+            qids.sort()
+        return dict(sorted(out.items()))
+
+    # ------------------------------------------------------------------ writes
+    def put(self, message: Message) -> tuple[PutResult, concurrent.futures.Future[None] | None]:
+        """Append one message. In ``sync`` flush mode the returned future completes once the bytes
+        are durable; the caller must wait for it before acknowledging."""
+        res, fut = self.put_batch([message])
+        return res[0], fut
+
+    def put_batch(self, messages: Sequence[Message]) -> tuple[PutBatchResult, concurrent.futures.Future[None] | None]:
+        self._check_open()
+        if self.full_reason is not None:
+            raise StoreFullError(self.full_reason)
+        batch = self.preparer.prepare(messages, time.time_ns() // 1_000_000)
+        qoffs, phys, end = self.commitlog.append(batch)
+        fut = self.flusher.request(end) if self.flusher.sync else None
+        return PutBatchResult(batch.queue_ids, qoffs, phys, self.store_host), fut
+
+    # ------------------------------------------------------------------ reads
+    def queue(self, topic: str, queue_id: int) -> ConsumeQueue | None:
+        return self.cqs.get((topic, queue_id))
+
+    def _wait_visible(self, topic: str, queue_id: int, offset: int) -> None:
+        """An acknowledged offset not yet in the consume queue: wait for the reput thread so a
+        reader sees its own writes."""
+        cq = self.cqs.get((topic, queue_id))
+        if (cq is None or offset >= cq.max_offset) and offset < self.commitlog.queue_offsets.get((topic, queue_id), 0):
+            self.reput.wait_dispatched(self.commitlog.max_offset, READ_YOUR_WRITES_WAIT)
+
+    def min_offset(self, topic: str, queue_id: int) -> int:
+        cq = self.cqs.get((topic, queue_id))
+        return cq.min_offset if cq else 0
+
+    def max_offset(self, topic: str, queue_id: int) -> int:
+        self._wait_visible(topic, queue_id, self.commitlog.queue_offsets.get((topic, queue_id), 0) - 1)
+        cq = self.cqs.get((topic, queue_id))
+        return cq.max_offset if cq else 0
+
+    def get(self, topic: str, queue_id: int, offset: int, max_count: int) -> HotGetResult:
+        """Read up to ``max_count`` messages from ``offset`` with GetMessageStatus semantics
+        (docs/reading.md has the table)."""
+        self._check_open()
+        check_topic(topic)
+        check_queue(queue_id, self.cfg.max_queues)
+        if not isinstance(offset, int) or offset < 0:
+            raise InvalidArgumentError(f"offset must be a non-negative integer, got {offset!r}")
+        if not isinstance(max_count, int) or max_count < 1:
+            raise InvalidArgumentError(f"max_count must be a positive integer, got {max_count!r}")
+        max_count = min(max_count, MAX_GET_COUNT)
+        self._wait_visible(topic, queue_id, offset)
+        cq = self.cqs.get((topic, queue_id))
+        if cq is None:
+            return HotGetResult(GetStatus.NO_MATCHED_LOGIC_QUEUE, (), 0, 0, 0)
+        lo, hi = cq.min_offset, cq.max_offset
+        if hi == 0 or lo >= hi:
+            return HotGetResult(GetStatus.NO_MESSAGE_IN_QUEUE, (), lo if hi else 0, lo, hi)
+        if offset < lo:
+            return HotGetResult(GetStatus.OFFSET_TOO_SMALL, (), lo, lo, hi)
+        if offset == hi:
+            return HotGetResult(GetStatus.OFFSET_OVERFLOW_ONE, (), offset, lo, hi)
+        if offset > hi:
+            return HotGetResult(GetStatus.OFFSET_OVERFLOW_BADLY, (), hi, lo, hi)
+        messages: list[MessageExt] = []
+        pos = offset
+        total = 0
+        while pos < hi and len(messages) < max_count and total < MAX_GET_BYTES:
+            units = cq.read_units(pos, min(max_count - len(messages), hi - pos))
+            if not len(units):
+                break
+            for phys, size in zip(units["offset"].tolist(), units["size"].tolist(), strict=True):
+                msg = self._read_checked(phys, size, topic, queue_id, pos)
+                pos += 1
+                if msg is not None:
+                    messages.append(msg)
+                    total += size
+                    if total >= MAX_GET_BYTES:
+                        break
+        if not messages:
+            return HotGetResult(GetStatus.OFFSET_FOUND_NULL, (), pos, lo, hi)
+        return HotGetResult(GetStatus.FOUND, tuple(messages), pos, lo, hi)
+
+    def _read_checked(self, phys: int, size: int, topic: str, queue_id: int, queue_offset: int) -> MessageExt | None:
+        """Decode and cross-check a record against the unit that points at it: a message is
+        returned only if it is exactly the one the consumer asked for."""
+        if phys < self.commitlog.min_offset:
+            return None  # expired locally
+        try:
+            msg = self.commitlog.read(phys, check_crc=True)
+        except CorruptRecordError:
+            log.exception("consume queue %s/%d offset %d points at a corrupt record", topic, queue_id, queue_offset)
+            return None
+        if msg.size != size or msg.topic != topic or msg.queue_id != queue_id or msg.queue_offset != queue_offset:
+            log.error("consume queue %s/%d offset %d disagrees with the record at %d", topic, queue_id,
+                      queue_offset, phys)
+            return None
+        return msg
+
+    def read_message(self, phys: int) -> MessageExt:
+        return self.commitlog.read(phys, check_crc=True)
+
+    def store_time(self, topic: str, queue_id: int, offset: int) -> int:
+        """Store timestamp of the message at ``offset`` (-1 when the hot store lacks it)."""
+        cq = self.cqs.get((topic, queue_id))
+        if cq is None or not cq.min_offset <= offset < cq.max_offset:
+            return -1
+        unit = cq.read_units(offset, 1)
+        phys = int(unit["offset"][0]) if len(unit) else -1
+        return self.commitlog.store_timestamp_at(phys) if phys >= self.commitlog.min_offset else -1
+
+    def earliest_time(self, topic: str, queue_id: int) -> int:
+        cq = self.cqs.get((topic, queue_id))
+        return self.store_time(topic, queue_id, cq.min_offset) if cq else -1
+
+    def offset_for_time(self, topic: str, queue_id: int, timestamp: int,
+                        boundary: Literal["lower", "upper"] = "lower") -> int:
+        """First offset stored at or after ``timestamp`` (``lower``), or the last of the run of
+        messages stored exactly then (``upper``). Before everything → min offset; after
+        everything → max offset."""
+        cq = self.cqs.get((topic, queue_id))
+        if cq is None or cq.max_offset <= cq.min_offset:
+            return cq.min_offset if cq else 0
+        lo, hi = cq.min_offset, cq.max_offset
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if self.store_time(topic, queue_id, mid) < timestamp:
+                lo = mid + 1
+            else:
+                hi = mid
+        if boundary == "upper" and lo < cq.max_offset and self.store_time(topic, queue_id, lo) == timestamp:
+            while lo + 1 < cq.max_offset and self.store_time(topic, queue_id, lo + 1) == timestamp:
+                lo += 1
+        return lo
+
+    def query(self, topic: str, key: str, max_count: int, begin: int, end: int) -> list[MessageExt]:
+        """Messages of ``topic`` whose KEYS or UNIQ_KEY contain ``key``, newest first. Index hits
+        are verified against the record: a hash collision never yields a wrong message."""
+        self._check_open()
+        check_topic(topic)
+        if not isinstance(key, str) or not key:
+            raise InvalidArgumentError(f"key must be a non-empty string, got {key!r}")
+        self.reput.wait_dispatched(self.commitlog.max_offset, READ_YOUR_WRITES_WAIT)
+        out: list[MessageExt] = []
+        seen: set[int] = set()
+        for phys in self.index.query(topic, key, max(max_count * 4, 64), begin, end):
+            if phys in seen or phys < self.commitlog.min_offset:
+                continue
+            seen.add(phys)
+            try:
+                msg = self.commitlog.read(phys, check_crc=True)
+            except CorruptRecordError:
+                continue
+            if msg.topic == topic and (key in msg.keys or msg.uniq_key == key) \
+                    and begin <= msg.store_timestamp <= end:
+                out.append(msg)
+                if len(out) >= max_count:
+                    break
+        return out
+
+    # ------------------------------------------------------------------ housekeeping
+    def _checkpoint_now(self) -> None:
+        dispatched = self.reput.dispatched_offset
+        logics_ts = self.reput.dispatched_timestamp
+        for cq in list(self.cqs.values()):
+            cq.flush()
+        self.index.flush()
+        ck = self.checkpoint
+        ck.physic_timestamp = max(ck.physic_timestamp, self.flusher.flushed_timestamp)
+        ck.logics_timestamp = max(ck.logics_timestamp, logics_ts)
+        ck.index_timestamp = max(ck.index_timestamp, logics_ts)
+        ck.dispatched_offset = min(dispatched, self.flusher.flushed_offset)
+        ck.flush()
+
+    def _housekeeping(self) -> None:
+        next_retention = time.monotonic() + self.cfg.retention_interval
+        while not self._stop.wait(HOUSEKEEPING_INTERVAL):
+            try:
+                self._checkpoint_now()
+                if time.monotonic() >= next_retention:
+                    next_retention = time.monotonic() + self.cfg.retention_interval
+                    self.apply_retention()
+            except Exception:
+                log.exception("housekeeping failed; retrying in %.0f s", HOUSEKEEPING_INTERVAL)
+
+    def apply_retention(self, now_ms: int | None = None) -> int:
+        """Delete commitlog files older than ``file_reserved_time`` — or, when the disk is over
+        ``disk_max_used_ratio``, the oldest files regardless of age — but only files that are
+        fully dispatched and that :attr:`delete_guard` allows (the tiering layer refuses data
+        not yet cold). If the disk stays too full, refuse writes with a clear reason."""
+        now = time.time_ns() // 1_000_000 if now_ms is None else now_ms
+        expire_before = now - int(self.cfg.file_reserved_time * 3_600_000)
+        files = list(self.commitlog.files)
+        over = self.disk_usage(self.dir) > self.cfg.disk_max_used_ratio
+        doomed = 0
+        for f, nxt in zip(files, files[1:], strict=False):
+            end = f.file_from_offset + f.size
+            newest = self.commitlog.store_timestamp_at(nxt.file_from_offset)
+            if end > self.reput.dispatched_offset or not self.delete_guard(end):
+                break
+            if not over and not (0 <= newest < expire_before):
+                break
+            doomed += 1
+        if doomed:
+            self.commitlog.files.delete_first(doomed)
+            new_min = self.commitlog.min_offset
+            for cq in list(self.cqs.values()):
+                cq.delete_before_physical(new_min)
+            self.index.delete_files_before(new_min)
+            log.info("retention: deleted %d commitlog file(s); hot data now starts at offset %d", doomed, new_min)
+        if over and self.disk_usage(self.dir) > self.cfg.disk_max_used_ratio:
+            reason = (f"disk under {self.dir} is over store.disk_max_used_ratio "
+                      f"({self.cfg.disk_max_used_ratio:.0%}) and no more data may be deleted "
+                      "(not yet moved to the cold tier or not yet dispatched); writes are refused until space frees")
+            if self.full_reason is None:
+                log.error("%s", reason)
+            self.full_reason = reason
+        elif self.full_reason is not None:
+            log.warning("disk usage back under store.disk_max_used_ratio; accepting writes again")
+            self.full_reason = None
+        return doomed
+
+    def wait_dispatched(self, timeout: float | None = None) -> bool:
+        """Block until everything appended so far is in the consume queues and index."""
+        return self.reput.wait_dispatched(self.commitlog.max_offset, timeout)
+
+
+def _disk_usage_ratio(path: Path) -> float:
+    usage = shutil.disk_usage(path)
+    return usage.used / usage.total if usage.total else 0.0
+
+
+__all__ = ["HotGetResult", "HotStore", "PutBatchResult", "index_key"]

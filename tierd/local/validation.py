@@ -1,0 +1,118 @@
+"""Input rules for messages, checked once at the store's front door (docs/limits.md lists them).
+
+Topic names: 1–255 characters from ``[A-Za-z0-9_%|-]``. Names up to 127 characters are written
+as v1 records; longer ones (up to 255, the longest directory name a filesystem allows — the
+consume queue lives in ``consumequeue/{topic}/``) use the v2 record magic with a 2-byte topic
+length, as RocketMQ does with ``autoMessageVersionOnTopicLen``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from typing import Final
+
+from tierd.errors import (
+    InvalidArgumentError,
+    InvalidPropertiesError,
+    InvalidQueueError,
+    InvalidTopicError,
+    MessageTooLargeError,
+)
+from tierd.local.codec import MAX_PROPERTIES_LENGTH
+from tierd.message import KEY_SEPARATOR, PROPERTY_KEYS, PROPERTY_TAGS
+
+TOPIC_MAX_LENGTH: Final = 255
+TOPIC_PATTERN: Final = re.compile(r"[A-Za-z0-9_%|-]{1,255}")
+#: Topics the store reserves for itself (RocketMQ system topic conventions).
+RESERVED_TOPIC_PREFIX: Final = "rmq_sys_"
+_FORBIDDEN_PROPERTY_CHARS: Final = re.compile("[\x01\x02]")
+#: A record may exceed the body limit by this much (headers, topic, properties).
+RECORD_OVERHEAD_LIMIT: Final = 64 * 1024
+
+_valid_topics: set[str] = set()
+
+
+def check_topic(topic: object) -> str:
+    """Return ``topic`` if valid, else raise :class:`InvalidTopicError` naming the rule broken."""
+    if topic in _valid_topics:
+        return topic  # type: ignore[return-value]
+    if not isinstance(topic, str):
+        raise InvalidTopicError(f"topic must be a string, got {type(topic).__name__}", topic=repr(topic))
+    if not TOPIC_PATTERN.fullmatch(topic):
+        raise InvalidTopicError(
+            f"topic {topic!r} is invalid: use 1-{TOPIC_MAX_LENGTH} characters from A-Z a-z 0-9 _ % | -",
+            topic=topic,
+        )
+    if topic.startswith(RESERVED_TOPIC_PREFIX):
+        raise InvalidTopicError(f"topic {topic!r} uses the reserved prefix {RESERVED_TOPIC_PREFIX!r}",
+                                topic=topic)
+    if len(_valid_topics) < 100_000:
+        _valid_topics.add(topic)
+    return topic
+
+
+def check_body(body: object, max_size: int) -> bytes:
+    if not isinstance(body, bytes):
+        if isinstance(body, bytearray | memoryview):
+            body = bytes(body)
+        else:
+            raise InvalidArgumentError(f"body must be bytes, got {type(body).__name__}")
+    if len(body) > max_size:
+        raise MessageTooLargeError(
+            f"body is {len(body)} bytes, the limit (store.max_message_size) is {max_size}",
+            size=len(body), limit=max_size,
+        )
+    return body
+
+
+def check_queue(queue_id: object, max_queues: int) -> int:
+    if not isinstance(queue_id, int) or isinstance(queue_id, bool) or not 0 <= queue_id < max_queues:
+        raise InvalidQueueError(f"queue_id must be an integer in [0, {max_queues}), got {queue_id!r}",
+                                queue_id=repr(queue_id))
+    return queue_id
+
+
+def build_properties(keys: Sequence[str], tags: str | None, properties: Mapping[str, str]) -> bytes:
+    """Encode user properties plus ``KEYS``/``TAGS`` after checking every rule once."""
+    parts: list[str] = []
+    if properties:
+        for name, value in properties.items():
+            if not isinstance(name, str) or not isinstance(value, str) or not name or not value:
+                raise InvalidPropertiesError(
+                    f"property names and values must be non-empty strings, got {name!r}={value!r}",
+                    name=repr(name),
+                )
+            if _FORBIDDEN_PROPERTY_CHARS.search(name) or _FORBIDDEN_PROPERTY_CHARS.search(value):
+                raise InvalidPropertiesError(
+                    f"property {name!r} contains a reserved separator byte (0x01 or 0x02)", name=name
+                )
+            if (name == PROPERTY_KEYS and keys) or (name == PROPERTY_TAGS and tags):
+                raise InvalidPropertiesError(
+                    f"property {name!r} is set both directly and through the {name.lower()} argument",
+                    name=name,
+                )
+            parts.append(f"{name}\x01{value}\x02")
+    if keys:
+        if isinstance(keys, str):
+            raise InvalidArgumentError(f"keys must be a sequence of strings, got the string {keys!r}")
+        for key in keys:
+            if not isinstance(key, str) or not key or KEY_SEPARATOR in key \
+                    or _FORBIDDEN_PROPERTY_CHARS.search(key):
+                raise InvalidPropertiesError(
+                    f"each key must be a non-empty string without spaces or 0x01/0x02, got {key!r}",
+                    key=repr(key),
+                )
+        parts.append(f"KEYS\x01{KEY_SEPARATOR.join(keys)}\x02")
+    if tags is not None:
+        if not isinstance(tags, str) or not tags or _FORBIDDEN_PROPERTY_CHARS.search(tags):
+            raise InvalidPropertiesError(f"tags must be a non-empty string without 0x01/0x02, got {tags!r}",
+                                         tags=repr(tags))
+        parts.append(f"TAGS\x01{tags}\x02")
+    encoded = "".join(parts).encode()
+    if len(encoded) > MAX_PROPERTIES_LENGTH:
+        raise InvalidPropertiesError(
+            f"encoded properties are {len(encoded)} bytes, the limit is {MAX_PROPERTIES_LENGTH}",
+            size=len(encoded),
+        )
+    return encoded

@@ -1,0 +1,125 @@
+"""Public message types: what producers hand in and what consumers get back.
+
+These are plain frozen dataclasses with ``slots`` so that creating millions of them stays cheap;
+validation happens once in the store (``tierd.local.validation``), not in ``__post_init__``.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+_EMPTY: Mapping[str, str] = MappingProxyType({})
+
+#: Property names with a meaning to the store (RocketMQ's MessageConst).
+PROPERTY_KEYS = "KEYS"
+PROPERTY_TAGS = "TAGS"
+PROPERTY_UNIQ_KEY = "UNIQ_KEY"
+KEY_SEPARATOR = " "
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """A message to store.
+
+    ``keys`` are indexed for :meth:`MessageStore.query` (each must be non-empty and free of
+    spaces: RocketMQ stores them space-separated in the ``KEYS`` property). ``tags`` becomes the
+    ``TAGS`` property and the consume-queue tags code. ``queue_id=None`` lets the store pick a
+    queue round-robin. ``born_host``/``born_timestamp`` default to the store host and the put time.
+    """
+
+    topic: str
+    body: bytes
+    queue_id: int | None = None
+    keys: Sequence[str] = ()
+    tags: str | None = None
+    properties: Mapping[str, str] = field(default_factory=lambda: _EMPTY)
+    flag: int = 0
+    born_host: str | None = None
+    born_timestamp: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PutResult:
+    """Where an acknowledged message landed."""
+
+    queue_id: int
+    queue_offset: int
+    commitlog_offset: int
+    msg_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class MessageExt:
+    """A stored message as read back from either tier.
+
+    ``commitlog_offset`` is the record's PHYSICALOFFSET field: the hot commitlog offset for hot
+    reads, the queue's flat commitlog offset for cold reads (FORMATS §2.2). ``msg_id`` is the
+    offset message id derived from STOREHOST and that offset.
+    """
+
+    topic: str
+    queue_id: int
+    queue_offset: int
+    body: bytes
+    properties: Mapping[str, str]
+    store_timestamp: int
+    born_timestamp: int
+    born_host: str
+    store_host: str
+    commitlog_offset: int
+    size: int
+    flag: int = 0
+    sys_flag: int = 0
+    reconsume_times: int = 0
+    prepared_transaction_offset: int = 0
+    body_crc: int = 0
+    msg_id: str = ""
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        raw = self.properties.get(PROPERTY_KEYS, "")
+        return tuple(k for k in raw.split(KEY_SEPARATOR) if k)
+
+    @property
+    def tags(self) -> str | None:
+        return self.properties.get(PROPERTY_TAGS)
+
+    @property
+    def uniq_key(self) -> str | None:
+        return self.properties.get(PROPERTY_UNIQ_KEY)
+
+
+class GetStatus(enum.Enum):
+    """Outcome of :meth:`MessageStore.get`, with RocketMQ's GetMessageStatus semantics."""
+
+    FOUND = "FOUND"
+    NO_MATCHED_LOGIC_QUEUE = "NO_MATCHED_LOGIC_QUEUE"
+    NO_MESSAGE_IN_QUEUE = "NO_MESSAGE_IN_QUEUE"
+    OFFSET_TOO_SMALL = "OFFSET_TOO_SMALL"
+    OFFSET_OVERFLOW_ONE = "OFFSET_OVERFLOW_ONE"
+    OFFSET_OVERFLOW_BADLY = "OFFSET_OVERFLOW_BADLY"
+    OFFSET_FOUND_NULL = "OFFSET_FOUND_NULL"
+
+
+class ReadPolicy(enum.Enum):
+    """Which tier serves a read (RocketMQ's ``tieredStorageLevel``)."""
+
+    DISABLE = "DISABLE"
+    NOT_IN_DISK = "NOT_IN_DISK"
+    NOT_IN_MEM = "NOT_IN_MEM"
+    FORCE = "FORCE"
+
+
+@dataclass(frozen=True, slots=True)
+class GetResult:
+    """Result of a queue read. ``next_offset`` is where the consumer should continue."""
+
+    status: GetStatus
+    messages: tuple[MessageExt, ...]
+    next_offset: int
+    min_offset: int
+    max_offset: int
+    source: str = "hot"

@@ -1,0 +1,190 @@
+"""The public facade: :class:`MessageStore` (asyncio) and :class:`BlockingMessageStore` (scripts).
+
+Writes go to the hot store; reads are routed by read policy (today the hot store serves every
+read — the cold tier plugs in behind the same methods). The facade validates arguments and
+owns lifecycle; it holds no data structures of its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Generator, Sequence
+from types import TracebackType
+from typing import Literal
+
+from tierd.config import TierdConfig
+from tierd.errors import InvalidArgumentError, StoreClosedError
+from tierd.local.store import HotStore, PutBatchResult
+from tierd.message import GetResult, Message, MessageExt, PutResult, ReadPolicy
+
+MAX_TIMESTAMP = 2**63 - 1
+Boundary = Literal["lower", "upper"]
+
+
+def _policy(policy: ReadPolicy | str | None, default: str) -> ReadPolicy:
+    if policy is None:
+        return ReadPolicy(default)
+    if isinstance(policy, ReadPolicy):
+        return policy
+    try:
+        return ReadPolicy(str(policy).upper())
+    except ValueError as e:
+        raise InvalidArgumentError(
+            f"policy must be one of {', '.join(p.value for p in ReadPolicy)}, got {policy!r}", policy=policy
+        ) from e
+
+
+def _boundary(boundary: str) -> Boundary:
+    if boundary not in ("lower", "upper"):
+        raise InvalidArgumentError(f"boundary must be 'lower' or 'upper', got {boundary!r}")
+    return boundary  # type: ignore[return-value]
+
+
+class _StoreCore:
+    """Argument handling shared by both facades (one place, so both behave the same)."""
+
+    def __init__(self, cfg: TierdConfig, hot: HotStore) -> None:
+        self.config = cfg
+        self.hot = hot
+
+    def _hot(self) -> HotStore:
+        if self.hot.closed:
+            raise StoreClosedError("the store is closed")
+        return self.hot
+
+    def _get(self, topic: str, queue_id: int, offset: int, max_count: int,
+             policy: ReadPolicy | str | None) -> GetResult:
+        _policy(policy, self.config.tiered.storage_level)
+        r = self._hot().get(topic, queue_id, offset, max_count)
+        return GetResult(r.status, r.messages, r.next_offset, r.min_offset, r.max_offset, "hot")
+
+    def _query(self, topic: str, key: str, max_count: int, begin: int, end: int) -> list[MessageExt]:
+        if not isinstance(max_count, int) or max_count < 1:
+            raise InvalidArgumentError(f"max_count must be a positive integer, got {max_count!r}")
+        if begin > end:
+            raise InvalidArgumentError(f"begin ({begin}) must not be after end ({end})")
+        return self._hot().query(topic, key, max_count, begin, end)
+
+    # Cheap, synchronous reads shared verbatim by both facades.
+    def min_offset(self, topic: str, queue_id: int) -> int:
+        return self._hot().min_offset(topic, queue_id)
+
+    def max_offset(self, topic: str, queue_id: int) -> int:
+        return self._hot().max_offset(topic, queue_id)
+
+    def earliest_time(self, topic: str, queue_id: int) -> int:
+        return self._hot().earliest_time(topic, queue_id)
+
+    def offset_for_time(self, topic: str, queue_id: int, timestamp: int, boundary: str = "lower") -> int:
+        return self._hot().offset_for_time(topic, queue_id, timestamp, _boundary(boundary))
+
+    def topics(self) -> dict[str, list[int]]:
+        return self._hot().topics()
+
+
+class MessageStore(_StoreCore):
+    """Asyncio facade. Open with ``async with MessageStore.open(cfg) as store`` (or
+    ``store = await MessageStore.open(cfg)`` and ``await store.close()``)."""
+
+    @classmethod
+    def open(cls, cfg: TierdConfig) -> _Opener:
+        return _Opener(cfg)
+
+    async def put(self, message: Message) -> PutResult:
+        res, fut = self._hot().put(message)
+        if fut is not None:
+            await asyncio.wrap_future(fut)
+        return res
+
+    async def put_batch(self, messages: Sequence[Message]) -> PutBatchResult:
+        res, fut = self._hot().put_batch(messages)
+        if fut is not None:
+            await asyncio.wrap_future(fut)
+        return res
+
+    async def get(self, topic: str, queue_id: int, offset: int, max_count: int = 32,
+                  policy: ReadPolicy | str | None = None) -> GetResult:
+        return self._get(topic, queue_id, offset, max_count, policy)
+
+    async def query(self, topic: str, key: str, max_count: int = 32, begin: int = 0,
+                    end: int = MAX_TIMESTAMP) -> list[MessageExt]:
+        return self._query(topic, key, max_count, begin, end)
+
+    async def close(self) -> None:
+        await asyncio.to_thread(self.hot.close)
+
+    async def __aenter__(self) -> MessageStore:
+        return self
+
+    async def __aexit__(self, et: type[BaseException] | None, e: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        await self.close()
+
+
+class _Opener:
+    """Awaitable *and* async context manager returned by :meth:`MessageStore.open`."""
+
+    def __init__(self, cfg: TierdConfig) -> None:
+        self._cfg = cfg
+        self._store: MessageStore | None = None
+
+    async def _open(self) -> MessageStore:
+        hot = await asyncio.to_thread(HotStore.open, self._cfg.store)
+        self._store = MessageStore(self._cfg, hot)
+        return self._store
+
+    def __await__(self) -> Generator[object, None, MessageStore]:
+        return self._open().__await__()
+
+    async def __aenter__(self) -> MessageStore:
+        return await self._open()
+
+    async def __aexit__(self, et: type[BaseException] | None, e: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        if self._store is not None:
+            await self._store.close()
+
+
+class BlockingMessageStore(_StoreCore):
+    """The same operations, synchronously, for scripts and threads::
+
+        with BlockingMessageStore.open(cfg) as store:
+            store.put(Message(topic="orders", body=b"..."))
+    """
+
+    @classmethod
+    def open(cls, cfg: TierdConfig) -> BlockingMessageStore:
+        return cls(cfg, HotStore.open(cfg.store))
+
+    def put(self, message: Message) -> PutResult:
+        res, fut = self._hot().put(message)
+        if fut is not None:
+            fut.result()
+        return res
+
+    def put_batch(self, messages: Sequence[Message]) -> PutBatchResult:
+        res, fut = self._hot().put_batch(messages)
+        if fut is not None:
+            fut.result()
+        return res
+
+    def get(self, topic: str, queue_id: int, offset: int, max_count: int = 32,
+            policy: ReadPolicy | str | None = None) -> GetResult:
+        return self._get(topic, queue_id, offset, max_count, policy)
+
+    def query(self, topic: str, key: str, max_count: int = 32, begin: int = 0,
+              end: int = MAX_TIMESTAMP) -> list[MessageExt]:
+        return self._query(topic, key, max_count, begin, end)
+
+    def close(self) -> None:
+        self.hot.close()
+
+    def __enter__(self) -> BlockingMessageStore:
+        return self
+
+    def __exit__(self, et: type[BaseException] | None, e: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+
+__all__ = ["BlockingMessageStore", "MessageStore"]
