@@ -36,10 +36,14 @@ from tierd.local.mapped_file import MappedFileQueue
 from tierd.message import MessageExt
 
 if TYPE_CHECKING:
-    from tierd.local.dispatch import DispatchBatch
-    from tierd.local.prepare import PreparedBatch
+    from tierd.local.dispatch import DispatchBatch, SingleRecord
+    from tierd.local.prepare import PreparedBatch, PreparedOne
 
 log = logging.getLogger(__name__)
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
 
 
 class CommitLog:
@@ -51,8 +55,10 @@ class CommitLog:
         #: Next queue offset per (topic, queue id); only touched under ``lock``.
         self.queue_offsets: dict[tuple[str, int], int] = {}
         self.last_store_timestamp = 0
+        #: Milliseconds since the epoch for STORETIMESTAMP; replaceable in tests.
+        self.clock: Callable[[], int] = _now_ms
         #: Called under the lock with each appended batch, in commitlog order.
-        self.on_append: Callable[[DispatchBatch], None] = lambda batch: None
+        self.on_append: Callable[[DispatchBatch | SingleRecord], None] = lambda batch: None
 
     # ------------------------------------------------------------------ offsets
     @property
@@ -71,7 +77,7 @@ class CommitLog:
         n = len(batch.bodies)
         sizes = batch.sizes
         with self.lock:
-            now = time.time_ns() // 1_000_000
+            now = self.clock()
             store_ts = now if now > self.last_store_timestamp else self.last_store_timestamp
             self.last_store_timestamp = store_ts
             qoffs = self._assign_queue_offsets(batch)
@@ -98,6 +104,36 @@ class CommitLog:
             end = self.files.max_offset
             self.on_append(DispatchBatch.from_prepared(batch, qoffs, phys, store_ts, end))
         return qoffs, phys, end
+
+    def append_one(self, p: PreparedOne) -> tuple[int, int, int]:
+        """Append one prepared message; return (queue offset, physical offset, end offset)."""
+        with self.lock:
+            now = self.clock()
+            store_ts = now if now > self.last_store_timestamp else self.last_store_timestamp
+            self.last_store_timestamp = store_ts
+            f = self.files.last_file()
+            if f is None or f.free < p.size + END_FILE_MIN_BLANK:
+                if f is not None:
+                    if f.wrote == 0:
+                        raise MessageTooLargeError(
+                            f"record of {p.size} bytes does not fit in a commitlog file of {f.size} bytes "
+                            "(store.commitlog_file_size)", size=p.size)
+                    f.write(blank_marker(f.free))
+                    f.wrote = f.size
+                f = self.files.writable_file(self.files.max_offset)
+            table = self.queue_offsets
+            qoff = table.get(p.key, 0)
+            phys = f.file_from_offset + f.wrote
+            f.write(encode_record(
+                body=p.body, topic_part=p.topic_part, magic=p.magic, properties=p.properties,
+                queue_id=p.key[1], flag=p.flag, queue_offset=qoff, physical_offset=phys, sys_flag=0,
+                born_timestamp=p.born_timestamp, born_host=p.born_host, store_timestamp=store_ts,
+                store_host=self.store_host, body_crc=p.crc,
+            ))
+            table[p.key] = qoff + 1
+            end = phys + p.size
+            self.on_append((p.key, qoff, phys, p.size, p.tags_code, store_ts, p.index_keys, end))
+        return qoff, phys, end
 
     def _assign_queue_offsets(self, batch: PreparedBatch) -> npt.NDArray[np.int64]:
         table = self.queue_offsets

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -34,6 +35,15 @@ if TYPE_CHECKING:
     from tierd.local.prepare import GroupKey, PreparedBatch
 
 log = logging.getLogger(__name__)
+#: After a small round the reput thread pauses this long so puts accumulate into one merged
+#: batch instead of fighting the producers for the GIL once per message.
+IDLE_PAUSE = 0.001
+SMALL_ROUND = 256
+
+
+#: One record from the single-put path, as a plain tuple (no allocation beyond it):
+#: (queue key, queue offset, physical offset, size, tags code, store timestamp, index keys, end).
+SingleRecord = tuple[tuple[str, int], int, int, int, int, int, list[str], int]
 
 
 @dataclass(slots=True)
@@ -60,6 +70,65 @@ class DispatchBatch:
         return cls(end=end, groups=b.groups, queue_offsets=qoffs, offsets=phys, sizes=b.sizes,
                    tags_codes=b.tags_codes, store_timestamps=np.full(len(phys), store_ts, np.int64),
                    index_keys=b.index_keys, index_messages=b.index_messages)
+
+    @classmethod
+    def merge(cls, items: list[DispatchBatch | SingleRecord]) -> DispatchBatch:
+        """Concatenate consecutive batches and single records so the reput thread pays its fixed
+        costs once per wake-up, not once per put. Records of one queue stay in commitlog order,
+        so each queue's units remain one contiguous run."""
+        if len(items) == 1 and isinstance(items[0], DispatchBatch):
+            return items[0]
+        batches: list[DispatchBatch] = []
+        run: list[SingleRecord] = []
+        for item in items:
+            if isinstance(item, DispatchBatch):
+                if run:
+                    batches.append(cls._from_singles(run))
+                    run = []
+                batches.append(item)
+            else:
+                run.append(item)
+        if run:
+            batches.append(cls._from_singles(run))
+        if len(batches) == 1:
+            return batches[0]
+        group_parts: dict[GroupKey, list[npt.NDArray[np.intp]]] = {}
+        keys: list[str] = []
+        key_msgs: list[int] = []
+        base = 0
+        for b in batches:
+            for key, idx in b.groups:
+                group_parts.setdefault(key, []).append(idx + base if base else idx)
+            if b.index_keys:
+                keys.extend(b.index_keys)
+                key_msgs.extend(m + base for m in b.index_messages)
+            base += len(b.offsets)
+        return cls(
+            end=batches[-1].end,
+            groups=[(k, np.concatenate(v) if len(v) > 1 else v[0]) for k, v in group_parts.items()],
+            queue_offsets=np.concatenate([b.queue_offsets for b in batches]),
+            offsets=np.concatenate([b.offsets for b in batches]),
+            sizes=np.concatenate([b.sizes for b in batches]),
+            tags_codes=np.concatenate([b.tags_codes for b in batches]),
+            store_timestamps=np.concatenate([b.store_timestamps for b in batches]),
+            index_keys=keys, index_messages=key_msgs,
+        )
+
+    @classmethod
+    def _from_singles(cls, run: list[SingleRecord]) -> DispatchBatch:
+        group_of: dict[GroupKey, list[int]] = {}
+        keys: list[str] = []
+        key_msgs: list[int] = []
+        for j, r in enumerate(run):
+            group_of.setdefault(r[0], []).append(j)
+            if r[6]:
+                keys.extend(r[6])
+                key_msgs.extend([j] * len(r[6]))
+        cols = np.array([r[1:6] for r in run], np.int64).reshape(len(run), 5)
+        return cls(end=run[-1][7], groups=[(k, np.asarray(v, np.intp)) for k, v in group_of.items()],
+                   queue_offsets=cols[:, 0].copy(), offsets=cols[:, 1].copy(), sizes=cols[:, 2].copy(),
+                   tags_codes=cols[:, 3].copy(), store_timestamps=cols[:, 4].copy(),
+                   index_keys=keys, index_messages=key_msgs)
 
     @classmethod
     def from_records(cls, records: list[tuple[int, RecordView]], end: int) -> DispatchBatch:
@@ -108,8 +177,9 @@ class ReputService:
         self.dispatched_offset = start_offset
         #: Store timestamp of the last dispatched record (checkpoint's logics timestamp).
         self.dispatched_timestamp = 0
-        self._pending: deque[DispatchBatch] = deque()
-        self._cond = threading.Condition()
+        self._pending: deque[DispatchBatch | SingleRecord] = deque()
+        self._wake = threading.Event()
+        self._done = threading.Condition()
         self._stopping = False
         self._failure: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="tierd-reput", daemon=True)
@@ -117,11 +187,11 @@ class ReputService:
     def start(self) -> None:
         self._thread.start()
 
-    def submit(self, batch: DispatchBatch) -> None:
+    def submit(self, batch: DispatchBatch | SingleRecord) -> None:
         """Queue a batch (called under the commitlog lock, so batches arrive in order)."""
-        with self._cond:
-            self._pending.append(batch)
-            self._cond.notify_all()
+        self._pending.append(batch)
+        if not self._wake.is_set():
+            self._wake.set()
 
     def dispatch(self, batch: DispatchBatch) -> None:
         """Write units and index entries of ``batch``. Rewriting units already present is
@@ -143,29 +213,35 @@ class ReputService:
         self.dispatched_offset = batch.end
 
     def _run(self) -> None:
+        pending = self._pending
         while True:
-            with self._cond:
-                self._cond.wait_for(lambda: bool(self._pending) or self._stopping)
-                if not self._pending and self._stopping:
+            if not self._stopping:
+                self._wake.wait()
+            self._wake.clear()
+            taken = [pending.popleft() for _ in range(len(pending))]
+            if taken:
+                try:
+                    self.dispatch(DispatchBatch.merge(taken))
+                except BaseException as e:
+                    log.exception("dispatch failed after commitlog offset %d; consume queues stop growing",
+                                  self.dispatched_offset)
+                    with self._done:
+                        self._failure = e
+                        self._done.notify_all()
                     return
-                batch = self._pending[0]
-            try:
-                self.dispatch(batch)
-            except BaseException as e:
-                log.exception("dispatch failed at commitlog offset %d; consume queues stop growing",
-                              self.dispatched_offset)
-                with self._cond:
-                    self._failure = e
-                    self._cond.notify_all()
+                with self._done:
+                    self._done.notify_all()
+                if len(taken) < SMALL_ROUND and not self._stopping:
+                    time.sleep(IDLE_PAUSE)
+                    if pending:
+                        self._wake.set()
+            elif self._stopping:
                 return
-            with self._cond:
-                self._pending.popleft()
-                self._cond.notify_all()
 
     def wait_dispatched(self, offset: int, timeout: float | None = None) -> bool:
         """Block until everything before commitlog ``offset`` is dispatched (read-your-writes)."""
-        with self._cond:
-            ok = self._cond.wait_for(
+        with self._done:
+            ok = self._done.wait_for(
                 lambda: self.dispatched_offset >= offset or self._failure is not None, timeout)
             if self._failure is not None:
                 raise RuntimeError("the dispatch thread failed; see the log") from self._failure
@@ -173,12 +249,10 @@ class ReputService:
 
     @property
     def behind(self) -> int:
-        with self._cond:
-            return len(self._pending)
+        return len(self._pending)
 
     def stop(self) -> None:
-        with self._cond:
-            self._stopping = True
-            self._cond.notify_all()
+        self._stopping = True
+        self._wake.set()
         if self._thread.is_alive():
             self._thread.join()

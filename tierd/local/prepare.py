@@ -32,6 +32,24 @@ GroupKey = tuple[str, int]
 
 
 @dataclass(slots=True)
+class PreparedOne:
+    """One message ready to append (the single-put path: plain Python, no numpy overhead)."""
+
+    key: GroupKey
+    body: bytes
+    crc: int
+    magic: int
+    topic_part: bytes
+    properties: bytes
+    size: int
+    flag: int
+    born_timestamp: int
+    born_host: bytes
+    tags_code: int
+    index_keys: list[str]
+
+
+@dataclass(slots=True)
 class PreparedBatch:
     bodies: list[bytes]
     #: Everything after the body: topic field, properties length, properties.
@@ -82,6 +100,38 @@ class Preparer:
             if counter is None:
                 counter = self._round_robin[topic] = itertools.count()
             return next(counter) % self.default_queues
+
+    def prepare_one(self, m: Message, now_ms: int) -> PreparedOne:
+        if not isinstance(m, Message):
+            raise InvalidArgumentError(f"expected a tierd.Message, got {type(m).__name__}")
+        topic = m.topic
+        magic, topic_part = self._topics.get(topic) or self._topic(topic)
+        body = m.body
+        if type(body) is not bytes or len(body) > self.max_body:
+            body = check_body(body, self.max_body)
+        keys, tag, props = m.keys, m.tags, m.properties
+        pb = build_properties(keys, tag, props) if (keys or tag is not None or props) else b""
+        qid = m.queue_id
+        if qid is None:
+            qid = self._next_queue(topic)
+        else:
+            check_queue(qid, self.max_queues)
+        born_host = self.store_host if m.born_host is None else encode_host(m.born_host)
+        size = HEADER_V4 - 16 + len(born_host) + len(self.store_host) + len(body) + len(topic_part) + 2 + len(pb)
+        if size > self.max_body + RECORD_OVERHEAD_LIMIT:
+            raise MessageTooLargeError(f"message encodes to {size} bytes, over the record limit "
+                                       f"{self.max_body + RECORD_OVERHEAD_LIMIT}", size=size)
+        if tag is None and props:
+            tag = props.get(PROPERTY_TAGS)
+        index_keys = [f"{topic}#{k}" for k in keys] if keys else []
+        if props and props.get(PROPERTY_UNIQ_KEY):
+            index_keys.append(f"{topic}#{props[PROPERTY_UNIQ_KEY]}")
+        return PreparedOne(
+            key=(topic, qid), body=body, crc=zlib.crc32(body) & 0x7FFFFFFF, magic=magic, topic_part=topic_part,
+            properties=pb, size=size, flag=m.flag,
+            born_timestamp=now_ms if m.born_timestamp is None else m.born_timestamp, born_host=born_host,
+            tags_code=tags_code(tag) if tag else 0, index_keys=index_keys,
+        )
 
     def prepare(self, messages: Sequence[Message], now_ms: int) -> PreparedBatch:
         """Columns for ``messages``. Messages without a queue id go, per topic, to one queue chosen

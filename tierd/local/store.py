@@ -252,8 +252,13 @@ class HotStore:
     def put(self, message: Message) -> tuple[PutResult, concurrent.futures.Future[None] | None]:
         """Append one message. In ``sync`` flush mode the returned future completes once the bytes
         are durable; the caller must wait for it before acknowledging."""
-        res, fut = self.put_batch([message])
-        return res[0], fut
+        self._check_open()
+        if self.full_reason is not None:
+            raise StoreFullError(self.full_reason)
+        p = self.preparer.prepare_one(message, time.time_ns() // 1_000_000)
+        qoff, phys, end = self.commitlog.append_one(p)
+        fut = self.flusher.request(end) if self.flusher.sync else None
+        return PutResult(p.key[1], qoff, phys, offset_msg_id(self.store_host, phys)), fut
 
     def put_batch(self, messages: Sequence[Message]) -> tuple[PutBatchResult, concurrent.futures.Future[None] | None]:
         self._check_open()
@@ -268,20 +273,22 @@ class HotStore:
     def queue(self, topic: str, queue_id: int) -> ConsumeQueue | None:
         return self.cqs.get((topic, queue_id))
 
-    def _wait_visible(self, topic: str, queue_id: int, offset: int) -> None:
-        """An acknowledged offset not yet in the consume queue: wait for the reput thread so a
-        reader sees its own writes."""
+    def _visible_queue(self, topic: str, queue_id: int) -> ConsumeQueue | None:
+        """The queue, after waiting (bounded) until every offset already acknowledged to a
+        producer is dispatched into it — readers see their own writes."""
         cq = self.cqs.get((topic, queue_id))
-        if (cq is None or offset >= cq.max_offset) and offset < self.commitlog.queue_offsets.get((topic, queue_id), 0):
+        assigned = self.commitlog.queue_offsets.get((topic, queue_id), 0)
+        if assigned > (cq.max_offset if cq else 0):
             self.reput.wait_dispatched(self.commitlog.max_offset, READ_YOUR_WRITES_WAIT)
+            cq = self.cqs.get((topic, queue_id))
+        return cq
 
     def min_offset(self, topic: str, queue_id: int) -> int:
-        cq = self.cqs.get((topic, queue_id))
+        cq = self._visible_queue(topic, queue_id)
         return cq.min_offset if cq else 0
 
     def max_offset(self, topic: str, queue_id: int) -> int:
-        self._wait_visible(topic, queue_id, self.commitlog.queue_offsets.get((topic, queue_id), 0) - 1)
-        cq = self.cqs.get((topic, queue_id))
+        cq = self._visible_queue(topic, queue_id)
         return cq.max_offset if cq else 0
 
     def get(self, topic: str, queue_id: int, offset: int, max_count: int) -> HotGetResult:
@@ -295,13 +302,12 @@ class HotStore:
         if not isinstance(max_count, int) or max_count < 1:
             raise InvalidArgumentError(f"max_count must be a positive integer, got {max_count!r}")
         max_count = min(max_count, MAX_GET_COUNT)
-        self._wait_visible(topic, queue_id, offset)
-        cq = self.cqs.get((topic, queue_id))
+        cq = self._visible_queue(topic, queue_id)
         if cq is None:
             return HotGetResult(GetStatus.NO_MATCHED_LOGIC_QUEUE, (), 0, 0, 0)
         lo, hi = cq.min_offset, cq.max_offset
-        if hi == 0 or lo >= hi:
-            return HotGetResult(GetStatus.NO_MESSAGE_IN_QUEUE, (), lo if hi else 0, lo, hi)
+        if hi == 0:
+            return HotGetResult(GetStatus.NO_MESSAGE_IN_QUEUE, (), 0, lo, hi)
         if offset < lo:
             return HotGetResult(GetStatus.OFFSET_TOO_SMALL, (), lo, lo, hi)
         if offset == hi:
@@ -356,7 +362,7 @@ class HotStore:
         return self.commitlog.store_timestamp_at(phys) if phys >= self.commitlog.min_offset else -1
 
     def earliest_time(self, topic: str, queue_id: int) -> int:
-        cq = self.cqs.get((topic, queue_id))
+        cq = self._visible_queue(topic, queue_id)
         return self.store_time(topic, queue_id, cq.min_offset) if cq else -1
 
     def offset_for_time(self, topic: str, queue_id: int, timestamp: int,
@@ -364,7 +370,7 @@ class HotStore:
         """First offset stored at or after ``timestamp`` (``lower``), or the last of the run of
         messages stored exactly then (``upper``). Before everything → min offset; after
         everything → max offset."""
-        cq = self.cqs.get((topic, queue_id))
+        cq = self._visible_queue(topic, queue_id)
         if cq is None or cq.max_offset <= cq.min_offset:
             return cq.min_offset if cq else 0
         lo, hi = cq.min_offset, cq.max_offset

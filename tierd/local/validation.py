@@ -96,14 +96,19 @@ def build_properties(keys: Sequence[str], tags: str | None, properties: Mapping[
     if keys:
         if isinstance(keys, str):
             raise InvalidArgumentError(f"keys must be a sequence of strings, got the string {keys!r}")
-        for key in keys:
-            if not isinstance(key, str) or not key or KEY_SEPARATOR in key \
-                    or _FORBIDDEN_PROPERTY_CHARS.search(key):
-                raise InvalidPropertiesError(
-                    f"each key must be a non-empty string without spaces or 0x01/0x02, got {key!r}",
-                    key=repr(key),
-                )
-        parts.append(f"KEYS\x01{KEY_SEPARATOR.join(keys)}\x02")
+        try:
+            joined = KEY_SEPARATOR.join(keys)
+        except TypeError as e:
+            raise InvalidPropertiesError(f"keys must be strings, got {list(keys)!r}") from e
+        # One C-level pass instead of a Python loop per key: a key with a space or an empty key
+        # changes the token count; the separators are found by substring search.
+        if joined.count(KEY_SEPARATOR) != len(keys) - 1 or "" in joined.split(KEY_SEPARATOR) \
+                or "\x01" in joined or "\x02" in joined:
+            bad = next((k for k in keys if not k or KEY_SEPARATOR in k or _FORBIDDEN_PROPERTY_CHARS.search(k)),
+                       joined)
+            raise InvalidPropertiesError(
+                f"each key must be a non-empty string without spaces or 0x01/0x02, got {bad!r}", key=repr(bad))
+        parts.append(f"KEYS\x01{joined}\x02")
     if tags is not None:
         if not isinstance(tags, str) or not tags or _FORBIDDEN_PROPERTY_CHARS.search(tags):
             raise InvalidPropertiesError(f"tags must be a non-empty string without 0x01/0x02, got {tags!r}",

@@ -1,0 +1,238 @@
+"""Record codec: golden bytes built by hand from FORMATS §1.1, round trips, strict rejection."""
+
+from __future__ import annotations
+
+import struct
+import zlib
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tierd.errors import CorruptRecordError, InvalidArgumentError
+from tierd.local import codec
+from tierd.local.codec import (
+    BLANK,
+    INVALID,
+    MAGIC_V1,
+    MAGIC_V2,
+    VALID,
+    decode_properties,
+    decode_record,
+    encode_batch,
+    encode_host,
+    encode_properties,
+    encode_record,
+    java_string_hash,
+    offset_msg_id,
+    parse_offset_msg_id,
+    scan_record,
+    tags_code,
+    topic_field,
+)
+
+STORE = encode_host("10.0.0.2:10911")
+BORN = encode_host("192.168.1.7:5555")
+
+
+def golden_v1() -> bytes:
+    """A v1 record with IPv4 hosts written field by field with struct — not via the encoder."""
+    body = b"hello tierd"
+    topic = b"orders"
+    props = b"KEYS\x01o-1 o-2\x02TAGS\x01paid\x02"
+    total = 4 + 4 + 4 + 4 + 4 + 8 + 8 + 4 + 8 + 8 + 8 + 8 + 4 + 8 + 4 + len(body) + 1 + len(topic) + 2 + len(props)
+    out = b""
+    out += struct.pack(">i", total)
+    out += struct.pack(">I", 0xDAA320A7)
+    out += struct.pack(">i", zlib.crc32(body) & 0x7FFFFFFF)
+    out += struct.pack(">i", 3)  # queue id
+    out += struct.pack(">i", 7)  # flag
+    out += struct.pack(">q", 42)  # queue offset
+    out += struct.pack(">q", 4096)  # physical offset
+    out += struct.pack(">i", 0)  # sysflag
+    out += struct.pack(">q", 1_700_000_000_000)  # born ts
+    out += bytes([192, 168, 1, 7]) + struct.pack(">i", 5555)
+    out += struct.pack(">q", 1_700_000_000_123)  # store ts
+    out += bytes([10, 0, 0, 2]) + struct.pack(">i", 10911)
+    out += struct.pack(">i", 0)  # reconsume
+    out += struct.pack(">q", 0)  # prepared tx offset
+    out += struct.pack(">i", len(body)) + body
+    out += bytes([len(topic)]) + topic
+    out += struct.pack(">h", len(props)) + props
+    return out
+
+
+def _encode_like_golden(**overrides: object) -> bytes:
+    magic, topic_part = topic_field(b"orders")
+    args: dict[str, object] = dict(
+        body=b"hello tierd", topic_part=topic_part, magic=magic,
+        properties=b"KEYS\x01o-1 o-2\x02TAGS\x01paid\x02", queue_id=3, flag=7, queue_offset=42,
+        physical_offset=4096, sys_flag=0, born_timestamp=1_700_000_000_000, born_host=BORN,
+        store_timestamp=1_700_000_000_123, store_host=STORE,
+    )
+    args.update(overrides)
+    return encode_record(**args)  # type: ignore[arg-type]
+
+
+def test_encode_matches_hand_built_golden_bytes() -> None:
+    assert _encode_like_golden() == golden_v1()
+
+
+def test_fixed_overhead_is_91_bytes_v1_and_92_v2() -> None:
+    empty_v1 = _encode_like_golden(body=b"", topic_part=b"\x00", properties=b"")
+    assert len(empty_v1) == 91
+    empty_v2 = _encode_like_golden(body=b"", topic_part=b"\x00\x00", magic=MAGIC_V2, properties=b"")
+    assert len(empty_v2) == 92
+
+
+def test_decode_golden() -> None:
+    m = decode_record(golden_v1())
+    assert (m.topic, m.queue_id, m.flag, m.queue_offset, m.commitlog_offset) == ("orders", 3, 7, 42, 4096)
+    assert m.body == b"hello tierd"
+    assert m.keys == ("o-1", "o-2")
+    assert m.tags == "paid"
+    assert m.born_host == "192.168.1.7:5555"
+    assert m.store_host == "10.0.0.2:10911"
+    assert m.store_timestamp == 1_700_000_000_123
+    assert m.msg_id == "0A00000200002A9F0000000000001000"
+
+
+def test_v2_record_has_two_byte_topic_length_and_v2_magic() -> None:
+    topic = ("t" * 200).encode()
+    magic, part = topic_field(topic)
+    assert magic == MAGIC_V2 and part[:2] == struct.pack(">h", 200)
+    rec = _encode_like_golden(topic_part=part, magic=magic)
+    assert struct.unpack_from(">I", rec, 4)[0] == 0xDAA320AB
+    assert decode_record(rec).topic == "t" * 200
+
+
+def test_ipv6_hosts_set_sysflag_bits_and_shift_fields() -> None:
+    born6 = encode_host("[2001:db8::1]:9876")
+    store6 = encode_host("[::1]:10911")
+    rec = _encode_like_golden(born_host=born6, store_host=store6)
+    sysflag = struct.unpack_from(">i", rec, 36)[0]
+    assert sysflag & 0x10 and sysflag & 0x20
+    # born host 16+4 at 48, store timestamp right after it
+    assert rec[48:64] == bytes.fromhex("20010db8000000000000000000000001")
+    assert struct.unpack_from(">q", rec, 68)[0] == 1_700_000_000_123
+    m = decode_record(rec)
+    assert m.born_host == "[2001:db8::1]:9876" and m.store_host == "[::1]:10911"
+    assert len(m.msg_id) == 56
+    assert parse_offset_msg_id(m.msg_id) == ("[::1]:10911", 4096)
+
+
+def test_java_string_hash_vectors() -> None:
+    assert java_string_hash("") == 0
+    assert java_string_hash("a") == 97
+    assert java_string_hash("TopicTest#MessageKey") == 638347386
+    # Overflow wraps to a negative 32-bit value, like Java.
+    assert java_string_hash("polygenelubricants") == -2147483648
+    # Non-BMP characters hash as two UTF-16 code units.
+    assert java_string_hash("\U0001f600") == 0xD83D * 31 + 0xDE00
+    assert tags_code(None) == 0 and tags_code("TagA") == java_string_hash("TagA")
+
+
+def test_properties_round_trip_and_ignore_malformed_pieces() -> None:
+    props = {"KEYS": "a b", "TAGS": "t", "custom": "v=1"}
+    assert decode_properties(encode_properties(props)) == props
+    assert decode_properties(b"x\x01\x02\x01y\x02ok\x011\x02") == {"ok": "1"}
+
+
+def test_offset_msg_id_round_trip_and_errors() -> None:
+    mid = offset_msg_id(STORE, 123456789)
+    assert mid == "0A00000200002A9F00000000075BCD15"
+    assert parse_offset_msg_id(mid) == ("10.0.0.2:10911", 123456789)
+    with pytest.raises(InvalidArgumentError):
+        parse_offset_msg_id("zz")
+    with pytest.raises(InvalidArgumentError):
+        parse_offset_msg_id("00")
+
+
+@pytest.mark.parametrize("host", ["nohost", "1.2.3.4", "1.2.3.4:99999", "[::1", "300.1.1.1:1"])
+def test_bad_hosts_rejected(host: str) -> None:
+    with pytest.raises(InvalidArgumentError, match="host"):
+        encode_host(host)
+
+
+@pytest.mark.parametrize(
+    ("mutate", "reason"),
+    [
+        (lambda r: r[:4] + b"\x00\x00\x00\x00" + r[8:], "bad magic"),
+        (lambda r: struct.pack(">i", len(r) + 10) + r[4:], "does not fit"),
+        (lambda r: struct.pack(">i", 50) + r[4:], "does not fit"),
+        (lambda r: r[:-1] + bytes([r[-1] ^ 0xFF]), "UTF-8|CRC|lengths"),
+        (lambda r: r[:90] + bytes([r[90] ^ 1]) + r[91:], "CRC"),
+        (lambda r: r[:84] + struct.pack(">i", 5000) + r[88:], "overruns"),
+        (lambda r: r[:-30], "does not fit"),
+    ],
+)
+def test_decode_rejects_corruption(mutate: object, reason: str) -> None:
+    bad = mutate(golden_v1())  # type: ignore[operator]
+    with pytest.raises(CorruptRecordError, match=reason):
+        decode_record(bad)
+    assert scan_record(bad, 0, len(bad), True)[0] == INVALID
+
+
+def test_scan_reports_blank_marker() -> None:
+    buf = golden_v1() + codec.blank_marker(40) + bytes(32)
+    status, size, view = scan_record(buf, 0, len(buf), True)
+    assert status == VALID and view is not None and view.topic == "orders"
+    assert scan_record(buf, size, len(buf), True)[:2] == (BLANK, 40)
+
+
+hosts = st.sampled_from(["127.0.0.1:1", "10.1.2.3:65535", "[::1]:9", "[fe80::1:2]:10911"])
+prop_text = st.text(st.characters(blacklist_characters="\x01\x02", blacklist_categories=("Cs",)), min_size=1,
+                    max_size=20)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    body=st.binary(max_size=2000),
+    topic=st.from_regex(r"[A-Za-z0-9_%|-]{1,255}", fullmatch=True),
+    props=st.dictionaries(prop_text, prop_text, max_size=5),
+    born=hosts, store=hosts,
+    qid=st.integers(0, 2**31 - 1), qoff=st.integers(0, 2**63 - 1), phys=st.integers(0, 2**63 - 1),
+    flag=st.integers(-(2**31), 2**31 - 1), ts=st.integers(0, 2**62),
+)
+def test_round_trip(body: bytes, topic: str, props: dict[str, str], born: str, store: str, qid: int,
+                    qoff: int, phys: int, flag: int, ts: int) -> None:
+    magic, part = topic_field(topic.encode())
+    assert (magic == MAGIC_V2) == (len(topic) > 127)
+    rec = encode_record(body=body, topic_part=part, magic=magic, properties=encode_properties(props),
+                        queue_id=qid, flag=flag, queue_offset=qoff, physical_offset=phys, sys_flag=0,
+                        born_timestamp=ts, born_host=encode_host(born), store_timestamp=ts + 1,
+                        store_host=encode_host(store))
+    m = decode_record(rec)
+    assert (m.topic, m.body, dict(m.properties), m.queue_id, m.queue_offset) == (topic, body, props, qid, qoff)
+    assert (m.commitlog_offset, m.flag, m.born_timestamp, m.store_timestamp) == (phys, flag, ts, ts + 1)
+    assert m.size == len(rec)
+    assert (m.born_host, m.store_host) == (born, store)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(st.binary(max_size=300), st.sampled_from(["a", "topic-b", "x" * 130]),
+                          st.binary(max_size=40).map(lambda b: b.replace(b"\x01", b"").replace(b"\x02", b""))),
+                min_size=1, max_size=30))
+def test_batch_encoder_equals_single_encoder(items: list[tuple[bytes, str, bytes]]) -> None:
+    n = len(items)
+    fields = [topic_field(t.encode()) for _, t, _ in items]
+    tails = [part + len(p).to_bytes(2, "big") + p for (_, _, p), (_, part) in zip(items, fields, strict=True)]
+    bodies = [b for b, _, _ in items]
+    body_lengths = np.array([len(b) for b in bodies], np.int64)
+    sizes = body_lengths + np.array([len(t) for t in tails]) + 88
+    phys = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+    qoffs = np.arange(100, 100 + n, dtype=np.int64)
+    crcs = np.array([zlib.crc32(b) & 0x7FFFFFFF for b in bodies], np.uint32)
+    batch = encode_batch(
+        bodies=bodies, tails=tails, magics=np.array([m for m, _ in fields], np.uint32), crcs=crcs,
+        queue_ids=np.full(n, 2, np.int32), flags=np.zeros(n, np.int32), queue_offsets=qoffs,
+        physical_offsets=phys, sizes=sizes, body_lengths=body_lengths,
+        born_timestamps=np.full(n, 5, np.int64), born_host=BORN, store_timestamp=9, store_host=STORE)
+    singles = b"".join(
+        encode_record(body=b, topic_part=part, magic=magic, properties=p, queue_id=2, flag=0,
+                      queue_offset=100 + i, physical_offset=int(phys[i]), sys_flag=0, born_timestamp=5,
+                      born_host=BORN, store_timestamp=9, store_host=STORE)
+        for i, ((b, _, p), (magic, part)) in enumerate(zip(items, fields, strict=True))
+    )
+    assert batch == singles
