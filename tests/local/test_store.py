@@ -54,6 +54,15 @@ def assert_queues_agree_with_commitlog(store: BlockingMessageStore) -> int:
     return checked
 
 
+def simulate_crash(root: Path) -> None:
+    """Leave the store as a crash would before anything was dispatched: abort marker present,
+    checkpoint's dispatched offset (tierd's long at byte 40) rewound, consume queues gone."""
+    shutil.rmtree(root / "consumequeue", ignore_errors=True)
+    (root / "abort").write_text("crashed")
+    ck = (root / "checkpoint").read_bytes()
+    (root / "checkpoint").write_bytes(ck[:40] + bytes(8) + ck[48:])
+
+
 # ----------------------------------------------------------------------------- writes and reads
 def test_put_then_get_returns_the_same_message(store: BlockingMessageStore) -> None:
     r = store.put(Message(topic="orders", body=b"paid-1", keys=["o-1", "c-9"], tags="paid",
@@ -338,11 +347,8 @@ def test_abnormal_exit_rebuilds_queues_and_index_from_the_commitlog(cfg: TierdCo
     root = Path(cfg.store.dir)
     live_cq = {p.relative_to(root): p.read_bytes() for p in (root / "consumequeue").rglob("0*") if p.is_file()}
     live_index = [p.read_bytes() for p in sorted((root / "index").iterdir())]
-    shutil.rmtree(root / "consumequeue")
     shutil.rmtree(root / "index")
-    (root / "abort").write_text("crashed")
-    ck = (root / "checkpoint").read_bytes()
-    (root / "checkpoint").write_bytes(ck[:40] + bytes(8) + ck[48:])
+    simulate_crash(root)
     with BlockingMessageStore.open(cfg) as store:
         assert not store.hot.last_exit_ok
         assert store.query("t1", "k7")[0].body == store.get("t1", 3, 0).messages[0].body
@@ -464,3 +470,50 @@ def test_put_batch_result_is_a_lazy_sequence(store: BlockingMessageStore) -> Non
     assert len(res) == 5 and res[-1].queue_offset == 4 and [r.queue_offset for r in res[1:3]] == [1, 2]
     assert isinstance(res.queue_offsets, np.ndarray)
     assert "5 messages" in repr(res)
+
+
+def test_full_rescan_crosses_every_file_end_whatever_the_blank_size(cfg: TierdConfig) -> None:
+    """Recovery walks blank end-of-file markers of any size (8 bytes up) into the next file."""
+    rng = np.random.default_rng(7)
+    sizes = np.where(rng.random(3000) < 0.9, rng.integers(0, 60, 3000), rng.integers(2_000, 20_000, 3000))
+    with BlockingMessageStore.open(cfg) as store:
+        for i, n in enumerate(sizes):
+            store.put(Message(topic="scan", body=bytes([i % 251]) * int(n), queue_id=0))
+        files = store.hot.commitlog.files.files
+        blanks = []
+        for f in files[:-1]:
+            pos = 0
+            while True:
+                size = int.from_bytes(f.mm[pos : pos + 4], "big")
+                if int.from_bytes(f.mm[pos + 4 : pos + 8], "big") == BLANK_MAGIC:
+                    blanks.append(size)
+                    break
+                pos += size
+    assert min(blanks) < 88 <= max(blanks)  # both short and long markers occur
+    simulate_crash(Path(cfg.store.dir))
+    with BlockingMessageStore.open(cfg) as store:
+        got = store.get("scan", 0, 0, 4096).messages
+        assert len(store.hot.commitlog.files.files) == len(files)
+        assert [len(m.body) for m in got] == sizes.tolist()
+
+
+@pytest.mark.parametrize("single", [True, False])
+def test_torn_first_record_of_a_new_file_is_dropped_and_writing_resumes(cfg: TierdConfig, single: bool) -> None:
+    body = b"q" * 9_000
+    with BlockingMessageStore.open(cfg) as store:
+        res = [store.put(Message(topic="edge", body=body, queue_id=0)) for _ in range(30)]
+        second_file = store.hot.commitlog.files.files[1].file_from_offset
+        first_in_second = next(r for r in res if r.commitlog_offset == second_file)
+        keep = [r for r in res if r.commitlog_offset < second_file]
+    path = Path(cfg.store.dir) / "commitlog" / f"{second_file:020d}"
+    with path.open("r+b") as fh:  # tear the first record of file 2 and everything after it
+        fh.seek(100)
+        fh.write(bytes(os.path.getsize(path) - 100))
+    simulate_crash(Path(cfg.store.dir))
+    with BlockingMessageStore.open(cfg) as store:
+        assert store.hot.recovery_truncated and len(store.hot.commitlog.files.files) == 1
+        assert store.max_offset("edge", 0) == len(keep) == first_in_second.queue_offset
+        r = store.put(Message(topic="edge", body=b"after")) if single else \
+            store.put_batch([Message(topic="edge", body=b"after")])[0]
+        assert r.commitlog_offset == second_file
+        assert store.get("edge", 0, len(keep)).messages[0].body == b"after"

@@ -113,7 +113,9 @@ class CommitLog:
             self.last_store_timestamp = store_ts
             f = self.files.last_file()
             if f is None or f.free < p.size + END_FILE_MIN_BLANK:
-                if f is not None:
+                # free == 0: the file already ends in its blank marker (e.g. recovery dropped a
+                # torn first record of the next file); just start the next file.
+                if f is not None and f.free > 0:
                     if f.wrote == 0:
                         raise MessageTooLargeError(
                             f"record of {p.size} bytes does not fit in a commitlog file of {f.size} bytes "
@@ -207,7 +209,9 @@ class CommitLog:
             if f is None:
                 return pos, records
             at = pos - f.file_from_offset
-            if f.size - at < HEADER_V4:
+            # A file always ends in a record or a blank marker (8 bytes), which scan_record
+            # recognises; fewer bytes than a marker means the walk left the record chain.
+            if f.size - at < END_FILE_MIN_BLANK:
                 return pos, records
             status, size, view = scan_record(f.view, at, f.size, check_crc)
             if status == VALID:

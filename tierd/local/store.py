@@ -181,8 +181,7 @@ class HotStore:
         cl.truncate(valid_end)
         for cq in self.cqs.values():
             cq.truncate_from_physical(valid_end)
-        if hasattr(self.index, "truncate_to"):  # TEMP until index helper lands
-            self.index.truncate_to(valid_end)
+        self.index.truncate_to(valid_end)
         if records:
             replay = ReputService(self._queue_for, self.index, start)
             for i in range(0, len(records), 65536):
@@ -395,7 +394,9 @@ class HotStore:
         self.reput.wait_dispatched(self.commitlog.max_offset, READ_YOUR_WRITES_WAIT)
         out: list[MessageExt] = []
         seen: set[int] = set()
-        for phys in self.index.query(topic, key, max(max_count * 4, 64), begin, end):
+        # Index items keep whole seconds since their file's start: widen by one second, then
+        # filter on the record's exact store timestamp below.
+        for phys in self.index.query(topic, key, max(max_count * 4, 64), max(0, begin - 1000), end):
             if phys in seen or phys < self.commitlog.min_offset:
                 continue
             seen.add(phys)
