@@ -26,8 +26,17 @@ BODY = 1024
 
 
 def _cfg(root: Path, flush: str = "async") -> TierdConfig:
-    return TierdConfig.from_dict({"store": {"dir": str(root), "flush": flush, "flush_interval_ms": 200,
-                                            "index_slots": 500_000, "index_items": 2_000_000}})
+    return TierdConfig.from_dict(
+        {
+            "store": {
+                "dir": str(root),
+                "flush": flush,
+                "flush_interval_ms": 200,
+                "index_slots": 500_000,
+                "index_items": 2_000_000,
+            }
+        }
+    )
 
 
 def _messages(n: int, topic: str = "bench") -> list[Message]:
@@ -39,8 +48,9 @@ def bench_dd(volume: int, root: Path) -> dict[str, float]:
     target = root / "dd.out"
     count = max(1, volume // (1 << 20))
     t = time.perf_counter()
-    subprocess.run(["dd", "if=/dev/zero", f"of={target}", "bs=1M", f"count={count}"],
-                   check=True, capture_output=True)
+    subprocess.run(
+        ["dd", "if=/dev/zero", f"of={target}", "bs=1M", f"count={count}"], check=True, capture_output=True
+    )
     dt = time.perf_counter() - t
     target.unlink()
     return {"bytes": count << 20, "seconds": dt, "MB_per_s": (count << 20) / dt / 1e6}
@@ -70,8 +80,14 @@ def bench_put_batch(n: int, root: Path, batch: int = 1024) -> dict[str, float]:
         store.hot.wait_dispatched(120)
         dispatch_tail = time.perf_counter() - t2
         cl_bytes = store.hot.commitlog.max_offset
-    return {"messages": n, "batch": batch, "seconds": dt, "msgs_per_s": n / dt,
-            "MB_per_s": cl_bytes / dt / 1e6, "dispatch_tail_seconds": dispatch_tail}
+    return {
+        "messages": n,
+        "batch": batch,
+        "seconds": dt,
+        "msgs_per_s": n / dt,
+        "MB_per_s": cl_bytes / dt / 1e6,
+        "dispatch_tail_seconds": dispatch_tail,
+    }
 
 
 async def _sync_producers(root: Path, producers: int, per_producer: int) -> dict[str, float]:
@@ -87,8 +103,14 @@ async def _sync_producers(root: Path, producers: int, per_producer: int) -> dict
         dt = time.perf_counter() - t
         fl = store.hot.flusher
         total = producers * per_producer
-        return {"producers": producers, "messages": total, "seconds": dt, "msgs_per_s": total / dt,
-                "fsyncs": fl.fsyncs, "messages_per_fsync": fl.requests_served / max(1, fl.fsyncs)}
+        return {
+            "producers": producers,
+            "messages": total,
+            "seconds": dt,
+            "msgs_per_s": total / dt,
+            "fsyncs": fl.fsyncs,
+            "messages_per_fsync": fl.requests_served / max(1, fl.fsyncs),
+        }
 
 
 def main() -> None:

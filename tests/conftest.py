@@ -3,14 +3,52 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import pytest
 
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
 
 @pytest.fixture(autouse=True)
-def _isolated_environment(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+def _isolated_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     for key in list(os.environ):
         if key.startswith("TIERD_"):
             monkeypatch.delenv(key)
-    yield
+
+
+# --- S3 servers (issue 3)
+# Real S3 servers as subprocesses on free ports, started once per test session and shared by
+# every test that asks for them (drivers now; tiering, Spark and service tests later). Tests
+# isolate themselves with a fresh bucket each (``s3_bucket``), never by restarting a server.
+from tierd.testing.s3server import S3Server, create_bucket, start_moto, start_seaweedfs  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def moto_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
+    """moto's S3 server (accepts any credentials)."""
+    server = start_moto(tmp_path_factory.mktemp("moto"))
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def seaweedfs_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
+    """SeaweedFS (``weed mini``) with an enforced random access key."""
+    server = start_seaweedfs(tmp_path_factory.mktemp("seaweedfs"))
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session", params=["moto", "seaweedfs"])
+def s3_server(request: pytest.FixtureRequest) -> S3Server:
+    """Each S3 server in turn: tests using it run once per server."""
+    server: S3Server = request.getfixturevalue(f"{request.param}_server")
+    return server
+
+
+@pytest.fixture
+def s3_bucket(s3_server: S3Server) -> str:
+    """A new, empty bucket on ``s3_server``."""
+    return create_bucket(s3_server)

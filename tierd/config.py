@@ -13,13 +13,15 @@ from __future__ import annotations
 
 import os
 import tomllib
-from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from tierd.errors import ConfigError
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
 
 ENV_PREFIX = "TIERD_"
 KiB = 1024
@@ -38,86 +40,179 @@ class _Section(BaseModel):
 class StoreConfig(_Section):
     """``[store]`` — the hot store on local disk."""
 
-    dir: Path = Field(Path("data/hot"), description="Hot store root directory.",
-                      json_schema_extra=_rmq("storePathRootDir"))
-    commitlog_file_size: int = Field(GiB, ge=64 * KiB, le=2**31 - 1,
-                                     description="Size of one commitlog file in bytes.",
-                                     json_schema_extra=_rmq("mappedFileSizeCommitLog"))
-    consumequeue_file_units: int = Field(300_000, ge=16,
-                                         description="20-byte units per consume-queue file.",
-                                         json_schema_extra=_rmq("mappedFileSizeConsumeQueue"))
+    dir: Path = Field(
+        Path("data/hot"), description="Hot store root directory.", json_schema_extra=_rmq("storePathRootDir")
+    )
+    commitlog_file_size: int = Field(
+        GiB,
+        ge=64 * KiB,
+        le=2**31 - 1,
+        description="Size of one commitlog file in bytes.",
+        json_schema_extra=_rmq("mappedFileSizeCommitLog"),
+    )
+    consumequeue_file_units: int = Field(
+        300_000,
+        ge=16,
+        description="20-byte units per consume-queue file.",
+        json_schema_extra=_rmq("mappedFileSizeConsumeQueue"),
+    )
     flush: Literal["async", "sync"] = Field(
-        "async", description="`async`: a flusher fsyncs every flush_interval_ms; `sync`: put returns "
+        "async",
+        description="`async`: a flusher fsyncs every flush_interval_ms; `sync`: put returns "
         "after its bytes are durable (group commit shares one fsync among concurrent producers).",
-        json_schema_extra=_rmq("flushDiskType"))
-    flush_interval_ms: int = Field(500, ge=1, description="Async flush period in milliseconds.",
-                                   json_schema_extra=_rmq("flushIntervalCommitLog"))
-    max_message_size: int = Field(4 * MiB, ge=1, le=64 * MiB,
-                                  description="Largest accepted message body in bytes.",
-                                  json_schema_extra=_rmq("maxMessageSize"))
-    default_queues: int = Field(4, ge=1, le=1024,
-                                description="Queues per topic when the topic is first written.",
-                                json_schema_extra=_rmq("defaultTopicQueueNums"))
+        json_schema_extra=_rmq("flushDiskType"),
+    )
+    flush_interval_ms: int = Field(
+        500,
+        ge=1,
+        description="Async flush period in milliseconds.",
+        json_schema_extra=_rmq("flushIntervalCommitLog"),
+    )
+    max_message_size: int = Field(
+        4 * MiB,
+        ge=1,
+        le=64 * MiB,
+        description="Largest accepted message body in bytes.",
+        json_schema_extra=_rmq("maxMessageSize"),
+    )
+    default_queues: int = Field(
+        4,
+        ge=1,
+        le=1024,
+        description="Queues per topic when the topic is first written.",
+        json_schema_extra=_rmq("defaultTopicQueueNums"),
+    )
     max_queues: int = Field(1024, ge=1, le=65535, description="Upper bound for a queue id + 1.")
-    file_reserved_time: float = Field(72.0, gt=0, description="Hot retention in hours.",
-                                      json_schema_extra=_rmq("fileReservedTime"))
-    disk_max_used_ratio: float = Field(0.90, gt=0, le=1.0,
-                                       description="Disk usage above which writes are refused when "
-                                       "nothing can be deleted.",
-                                       json_schema_extra=_rmq("diskMaxUsedSpaceRatio"))
-    retention_interval: float = Field(60.0, gt=0, description="Seconds between local retention runs.",
-                                      json_schema_extra=_rmq("cleanResourceInterval"))
-    index_slots: int = Field(5_000_000, ge=1, description="Hash slots per local index file.",
-                             json_schema_extra=_rmq("maxHashSlotNum"))
-    index_items: int = Field(20_000_000, ge=2, description="Items per local index file.",
-                             json_schema_extra=_rmq("maxIndexNum"))
-    store_host: str = Field("127.0.0.1:10911", description="STOREHOST written into records "
-                            "(`ip:port`, IPv6 as `[ip]:port`).")
-    check_crc_on_recover: bool = Field(True, description="Verify BODYCRC while recovering.",
-                                       json_schema_extra=_rmq("checkCRCOnRecover"))
+    file_reserved_time: float = Field(
+        72.0, gt=0, description="Hot retention in hours.", json_schema_extra=_rmq("fileReservedTime")
+    )
+    disk_max_used_ratio: float = Field(
+        0.90,
+        gt=0,
+        le=1.0,
+        description="Disk usage above which writes are refused when nothing can be deleted.",
+        json_schema_extra=_rmq("diskMaxUsedSpaceRatio"),
+    )
+    retention_interval: float = Field(
+        60.0,
+        gt=0,
+        description="Seconds between local retention runs.",
+        json_schema_extra=_rmq("cleanResourceInterval"),
+    )
+    index_slots: int = Field(
+        5_000_000,
+        ge=1,
+        description="Hash slots per local index file.",
+        json_schema_extra=_rmq("maxHashSlotNum"),
+    )
+    index_items: int = Field(
+        20_000_000, ge=2, description="Items per local index file.", json_schema_extra=_rmq("maxIndexNum")
+    )
+    store_host: str = Field(
+        "127.0.0.1:10911", description="STOREHOST written into records (`ip:port`, IPv6 as `[ip]:port`)."
+    )
+    check_crc_on_recover: bool = Field(
+        True, description="Verify BODYCRC while recovering.", json_schema_extra=_rmq("checkCRCOnRecover")
+    )
 
 
 class TieredConfig(_Section):
     """``[tiered]`` — the tiering daemon and cold reads."""
 
     enabled: bool = Field(True, description="Move data to the cold tier.")
-    cluster: str = Field("DefaultCluster", description="Cluster name (first path element).",
-                         json_schema_extra=_rmq("brokerClusterName"))
-    broker: str = Field("broker-a", description="Broker name (second path element).",
-                        json_schema_extra=_rmq("brokerName"))
+    cluster: str = Field(
+        "DefaultCluster",
+        description="Cluster name (first path element).",
+        json_schema_extra=_rmq("brokerClusterName"),
+    )
+    broker: str = Field(
+        "broker-a", description="Broker name (second path element).", json_schema_extra=_rmq("brokerName")
+    )
     storage_level: Literal["DISABLE", "NOT_IN_DISK", "NOT_IN_MEM", "FORCE"] = Field(
-        "NOT_IN_DISK", description="Default read policy.", json_schema_extra=_rmq("tieredStorageLevel"))
+        "NOT_IN_DISK", description="Default read policy.", json_schema_extra=_rmq("tieredStorageLevel")
+    )
     dispatch_interval: float = Field(20.0, gt=0, description="Seconds between dispatcher rounds.")
-    group_commit_count: int = Field(4096, ge=1, description="Commit a queue at this many pending messages.",
-                                    json_schema_extra=_rmq("tieredStoreGroupCommitCount"))
-    group_commit_size: int = Field(4 * MiB, ge=1, description="Commit a queue at this many pending bytes.",
-                                   json_schema_extra=_rmq("tieredStoreGroupCommitSize"))
-    group_commit_timeout: float = Field(30.0, ge=0,
-                                        description="Commit when the oldest pending message is this old (s).",
-                                        json_schema_extra=_rmq("tieredStoreGroupCommitTimeout"))
+    group_commit_count: int = Field(
+        4096,
+        ge=1,
+        description="Commit a queue at this many pending messages.",
+        json_schema_extra=_rmq("tieredStoreGroupCommitCount"),
+    )
+    group_commit_size: int = Field(
+        4 * MiB,
+        ge=1,
+        description="Commit a queue at this many pending bytes.",
+        json_schema_extra=_rmq("tieredStoreGroupCommitSize"),
+    )
+    group_commit_timeout: float = Field(
+        30.0,
+        ge=0,
+        description="Commit when the oldest pending message is this old (s).",
+        json_schema_extra=_rmq("tieredStoreGroupCommitTimeout"),
+    )
     max_concurrent_queues: int = Field(16, ge=1, description="Queues committed concurrently.")
     upload_rate_limit: int | None = Field(None, ge=1, description="Upload cap in bytes/s (none = unlimited).")
-    rolling_interval: float = Field(24.0, gt=0, description="Roll a commitlog segment after this many hours…",
-                                    json_schema_extra=_rmq("commitLogRollingInterval"))
-    rolling_min_size: int = Field(16 * MiB, ge=0, description="…if it holds at least this many bytes.",
-                                  json_schema_extra=_rmq("commitLogRollingMinimumSize"))
-    commitlog_segment_size: int = Field(GiB, ge=1, description="Flat commitlog segment size.",
-                                        json_schema_extra=_rmq("tieredStoreCommitLogMaxSize"))
-    consumequeue_segment_size: int = Field(100 * MiB, ge=20, description="Flat consume-queue segment size.",
-                                           json_schema_extra=_rmq("tieredStoreConsumeQueueMaxSize"))
-    read_ahead_count: int = Field(4096, ge=1, description="Messages prefetched on a cache miss.",
-                                  json_schema_extra=_rmq("readAheadMessageCountThreshold"))
-    read_ahead_size: int = Field(16 * MiB, ge=1, description="Bytes prefetched on a cache miss.",
-                                 json_schema_extra=_rmq("readAheadMessageSizeThreshold"))
+    rolling_interval: float = Field(
+        24.0,
+        gt=0,
+        description="Roll a commitlog segment after this many hours…",
+        json_schema_extra=_rmq("commitLogRollingInterval"),
+    )
+    rolling_min_size: int = Field(
+        16 * MiB,
+        ge=0,
+        description="…if it holds at least this many bytes.",
+        json_schema_extra=_rmq("commitLogRollingMinimumSize"),
+    )
+    commitlog_segment_size: int = Field(
+        GiB,
+        ge=1,
+        description="Flat commitlog segment size.",
+        json_schema_extra=_rmq("tieredStoreCommitLogMaxSize"),
+    )
+    consumequeue_segment_size: int = Field(
+        100 * MiB,
+        ge=20,
+        description="Flat consume-queue segment size.",
+        json_schema_extra=_rmq("tieredStoreConsumeQueueMaxSize"),
+    )
+    read_ahead_count: int = Field(
+        4096,
+        ge=1,
+        description="Messages prefetched on a cache miss.",
+        json_schema_extra=_rmq("readAheadMessageCountThreshold"),
+    )
+    read_ahead_size: int = Field(
+        16 * MiB,
+        ge=1,
+        description="Bytes prefetched on a cache miss.",
+        json_schema_extra=_rmq("readAheadMessageSizeThreshold"),
+    )
     cache_max_bytes: int = Field(256 * MiB, ge=0, description="Read-ahead cache bound in bytes.")
-    cache_expire: float = Field(15.0, gt=0, description="Idle expiry of cached batches (s).",
-                                json_schema_extra=_rmq("readAheadCacheExpireDuration"))
-    file_reserved_time: float = Field(72.0, gt=0, description="Cold retention in hours (per-topic override).",
-                                      json_schema_extra=_rmq("tieredStoreFileReservedTime"))
-    index_slots: int = Field(5_000_000, ge=1, description="Hash slots per cold index file.",
-                             json_schema_extra=_rmq("tieredStoreIndexFileMaxHashSlotNum"))
-    index_items: int = Field(20_000_000, ge=2, description="Items per cold index file.",
-                             json_schema_extra=_rmq("tieredStoreIndexFileMaxIndexNum"))
+    cache_expire: float = Field(
+        15.0,
+        gt=0,
+        description="Idle expiry of cached batches (s).",
+        json_schema_extra=_rmq("readAheadCacheExpireDuration"),
+    )
+    file_reserved_time: float = Field(
+        72.0,
+        gt=0,
+        description="Cold retention in hours (per-topic override).",
+        json_schema_extra=_rmq("tieredStoreFileReservedTime"),
+    )
+    index_slots: int = Field(
+        5_000_000,
+        ge=1,
+        description="Hash slots per cold index file.",
+        json_schema_extra=_rmq("tieredStoreIndexFileMaxHashSlotNum"),
+    )
+    index_items: int = Field(
+        20_000_000,
+        ge=2,
+        description="Items per cold index file.",
+        json_schema_extra=_rmq("tieredStoreIndexFileMaxIndexNum"),
+    )
     manifest_interval: float = Field(60.0, gt=0, description="Max seconds between manifest writes.")
 
 
@@ -126,8 +221,9 @@ class BackendConfig(_Section):
 
     name: str = Field("posix", description="Segment driver: posix, memory, s3, fsspec or a plugin.")
     url: str = Field("data/cold", description="Root: a directory, `s3://bucket/prefix`, or an fsspec URL.")
-    storage_options: dict[str, Any] = Field(default_factory=dict,
-                                            description="Passed to fsspec/s3fs (endpoint_url, region_name, …).")
+    storage_options: dict[str, Any] = Field(
+        default_factory=dict, description="Passed to fsspec/s3fs (endpoint_url, region_name, …)."
+    )
 
 
 class ServerConfig(_Section):
@@ -159,15 +255,16 @@ class TierdConfig(_Section):
     """The whole configuration. Build in code with ``TierdConfig(store=StoreConfig(...))`` or load
     a file with :meth:`load`."""
 
-    store: StoreConfig = Field(default_factory=StoreConfig)
-    tiered: TieredConfig = Field(default_factory=TieredConfig)
-    backend: BackendConfig = Field(default_factory=BackendConfig)
-    server: ServerConfig = Field(default_factory=ServerConfig)
-    log: LogConfig = Field(default_factory=LogConfig)
+    store: StoreConfig = Field(default_factory=lambda: StoreConfig())
+    tiered: TieredConfig = Field(default_factory=lambda: TieredConfig())
+    backend: BackendConfig = Field(default_factory=lambda: BackendConfig())
+    server: ServerConfig = Field(default_factory=lambda: ServerConfig())
+    log: LogConfig = Field(default_factory=lambda: LogConfig())
 
     @classmethod
-    def load(cls, path: str | os.PathLike[str] | None = None,
-             env: Mapping[str, str] | None = None) -> TierdConfig:
+    def load(
+        cls, path: str | os.PathLike[str] | None = None, env: Mapping[str, str] | None = None
+    ) -> TierdConfig:
         """Read ``path`` (TOML; optional) and apply ``TIERD_<SECTION>__<KEY>`` overrides from ``env``
         (default ``os.environ``). Relative ``store.dir`` / posix ``backend.url`` stay relative to the
         working directory, as a user typing them would expect."""
@@ -182,20 +279,23 @@ class TierdConfig(_Section):
                 raise ConfigError(f"config file {p} is not valid TOML: {e}", path=str(p)) from e
             for section, values in raw.items():
                 if section not in SECTIONS:
-                    raise ConfigError(f"unknown config section [{section}] in {p}; known: "
-                                      f"{', '.join(SECTIONS)}", section=section)
+                    raise ConfigError(
+                        f"unknown config section [{section}] in {p}; known: {', '.join(SECTIONS)}",
+                        section=section,
+                    )
                 if not isinstance(values, dict):
                     raise ConfigError(f"[{section}] in {p} must be a table", section=section)
                 data[section] = dict(values)
         for key, value in (os.environ if env is None else env).items():
             if not key.startswith(ENV_PREFIX) or "__" not in key:
                 continue
-            section, _, name = key[len(ENV_PREFIX):].lower().partition("__")
+            section, _, name = key[len(ENV_PREFIX) :].lower().partition("__")
             if section not in SECTIONS:
                 raise ConfigError(f"environment variable {key}: unknown section {section!r}", variable=key)
             if name not in SECTIONS[section].model_fields:
-                raise ConfigError(f"environment variable {key}: unknown key {name!r} in [{section}]",
-                                  variable=key)
+                raise ConfigError(
+                    f"environment variable {key}: unknown key {name!r} in [{section}]", variable=key
+                )
             data.setdefault(section, {})[name] = _parse_env_value(value)
         return cls.from_dict(data)
 

@@ -7,9 +7,12 @@ validation happens once in the store (``tierd.local.validation``), not in ``__po
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping, Sequence
 
 _EMPTY: Mapping[str, str] = MappingProxyType({})
 

@@ -8,14 +8,17 @@ owns lifecycle; it holds no data structures of its own.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Generator, Sequence
-from types import TracebackType
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-from tierd.config import TierdConfig
 from tierd.errors import InvalidArgumentError, StoreClosedError
 from tierd.local.store import HotStore, PutBatchResult
 from tierd.message import GetResult, Message, MessageExt, PutResult, ReadPolicy
+
+if TYPE_CHECKING:
+    from collections.abc import Generator, Sequence
+    from types import TracebackType
+
+    from tierd.config import TierdConfig
 
 MAX_TIMESTAMP = 2**63 - 1
 Boundary = Literal["lower", "upper"]
@@ -52,8 +55,9 @@ class _StoreCore:
             raise StoreClosedError("the store is closed")
         return self.hot
 
-    def _get(self, topic: str, queue_id: int, offset: int, max_count: int,
-             policy: ReadPolicy | str | None) -> GetResult:
+    def _get(
+        self, topic: str, queue_id: int, offset: int, max_count: int, policy: ReadPolicy | str | None
+    ) -> GetResult:
         _policy(policy, self.config.tiered.storage_level)
         r = self._hot().get(topic, queue_id, offset, max_count)
         return GetResult(r.status, r.messages, r.next_offset, r.min_offset, r.max_offset, "hot")
@@ -102,12 +106,19 @@ class MessageStore(_StoreCore):
             await asyncio.wrap_future(fut)
         return res
 
-    async def get(self, topic: str, queue_id: int, offset: int, max_count: int = 32,
-                  policy: ReadPolicy | str | None = None) -> GetResult:
+    async def get(
+        self,
+        topic: str,
+        queue_id: int,
+        offset: int,
+        max_count: int = 32,
+        policy: ReadPolicy | str | None = None,
+    ) -> GetResult:
         return self._get(topic, queue_id, offset, max_count, policy)
 
-    async def query(self, topic: str, key: str, max_count: int = 32, begin: int = 0,
-                    end: int = MAX_TIMESTAMP) -> list[MessageExt]:
+    async def query(
+        self, topic: str, key: str, max_count: int = 32, begin: int = 0, end: int = MAX_TIMESTAMP
+    ) -> list[MessageExt]:
         return self._query(topic, key, max_count, begin, end)
 
     async def close(self) -> None:
@@ -116,8 +127,9 @@ class MessageStore(_StoreCore):
     async def __aenter__(self) -> MessageStore:
         return self
 
-    async def __aexit__(self, et: type[BaseException] | None, e: BaseException | None,
-                        tb: TracebackType | None) -> None:
+    async def __aexit__(
+        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
         await self.close()
 
 
@@ -139,8 +151,9 @@ class _Opener:
     async def __aenter__(self) -> MessageStore:
         return await self._open()
 
-    async def __aexit__(self, et: type[BaseException] | None, e: BaseException | None,
-                        tb: TracebackType | None) -> None:
+    async def __aexit__(
+        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
         if self._store is not None:
             await self._store.close()
 
@@ -148,8 +161,8 @@ class _Opener:
 class BlockingMessageStore(_StoreCore):
     """The same operations, synchronously, for scripts and threads::
 
-        with BlockingMessageStore.open(cfg) as store:
-            store.put(Message(topic="orders", body=b"..."))
+    with BlockingMessageStore.open(cfg) as store:
+        store.put(Message(topic="orders", body=b"..."))
     """
 
     @classmethod
@@ -168,12 +181,19 @@ class BlockingMessageStore(_StoreCore):
             fut.result()
         return res
 
-    def get(self, topic: str, queue_id: int, offset: int, max_count: int = 32,
-            policy: ReadPolicy | str | None = None) -> GetResult:
+    def get(
+        self,
+        topic: str,
+        queue_id: int,
+        offset: int,
+        max_count: int = 32,
+        policy: ReadPolicy | str | None = None,
+    ) -> GetResult:
         return self._get(topic, queue_id, offset, max_count, policy)
 
-    def query(self, topic: str, key: str, max_count: int = 32, begin: int = 0,
-              end: int = MAX_TIMESTAMP) -> list[MessageExt]:
+    def query(
+        self, topic: str, key: str, max_count: int = 32, begin: int = 0, end: int = MAX_TIMESTAMP
+    ) -> list[MessageExt]:
         return self._query(topic, key, max_count, begin, end)
 
     def close(self) -> None:
@@ -182,8 +202,9 @@ class BlockingMessageStore(_StoreCore):
     def __enter__(self) -> BlockingMessageStore:
         return self
 
-    def __exit__(self, et: type[BaseException] | None, e: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self.close()
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import random
 import sys
+from pathlib import Path
 
 from tierd import BlockingMessageStore, Message
 
@@ -19,7 +20,7 @@ def body_for(seed: int, i: int) -> bytes:
 
 
 def main() -> None:
-    root, seed = sys.argv[1], int(sys.argv[2])
+    root, seed = Path(sys.argv[1]), int(sys.argv[2])
     rng = random.Random(seed)
     cfg = small_config(root, flush="sync", default_queues=3)
     with BlockingMessageStore.open(cfg) as store:
@@ -27,11 +28,15 @@ def main() -> None:
         i = 0
         while True:
             n = rng.choice((1, 1, 1, rng.randint(2, 40)))
-            msgs = [Message(topic=TOPICS[(i + j) % 3], body=body_for(seed, i + j), keys=[f"k{seed}-{i + j}"])
-                    for j in range(n)]
+            msgs = [
+                Message(topic=TOPICS[(i + j) % 3], body=body_for(seed, i + j), keys=[f"k{seed}-{i + j}"])
+                for j in range(n)
+            ]
             results = store.put_batch(msgs) if n > 1 else [store.put(msgs[0])]
-            lines = b"".join(b"%d %d %s %s\n" % (r.queue_id, r.queue_offset, m.topic.encode(), m.body.hex().encode())
-                             for r, m in zip(results, msgs, strict=True))
+            lines = b"".join(
+                b"%d %d %s %s\n" % (r.queue_id, r.queue_offset, m.topic.encode(), m.body.hex().encode())
+                for r, m in zip(results, msgs, strict=True)
+            )
             os.write(1, lines)
             i += n
 

@@ -15,7 +15,6 @@ from tierd.local import codec
 from tierd.local.codec import (
     BLANK,
     INVALID,
-    MAGIC_V1,
     MAGIC_V2,
     VALID,
     decode_properties,
@@ -41,7 +40,28 @@ def golden_v1() -> bytes:
     body = b"hello tierd"
     topic = b"orders"
     props = b"KEYS\x01o-1 o-2\x02TAGS\x01paid\x02"
-    total = 4 + 4 + 4 + 4 + 4 + 8 + 8 + 4 + 8 + 8 + 8 + 8 + 4 + 8 + 4 + len(body) + 1 + len(topic) + 2 + len(props)
+    total = (
+        4
+        + 4
+        + 4
+        + 4
+        + 4
+        + 8
+        + 8
+        + 4
+        + 8
+        + 8
+        + 8
+        + 8
+        + 4
+        + 8
+        + 4
+        + len(body)
+        + 1
+        + len(topic)
+        + 2
+        + len(props)
+    )
     out = b""
     out += struct.pack(">i", total)
     out += struct.pack(">I", 0xDAA320A7)
@@ -66,10 +86,19 @@ def golden_v1() -> bytes:
 def _encode_like_golden(**overrides: object) -> bytes:
     magic, topic_part = topic_field(b"orders")
     args: dict[str, object] = dict(
-        body=b"hello tierd", topic_part=topic_part, magic=magic,
-        properties=b"KEYS\x01o-1 o-2\x02TAGS\x01paid\x02", queue_id=3, flag=7, queue_offset=42,
-        physical_offset=4096, sys_flag=0, born_timestamp=1_700_000_000_000, born_host=BORN,
-        store_timestamp=1_700_000_000_123, store_host=STORE,
+        body=b"hello tierd",
+        topic_part=topic_part,
+        magic=magic,
+        properties=b"KEYS\x01o-1 o-2\x02TAGS\x01paid\x02",
+        queue_id=3,
+        flag=7,
+        queue_offset=42,
+        physical_offset=4096,
+        sys_flag=0,
+        born_timestamp=1_700_000_000_000,
+        born_host=BORN,
+        store_timestamp=1_700_000_000_123,
+        store_host=STORE,
     )
     args.update(overrides)
     return encode_record(**args)  # type: ignore[arg-type]
@@ -101,7 +130,8 @@ def test_decode_golden() -> None:
 def test_v2_record_has_two_byte_topic_length_and_v2_magic() -> None:
     topic = ("t" * 200).encode()
     magic, part = topic_field(topic)
-    assert magic == MAGIC_V2 and part[:2] == struct.pack(">h", 200)
+    assert magic == MAGIC_V2
+    assert part[:2] == struct.pack(">h", 200)
     rec = _encode_like_golden(topic_part=part, magic=magic)
     assert struct.unpack_from(">I", rec, 4)[0] == 0xDAA320AB
     assert decode_record(rec).topic == "t" * 200
@@ -112,12 +142,14 @@ def test_ipv6_hosts_set_sysflag_bits_and_shift_fields() -> None:
     store6 = encode_host("[::1]:10911")
     rec = _encode_like_golden(born_host=born6, store_host=store6)
     sysflag = struct.unpack_from(">i", rec, 36)[0]
-    assert sysflag & 0x10 and sysflag & 0x20
+    assert sysflag & 0x10
+    assert sysflag & 0x20
     # born host 16+4 at 48, store timestamp right after it
     assert rec[48:64] == bytes.fromhex("20010db8000000000000000000000001")
     assert struct.unpack_from(">q", rec, 68)[0] == 1_700_000_000_123
     m = decode_record(rec)
-    assert m.born_host == "[2001:db8::1]:9876" and m.store_host == "[::1]:10911"
+    assert m.born_host == "[2001:db8::1]:9876"
+    assert m.store_host == "[::1]:10911"
     assert len(m.msg_id) == 56
     assert parse_offset_msg_id(m.msg_id) == ("[::1]:10911", 4096)
 
@@ -130,7 +162,8 @@ def test_java_string_hash_vectors() -> None:
     assert java_string_hash("polygenelubricants") == -2147483648
     # Non-BMP characters hash as two UTF-16 code units.
     assert java_string_hash("\U0001f600") == 0xD83D * 31 + 0xDE00
-    assert tags_code(None) == 0 and tags_code("TagA") == java_string_hash("TagA")
+    assert tags_code(None) == 0
+    assert tags_code("TagA") == java_string_hash("TagA")
 
 
 def test_properties_round_trip_and_ignore_malformed_pieces() -> None:
@@ -177,13 +210,16 @@ def test_decode_rejects_corruption(mutate: object, reason: str) -> None:
 def test_scan_reports_blank_marker() -> None:
     buf = golden_v1() + codec.blank_marker(40) + bytes(32)
     status, size, view = scan_record(buf, 0, len(buf), True)
-    assert status == VALID and view is not None and view.topic == "orders"
+    assert status == VALID
+    assert view is not None
+    assert view.topic == "orders"
     assert scan_record(buf, size, len(buf), True)[:2] == (BLANK, 40)
 
 
 hosts = st.sampled_from(["127.0.0.1:1", "10.1.2.3:65535", "[::1]:9", "[fe80::1:2]:10911"])
-prop_text = st.text(st.characters(blacklist_characters="\x01\x02", blacklist_categories=("Cs",)), min_size=1,
-                    max_size=20)
+prop_text = st.text(
+    st.characters(blacklist_characters="\x01\x02", blacklist_categories=["Cs"]), min_size=1, max_size=20
+)
 
 
 @settings(max_examples=150, deadline=None)
@@ -191,29 +227,68 @@ prop_text = st.text(st.characters(blacklist_characters="\x01\x02", blacklist_cat
     body=st.binary(max_size=2000),
     topic=st.from_regex(r"[A-Za-z0-9_%|-]{1,255}", fullmatch=True),
     props=st.dictionaries(prop_text, prop_text, max_size=5),
-    born=hosts, store=hosts,
-    qid=st.integers(0, 2**31 - 1), qoff=st.integers(0, 2**63 - 1), phys=st.integers(0, 2**63 - 1),
-    flag=st.integers(-(2**31), 2**31 - 1), ts=st.integers(0, 2**62),
+    born=hosts,
+    store=hosts,
+    qid=st.integers(0, 2**31 - 1),
+    qoff=st.integers(0, 2**63 - 1),
+    phys=st.integers(0, 2**63 - 1),
+    flag=st.integers(-(2**31), 2**31 - 1),
+    ts=st.integers(0, 2**62),
 )
-def test_round_trip(body: bytes, topic: str, props: dict[str, str], born: str, store: str, qid: int,
-                    qoff: int, phys: int, flag: int, ts: int) -> None:
+def test_round_trip(
+    body: bytes,
+    topic: str,
+    props: dict[str, str],
+    born: str,
+    store: str,
+    qid: int,
+    qoff: int,
+    phys: int,
+    flag: int,
+    ts: int,
+) -> None:
     magic, part = topic_field(topic.encode())
     assert (magic == MAGIC_V2) == (len(topic) > 127)
-    rec = encode_record(body=body, topic_part=part, magic=magic, properties=encode_properties(props),
-                        queue_id=qid, flag=flag, queue_offset=qoff, physical_offset=phys, sys_flag=0,
-                        born_timestamp=ts, born_host=encode_host(born), store_timestamp=ts + 1,
-                        store_host=encode_host(store))
+    rec = encode_record(
+        body=body,
+        topic_part=part,
+        magic=magic,
+        properties=encode_properties(props),
+        queue_id=qid,
+        flag=flag,
+        queue_offset=qoff,
+        physical_offset=phys,
+        sys_flag=0,
+        born_timestamp=ts,
+        born_host=encode_host(born),
+        store_timestamp=ts + 1,
+        store_host=encode_host(store),
+    )
     m = decode_record(rec)
-    assert (m.topic, m.body, dict(m.properties), m.queue_id, m.queue_offset) == (topic, body, props, qid, qoff)
+    assert (m.topic, m.body, dict(m.properties), m.queue_id, m.queue_offset) == (
+        topic,
+        body,
+        props,
+        qid,
+        qoff,
+    )
     assert (m.commitlog_offset, m.flag, m.born_timestamp, m.store_timestamp) == (phys, flag, ts, ts + 1)
     assert m.size == len(rec)
     assert (m.born_host, m.store_host) == (born, store)
 
 
 @settings(max_examples=40, deadline=None)
-@given(st.lists(st.tuples(st.binary(max_size=300), st.sampled_from(["a", "topic-b", "x" * 130]),
-                          st.binary(max_size=40).map(lambda b: b.replace(b"\x01", b"").replace(b"\x02", b""))),
-                min_size=1, max_size=30))
+@given(
+    st.lists(
+        st.tuples(
+            st.binary(max_size=300),
+            st.sampled_from(["a", "topic-b", "x" * 130]),
+            st.binary(max_size=40).map(lambda b: b.replace(b"\x01", b"").replace(b"\x02", b"")),
+        ),
+        min_size=1,
+        max_size=30,
+    )
+)
 def test_batch_encoder_equals_single_encoder(items: list[tuple[bytes, str, bytes]]) -> None:
     n = len(items)
     fields = [topic_field(t.encode()) for _, t, _ in items]
@@ -225,14 +300,37 @@ def test_batch_encoder_equals_single_encoder(items: list[tuple[bytes, str, bytes
     qoffs = np.arange(100, 100 + n, dtype=np.int64)
     crcs = np.array([zlib.crc32(b) & 0x7FFFFFFF for b in bodies], np.uint32)
     batch = encode_batch(
-        bodies=bodies, tails=tails, magics=np.array([m for m, _ in fields], np.uint32), crcs=crcs,
-        queue_ids=np.full(n, 2, np.int32), flags=np.zeros(n, np.int32), queue_offsets=qoffs,
-        physical_offsets=phys, sizes=sizes, body_lengths=body_lengths,
-        born_timestamps=np.full(n, 5, np.int64), born_host=BORN, store_timestamp=9, store_host=STORE)
+        bodies=bodies,
+        tails=tails,
+        magics=np.array([m for m, _ in fields], np.uint32),
+        crcs=crcs,
+        queue_ids=np.full(n, 2, np.int32),
+        flags=np.zeros(n, np.int32),
+        queue_offsets=qoffs,
+        physical_offsets=phys,
+        sizes=sizes,
+        body_lengths=body_lengths,
+        born_timestamps=np.full(n, 5, np.int64),
+        born_host=BORN,
+        store_timestamp=9,
+        store_host=STORE,
+    )
     singles = b"".join(
-        encode_record(body=b, topic_part=part, magic=magic, properties=p, queue_id=2, flag=0,
-                      queue_offset=100 + i, physical_offset=int(phys[i]), sys_flag=0, born_timestamp=5,
-                      born_host=BORN, store_timestamp=9, store_host=STORE)
+        encode_record(
+            body=b,
+            topic_part=part,
+            magic=magic,
+            properties=p,
+            queue_id=2,
+            flag=0,
+            queue_offset=100 + i,
+            physical_offset=int(phys[i]),
+            sys_flag=0,
+            born_timestamp=5,
+            born_host=BORN,
+            store_timestamp=9,
+            store_host=STORE,
+        )
         for i, ((b, _, p), (magic, part)) in enumerate(zip(items, fields, strict=True))
     )
     assert batch == singles

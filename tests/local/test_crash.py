@@ -1,7 +1,7 @@
 """kill -9 during synchronous writes never loses an acknowledged message.
 
-    producer (subprocess, flush=sync) ──ack over pipe──▶ test ──SIGKILL──▶ producer
-                                                          └─ reopen: acked ⊆ stored, CQ/index == commitlog
+producer (subprocess, flush=sync) ──ack over pipe──▶ test ──SIGKILL──▶ producer
+                                                      └─ reopen: acked ⊆ stored, CQ/index == commitlog
 """
 
 from __future__ import annotations
@@ -45,8 +45,12 @@ def test_sigkill_during_sync_writes_loses_no_acknowledged_message(tmp_path: Path
     acked: dict[tuple[str, int, int], bytes] = {}
     truncations = 0
     for trial in range(TRIALS):
-        proc = subprocess.Popen([sys.executable, "-m", "tests.local.crash_producer", str(root), str(trial)],
-                                cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "tests.local.crash_producer", str(root), str(trial)],
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
         try:
             out = _read_acks(proc, 1, time.monotonic() + 60)
             assert out.startswith(b"ready\n"), proc.stderr.read() if proc.stderr else out
@@ -57,19 +61,22 @@ def test_sigkill_during_sync_writes_loses_no_acknowledged_message(tmp_path: Path
         out += rest
         # Only complete lines are acknowledgements; a torn last line was never acknowledged.
         for line in out.split(b"\n")[1:-1]:
-            qid, off, topic, body = line.split(b" ")
-            acked[topic.decode(), int(qid), int(off)] = bytes.fromhex(body.decode())
+            raw_qid, raw_off, raw_topic, raw_body = line.split(b" ")
+            acked[raw_topic.decode(), int(raw_qid), int(raw_off)] = bytes.fromhex(raw_body.decode())
         with BlockingMessageStore.open(small_config(root)) as store:
             hot = store.hot
             assert not hot.last_exit_ok, f"producer exited on its own: {err.decode()[-3000:]}"
             truncations += hot.recovery_truncated
             for (topic, qid, off), body in acked.items():
                 res = store.get(topic, qid, off, 1)
-                assert res.messages and res.messages[0].body == body, (trial, topic, qid, off, res.status)
+                assert res.messages, (trial, topic, qid, off, res.status)
+                assert res.messages[0].body == body, (trial, topic, qid, off)
             stored = assert_queues_agree_with_commitlog(store)
             assert stored >= len(acked)
             # no duplicates: every stored body is unique
-            bodies = [m.body for (t, q) in hot.cqs for m in store.get(t, q, store.min_offset(t, q), 4096).messages]
+            bodies = [
+                m.body for (t, q) in hot.cqs for m in store.get(t, q, store.min_offset(t, q), 4096).messages
+            ]
             assert len(bodies) == len(set(bodies))
             # the key index finds an acknowledged message of this trial
             sample = [(k, b) for k, b in acked.items() if b.startswith(b"%d:" % trial)]

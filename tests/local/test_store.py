@@ -1,6 +1,6 @@
 """Hot store behaviour through the public facade, on real files.
 
-    producer ──put──▶ commitlog ──reput──▶ consume queue / key index ──get/query──▶ consumer
+producer ──put──▶ commitlog ──reput──▶ consume queue / key index ──get/query──▶ consumer
 """
 
 from __future__ import annotations
@@ -65,13 +65,29 @@ def simulate_crash(root: Path) -> None:
 
 # ----------------------------------------------------------------------------- writes and reads
 def test_put_then_get_returns_the_same_message(store: BlockingMessageStore) -> None:
-    r = store.put(Message(topic="orders", body=b"paid-1", keys=["o-1", "c-9"], tags="paid",
-                          properties={"region": "eu"}, flag=5))
+    r = store.put(
+        Message(
+            topic="orders",
+            body=b"paid-1",
+            keys=["o-1", "c-9"],
+            tags="paid",
+            properties={"region": "eu"},
+            flag=5,
+        )
+    )
     res = store.get("orders", r.queue_id, r.queue_offset)
-    assert res.status is GetStatus.FOUND and res.source == "hot"
+    assert res.status is GetStatus.FOUND
+    assert res.source == "hot"
     (m,) = res.messages
-    assert (m.body, m.keys, m.tags, m.properties["region"], m.flag) == (b"paid-1", ("o-1", "c-9"), "paid", "eu", 5)
-    assert m.msg_id == r.msg_id and m.commitlog_offset == r.commitlog_offset
+    assert (m.body, m.keys, m.tags, m.properties["region"], m.flag) == (
+        b"paid-1",
+        ("o-1", "c-9"),
+        "paid",
+        "eu",
+        5,
+    )
+    assert m.msg_id == r.msg_id
+    assert m.commitlog_offset == r.commitlog_offset
     assert res.next_offset == r.queue_offset + 1
 
 
@@ -82,14 +98,25 @@ def test_offsets_are_contiguous_per_queue_across_put_and_put_batch(store: Blocki
     for r in [*singles, *batch]:
         offsets[r.queue_id].append(r.queue_offset)
     assert offsets == {0: list(range(10)), 1: list(range(10))}
-    assert [m.body for m in store.get("t", 1, 0, 100).messages] == [b"s1", b"s3", b"s5", b"s7", b"s9",
-                                                                    b"b1", b"b3", b"b5", b"b7", b"b9"]
+    assert [m.body for m in store.get("t", 1, 0, 100).messages] == [
+        b"s1",
+        b"s3",
+        b"s5",
+        b"s7",
+        b"s9",
+        b"b1",
+        b"b3",
+        b"b5",
+        b"b7",
+        b"b9",
+    ]
 
 
 def test_batch_without_queue_ids_lands_in_one_queue_and_rotates(store: BlockingMessageStore) -> None:
     first = store.put_batch([Message(topic="rr", body=b"x")] * 5)
     second = store.put_batch([Message(topic="rr", body=b"y")] * 5)
-    assert len({r.queue_id for r in first}) == 1 and len({r.queue_id for r in second}) == 1
+    assert len({r.queue_id for r in first}) == 1
+    assert len({r.queue_id for r in second}) == 1
     assert first[0].queue_id != second[0].queue_id
     assert [r.queue_offset for r in first] == [0, 1, 2, 3, 4]
 
@@ -112,12 +139,16 @@ def test_messages_roll_across_commitlog_files_with_blank_markers(store: Blocking
     assert all(len(f.path.name) == 20 and int(f.path.name) == f.file_from_offset for f in files)
     # every full file ends in a blank marker right after its last record
     for f in files[:-1]:
-        last_end = max(r.commitlog_offset for r in [*res, *res2] if f.file_from_offset <= r.commitlog_offset
-                       < f.file_from_offset + f.size)
+        last_end = max(
+            r.commitlog_offset
+            for r in [*res, *res2]
+            if f.file_from_offset <= r.commitlog_offset < f.file_from_offset + f.size
+        )
         at = last_end - f.file_from_offset + (91 + 10_000 + 3)
         assert int.from_bytes(f.mm[at + 4 : at + 8], "big") == BLANK_MAGIC
     got = store.get("big", 0, 0, 1000)
-    assert len(got.messages) == 80 and all(m.body == body for m in got.messages)
+    assert len(got.messages) == 80
+    assert all(m.body == body for m in got.messages)
 
 
 def test_long_topic_uses_v2_and_ipv6_born_host(store: BlockingMessageStore) -> None:
@@ -140,7 +171,12 @@ def test_get_status_table(tmp_path: Path) -> None:
         assert store.get("nope", 0, 0).status is GetStatus.NO_MATCHED_LOGIC_QUEUE
         assert store.get("empty", 0, 0).status is GetStatus.NO_MESSAGE_IN_QUEUE
         r = store.get("q", 0, 5)
-        assert (r.status, r.next_offset, r.min_offset, r.max_offset) == (GetStatus.OFFSET_OVERFLOW_ONE, 5, 0, 5)
+        assert (r.status, r.next_offset, r.min_offset, r.max_offset) == (
+            GetStatus.OFFSET_OVERFLOW_ONE,
+            5,
+            0,
+            5,
+        )
         r = store.get("q", 0, 9)
         assert (r.status, r.next_offset) == (GetStatus.OFFSET_OVERFLOW_BADLY, 5)
         r = store.get("q", 0, 3, 10)
@@ -179,8 +215,15 @@ def test_offset_for_time_table(store: BlockingMessageStore) -> None:
     store.hot.commitlog.clock = lambda: next(clock)
     for i in range(17):
         store.put(Message(topic="time", body=b"%d" % i, queue_id=0))
-    table = {(35, "lower"): 10, (45, "lower"): 11, (50, "lower"): 11, (50, "upper"): 13,
-             (60, "lower"): 14, (75, "lower"): 17, (0, "lower"): 0}
+    table = {
+        (35, "lower"): 10,
+        (45, "lower"): 11,
+        (50, "lower"): 11,
+        (50, "upper"): 13,
+        (60, "lower"): 14,
+        (75, "lower"): 17,
+        (0, "lower"): 0,
+    }
     for (ts, boundary), expected in table.items():
         assert store.offset_for_time("time", 0, ts, boundary) == expected, (ts, boundary)
     assert store.earliest_time("time", 0) == 1
@@ -194,8 +237,14 @@ def test_query_returns_only_true_matches_despite_hash_collisions(tmp_path: Path)
     cfg = small_config(tmp_path / "s", index_slots=4, index_items=200)
     with BlockingMessageStore.open(cfg) as store:
         for i in range(120):
-            store.put(Message(topic="k", body=b"%d" % i, keys=[f"key-{i % 40}", f"all-{i % 2}"],
-                              properties={"UNIQ_KEY": f"U{i}"}))
+            store.put(
+                Message(
+                    topic="k",
+                    body=b"%d" % i,
+                    keys=[f"key-{i % 40}", f"all-{i % 2}"],
+                    properties={"UNIQ_KEY": f"U{i}"},
+                )
+            )
         hits = store.query("k", "key-7", max_count=100)
         assert sorted(int(m.body) for m in hits) == [7, 47, 87]
         assert all("key-7" in m.keys for m in hits)
@@ -236,12 +285,13 @@ def test_query_respects_time_range(store: BlockingMessageStore) -> None:
         (Message(topic="t", body=b"x", tags="a\x02"), InvalidPropertiesError, "tags"),
         (Message(topic="t", body=b"x", queue_id=-1), InvalidQueueError, "queue_id"),
         (Message(topic="t", body=b"x", queue_id=1024), InvalidQueueError, r"\[0, 1024\)"),
-        (Message(topic="t", body=b"x", queue_id=True), InvalidQueueError, "queue_id"),  # type: ignore[arg-type]
+        (Message(topic="t", body=b"x", queue_id=True), InvalidQueueError, "queue_id"),
         (Message(topic="t", body=b"x", born_host="nowhere"), InvalidArgumentError, "host"),
     ],
 )
-def test_bad_input_gets_a_typed_error_and_writes_nothing(store: BlockingMessageStore, message: Message,
-                                                          error: type[TierdError], match: str) -> None:
+def test_bad_input_gets_a_typed_error_and_writes_nothing(
+    store: BlockingMessageStore, message: Message, error: type[TierdError], match: str
+) -> None:
     with pytest.raises(error, match=match):
         store.put(message)
     with pytest.raises(error, match=match):
@@ -299,12 +349,16 @@ def test_second_opener_gets_a_clear_error(cfg: TierdConfig, store: BlockingMessa
 # ----------------------------------------------------------------------------- recovery
 def test_reopen_after_clean_close_keeps_everything(cfg: TierdConfig) -> None:
     with BlockingMessageStore.open(cfg) as store:
-        res = store.put_batch([Message(topic="p", body=os.urandom(500), keys=[f"k{i}"], queue_id=i % 3)
-                               for i in range(900)])
-        bodies = {(r.queue_id, r.queue_offset): store.get("p", r.queue_id, r.queue_offset, 1).messages[0].body
-                  for r in res}
+        res = store.put_batch(
+            [Message(topic="p", body=os.urandom(500), keys=[f"k{i}"], queue_id=i % 3) for i in range(900)]
+        )
+        bodies = {
+            (r.queue_id, r.queue_offset): store.get("p", r.queue_id, r.queue_offset, 1).messages[0].body
+            for r in res
+        }
     with BlockingMessageStore.open(cfg) as store:
-        assert store.hot.last_exit_ok and not store.hot.recovery_truncated
+        assert store.hot.last_exit_ok
+        assert not store.hot.recovery_truncated
         for (qid, off), body in bodies.items():
             assert store.get("p", qid, off, 1).messages[0].body == body
         assert [int(m.body == bodies[(m.queue_id, m.queue_offset)]) for m in store.query("p", "k5")] == [1]
@@ -313,8 +367,14 @@ def test_reopen_after_clean_close_keeps_everything(cfg: TierdConfig) -> None:
         assert assert_queues_agree_with_commitlog(store) == 901
 
 
-@pytest.mark.parametrize("garbage", [os.urandom(3000), bytes(20) + os.urandom(50),
-                                     (500).to_bytes(4, "big") + bytes.fromhex("DAA320A7") + os.urandom(492)])
+@pytest.mark.parametrize(
+    "garbage",
+    [
+        os.urandom(3000),
+        bytes(20) + os.urandom(50),
+        (500).to_bytes(4, "big") + bytes.fromhex("DAA320A7") + os.urandom(492),
+    ],
+)
 def test_garbage_after_the_last_record_is_truncated_not_served(cfg: TierdConfig, garbage: bytes) -> None:
     with BlockingMessageStore.open(cfg) as store:
         store.put_batch([Message(topic="g", body=b"good%d" % i, queue_id=0) for i in range(50)])
@@ -341,18 +401,27 @@ def test_abnormal_exit_rebuilds_queues_and_index_from_the_commitlog(cfg: TierdCo
     """Consume queues and index rebuilt by recovery equal the ones built live (same bytes)."""
     with BlockingMessageStore.open(cfg) as store:
         for i in range(300):
-            store.put(Message(topic=f"t{i % 3}", body=os.urandom(i), keys=[f"k{i}"], tags=f"tag{i % 5}",
-                              queue_id=i % 4))
-        store.put_batch([Message(topic="t0", body=b"b%d" % i, keys=[f"bk{i}"], tags="bt") for i in range(300)])
+            store.put(
+                Message(
+                    topic=f"t{i % 3}", body=os.urandom(i), keys=[f"k{i}"], tags=f"tag{i % 5}", queue_id=i % 4
+                )
+            )
+        store.put_batch(
+            [Message(topic="t0", body=b"b%d" % i, keys=[f"bk{i}"], tags="bt") for i in range(300)]
+        )
     root = Path(cfg.store.dir)
-    live_cq = {p.relative_to(root): p.read_bytes() for p in (root / "consumequeue").rglob("0*") if p.is_file()}
+    live_cq = {
+        p.relative_to(root): p.read_bytes() for p in (root / "consumequeue").rglob("0*") if p.is_file()
+    }
     live_index = [p.read_bytes() for p in sorted((root / "index").iterdir())]
     shutil.rmtree(root / "index")
     simulate_crash(root)
     with BlockingMessageStore.open(cfg) as store:
         assert not store.hot.last_exit_ok
         assert store.query("t1", "k7")[0].body == store.get("t1", 3, 0).messages[0].body
-    rebuilt_cq = {p.relative_to(root): p.read_bytes() for p in (root / "consumequeue").rglob("0*") if p.is_file()}
+    rebuilt_cq = {
+        p.relative_to(root): p.read_bytes() for p in (root / "consumequeue").rglob("0*") if p.is_file()
+    }
     rebuilt_index = [p.read_bytes() for p in sorted((root / "index").iterdir())]
     assert rebuilt_cq == live_cq
     assert rebuilt_index == live_index
@@ -467,7 +536,9 @@ def test_async_facade(cfg: TierdConfig) -> None:
 
 def test_put_batch_result_is_a_lazy_sequence(store: BlockingMessageStore) -> None:
     res = store.put_batch([Message(topic="l", body=b"%d" % i, queue_id=0) for i in range(5)])
-    assert len(res) == 5 and res[-1].queue_offset == 4 and [r.queue_offset for r in res[1:3]] == [1, 2]
+    assert len(res) == 5
+    assert res[-1].queue_offset == 4
+    assert [r.queue_offset for r in res[1:3]] == [1, 2]
     assert isinstance(res.queue_offsets, np.ndarray)
     assert "5 messages" in repr(res)
 
@@ -498,7 +569,9 @@ def test_full_rescan_crosses_every_file_end_whatever_the_blank_size(cfg: TierdCo
 
 
 @pytest.mark.parametrize("single", [True, False])
-def test_torn_first_record_of_a_new_file_is_dropped_and_writing_resumes(cfg: TierdConfig, single: bool) -> None:
+def test_torn_first_record_of_a_new_file_is_dropped_and_writing_resumes(
+    cfg: TierdConfig, single: bool
+) -> None:
     body = b"q" * 9_000
     with BlockingMessageStore.open(cfg) as store:
         res = [store.put(Message(topic="edge", body=body, queue_id=0)) for _ in range(30)]
@@ -511,9 +584,13 @@ def test_torn_first_record_of_a_new_file_is_dropped_and_writing_resumes(cfg: Tie
         fh.write(bytes(os.path.getsize(path) - 100))
     simulate_crash(Path(cfg.store.dir))
     with BlockingMessageStore.open(cfg) as store:
-        assert store.hot.recovery_truncated and len(store.hot.commitlog.files.files) == 1
+        assert store.hot.recovery_truncated
+        assert len(store.hot.commitlog.files.files) == 1
         assert store.max_offset("edge", 0) == len(keep) == first_in_second.queue_offset
-        r = store.put(Message(topic="edge", body=b"after")) if single else \
-            store.put_batch([Message(topic="edge", body=b"after")])[0]
+        r = (
+            store.put(Message(topic="edge", body=b"after"))
+            if single
+            else store.put_batch([Message(topic="edge", body=b"after")])[0]
+        )
         assert r.commitlog_offset == second_file
         assert store.get("edge", 0, len(keep)).messages[0].body == b"after"

@@ -16,9 +16,12 @@ import fcntl
 import mmap
 import os
 import struct
-from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tierd.errors import StoreLockedError
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 CHECKPOINT_SIZE = 4096
 _LONGS = struct.Struct(">qqq")
@@ -44,11 +47,11 @@ class Checkpoint:
     @property
     def min_timestamp(self) -> int:
         """Oldest moment up to which commitlog and consume queues are both durable."""
-        return max(0, min(self.physic_timestamp, self.logics_timestamp) - MIN_TIMESTAMP_MARGIN_MS)
+        return int(max(0, min(self.physic_timestamp, self.logics_timestamp) - MIN_TIMESTAMP_MARGIN_MS))
 
     @property
     def min_timestamp_index(self) -> int:
-        return min(self.min_timestamp, self.index_timestamp)
+        return int(min(self.min_timestamp, self.index_timestamp))
 
     def flush(self) -> None:
         _LONGS.pack_into(self._mm, 0, self.physic_timestamp, self.logics_timestamp, self.index_timestamp)

@@ -18,16 +18,18 @@ from __future__ import annotations
 import ipaddress
 import struct
 import zlib
-from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 import numpy as np
 import numpy.typing as npt
 
 from tierd.errors import CorruptRecordError, InvalidArgumentError
 from tierd.message import MessageExt
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping, Sequence
 
 MAGIC_V1: Final = 0xDAA320A7
 MAGIC_V2: Final = 0xDAA320AB
@@ -101,19 +103,17 @@ def tags_code(tags: str | None) -> int:
 @lru_cache(maxsize=1024)
 def encode_host(host: str) -> bytes:
     """``"ip:port"`` / ``"[v6]:port"`` → 4+4 or 16+4 bytes as RocketMQ writes them."""
+    if host.startswith("["):
+        addr, _, port = host[1:].partition("]:")
+    else:
+        addr, _, port = host.rpartition(":")
     try:
-        if host.startswith("["):
-            addr, _, port = host[1:].partition("]:")
-        else:
-            addr, _, port = host.rpartition(":")
         ip = ipaddress.ip_address(addr)
         port_num = int(port)
-        if not 0 <= port_num <= 65535:
-            raise ValueError(port)
     except ValueError as e:
-        raise InvalidArgumentError(
-            f"host must be 'ip:port' or '[ipv6]:port', got {host!r}", host=host
-        ) from e
+        raise InvalidArgumentError(f"host must be 'ip:port' or '[ipv6]:port', got {host!r}", host=host) from e
+    if not 0 <= port_num <= 65535:
+        raise InvalidArgumentError(f"host port must be in 0..65535, got {host!r}", host=host)
     return ip.packed + _INT.pack(port_num)
 
 
@@ -204,9 +204,21 @@ def encode_record(
     return b"".join(
         (
             hdr.pack(
-                total, magic, crc, queue_id, flag, queue_offset, physical_offset, sys_flag,
-                born_timestamp, born_host, store_timestamp, store_host, reconsume_times,
-                prepared_transaction_offset, body_len,
+                total,
+                magic,
+                crc,
+                queue_id,
+                flag,
+                queue_offset,
+                physical_offset,
+                sys_flag,
+                born_timestamp,
+                born_host,
+                store_timestamp,
+                store_host,
+                reconsume_times,
+                prepared_transaction_offset,
+                body_len,
             ),
             body,
             topic_part,
@@ -249,14 +261,30 @@ def _layout(buf: bytes | memoryview, pos: int, limit: int) -> tuple[int, int, in
     return size, magic, sys_flag, born_len, store_len, pos + HEADER_V4 - 16 + born_len + store_len
 
 
-def decode_record(buf: bytes | memoryview, pos: int = 0, *, limit: int | None = None,
-                  check_crc: bool = True) -> MessageExt:
+def decode_record(
+    buf: bytes | memoryview, pos: int = 0, *, limit: int | None = None, check_crc: bool = True
+) -> MessageExt:
     """Decode the record at ``pos``; raise :class:`CorruptRecordError` on any inconsistency."""
     end = len(buf) if limit is None else limit
     size, magic, sys_flag, born_len, store_len, body_start = _layout(buf, pos, end)
     hdr = _HEADERS[born_len, store_len]
-    (_, _, crc, queue_id, flag, queue_offset, phys, _, born_ts, born_host, store_ts, store_host,
-     reconsume, prepared, body_len) = hdr.unpack_from(buf, pos)
+    (
+        _,
+        _,
+        crc,
+        queue_id,
+        flag,
+        queue_offset,
+        phys,
+        _,
+        born_ts,
+        born_host,
+        store_ts,
+        store_host,
+        reconsume,
+        prepared,
+        body_len,
+    ) = hdr.unpack_from(buf, pos)
     rec_end = pos + size
     body_end = body_start + body_len
     if body_len < 0 or body_end > rec_end:
@@ -279,11 +307,23 @@ def decode_record(buf: bytes | memoryview, pos: int = 0, *, limit: int | None = 
         raise _fail(f"topic or properties are not UTF-8 ({e.reason})", pos) from e
     store_host_b = bytes(store_host)
     return MessageExt(
-        topic=topic, queue_id=queue_id, queue_offset=queue_offset, body=body, properties=props,
-        store_timestamp=store_ts, born_timestamp=born_ts, born_host=decode_host(bytes(born_host)),
-        store_host=decode_host(store_host_b), commitlog_offset=phys, size=size, flag=flag,
-        sys_flag=sys_flag, reconsume_times=reconsume, prepared_transaction_offset=prepared,
-        body_crc=crc, msg_id=offset_msg_id(store_host_b, phys),
+        topic=topic,
+        queue_id=queue_id,
+        queue_offset=queue_offset,
+        body=body,
+        properties=props,
+        store_timestamp=store_ts,
+        born_timestamp=born_ts,
+        born_host=decode_host(bytes(born_host)),
+        store_host=decode_host(store_host_b),
+        commitlog_offset=phys,
+        size=size,
+        flag=flag,
+        sys_flag=sys_flag,
+        reconsume_times=reconsume,
+        prepared_transaction_offset=prepared,
+        body_crc=crc,
+        msg_id=offset_msg_id(store_host_b, phys),
     )
 
 
@@ -293,8 +333,9 @@ BLANK: Final = 0
 INVALID: Final = -1
 
 
-def scan_record(buf: bytes | memoryview, pos: int, limit: int,
-                check_crc: bool) -> tuple[int, int, RecordView | None]:
+def scan_record(
+    buf: bytes | memoryview, pos: int, limit: int, check_crc: bool
+) -> tuple[int, int, RecordView | None]:
     """Check the record at ``pos`` without raising: ``(VALID, size, view)``, ``(BLANK, size, None)``
     for an end-of-file marker, or ``(INVALID, 0, None)`` (torn tail, garbage, zeros)."""
     if limit - pos >= 8:
@@ -313,7 +354,7 @@ def parse_record_view(buf: bytes | memoryview, pos: int, limit: int, check_crc: 
 
 
 def _view(buf: bytes | memoryview, pos: int, limit: int, check_crc: bool) -> tuple[int, RecordView]:
-    size, magic, sys_flag, born_len, store_len, body_start = _layout(buf, pos, limit)
+    size, magic, sys_flag, born_len, _store_len, body_start = _layout(buf, pos, limit)
     crc, queue_id = struct.unpack_from(">ii", buf, pos + POS_BODY_CRC)
     queue_offset, phys = struct.unpack_from(">qq", buf, pos + POS_QUEUE_OFFSET)
     store_ts = _LONG.unpack_from(buf, pos + POS_BORN_HOST + born_len)[0]
@@ -348,10 +389,20 @@ def blank_marker(free_bytes: int) -> bytes:
 # ----------------------------------------------------------------------------- batch encoding
 _HEADER_V4_DTYPE = np.dtype(
     [
-        ("total", ">i4"), ("magic", ">u4"), ("crc", ">u4"), ("queue_id", ">i4"), ("flag", ">i4"),
-        ("queue_offset", ">i8"), ("physical_offset", ">i8"), ("sys_flag", ">i4"),
-        ("born_timestamp", ">i8"), ("born_host", "V8"), ("store_timestamp", ">i8"),
-        ("store_host", "V8"), ("reconsume_times", ">i4"), ("prepared_offset", ">i8"),
+        ("total", ">i4"),
+        ("magic", ">u4"),
+        ("crc", ">u4"),
+        ("queue_id", ">i4"),
+        ("flag", ">i4"),
+        ("queue_offset", ">i8"),
+        ("physical_offset", ">i8"),
+        ("sys_flag", ">i4"),
+        ("born_timestamp", ">i8"),
+        ("born_host", "V8"),
+        ("store_timestamp", ">i8"),
+        ("store_host", "V8"),
+        ("reconsume_times", ">i4"),
+        ("prepared_offset", ">i8"),
         ("body_length", ">i4"),
     ]
 )

@@ -12,8 +12,6 @@ import concurrent.futures
 import logging
 import threading
 import time
-from collections.abc import Callable
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -23,7 +21,6 @@ from tierd.errors import CorruptRecordError, MessageTooLargeError
 from tierd.local.codec import (
     BLANK,
     END_FILE_MIN_BLANK,
-    HEADER_V4,
     VALID,
     RecordView,
     blank_marker,
@@ -33,11 +30,14 @@ from tierd.local.codec import (
     scan_record,
 )
 from tierd.local.mapped_file import MappedFileQueue
-from tierd.message import MessageExt
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+    from pathlib import Path
+
     from tierd.local.dispatch import DispatchBatch, SingleRecord
     from tierd.local.prepare import PreparedBatch, PreparedOne
+    from tierd.message import MessageExt
 
 log = logging.getLogger(__name__)
 
@@ -93,7 +93,9 @@ class CommitLog:
                     if f.wrote == 0:
                         raise MessageTooLargeError(
                             f"record of {int(sizes[i])} bytes does not fit in a commitlog file of "
-                            f"{f.size} bytes (store.commitlog_file_size)", size=int(sizes[i]))
+                            f"{f.size} bytes (store.commitlog_file_size)",
+                            size=int(sizes[i]),
+                        )
                     f.write(blank_marker(f.free))
                     f.wrote = f.size
                     continue
@@ -119,19 +121,33 @@ class CommitLog:
                     if f.wrote == 0:
                         raise MessageTooLargeError(
                             f"record of {p.size} bytes does not fit in a commitlog file of {f.size} bytes "
-                            "(store.commitlog_file_size)", size=p.size)
+                            "(store.commitlog_file_size)",
+                            size=p.size,
+                        )
                     f.write(blank_marker(f.free))
                     f.wrote = f.size
                 f = self.files.writable_file(self.files.max_offset)
             table = self.queue_offsets
             qoff = table.get(p.key, 0)
             phys = f.file_from_offset + f.wrote
-            f.write(encode_record(
-                body=p.body, topic_part=p.topic_part, magic=p.magic, properties=p.properties,
-                queue_id=p.key[1], flag=p.flag, queue_offset=qoff, physical_offset=phys, sys_flag=0,
-                born_timestamp=p.born_timestamp, born_host=p.born_host, store_timestamp=store_ts,
-                store_host=self.store_host, body_crc=p.crc,
-            ))
+            f.write(
+                encode_record(
+                    body=p.body,
+                    topic_part=p.topic_part,
+                    magic=p.magic,
+                    properties=p.properties,
+                    queue_id=p.key[1],
+                    flag=p.flag,
+                    queue_offset=qoff,
+                    physical_offset=phys,
+                    sys_flag=0,
+                    born_timestamp=p.born_timestamp,
+                    born_host=p.born_host,
+                    store_timestamp=store_ts,
+                    store_host=self.store_host,
+                    body_crc=p.crc,
+                )
+            )
             table[p.key] = qoff + 1
             end = phys + p.size
             self.on_append((p.key, qoff, phys, p.size, p.tags_code, store_ts, p.index_keys, end))
@@ -151,23 +167,48 @@ class CommitLog:
             qoffs[idx] = np.arange(base, base + len(idx), dtype=np.int64)
         return qoffs
 
-    def _encode(self, b: PreparedBatch, i: int, k: int, qoffs: npt.NDArray[np.int64],
-                phys: npt.NDArray[np.int64], store_ts: int) -> bytes:
+    def _encode(
+        self,
+        b: PreparedBatch,
+        i: int,
+        k: int,
+        qoffs: npt.NDArray[np.int64],
+        phys: npt.NDArray[np.int64],
+        store_ts: int,
+    ) -> bytes:
         if b.uniform_v4 and k - i > 1:
             return encode_batch(
-                bodies=b.bodies[i:k], tails=b.tails[i:k], magics=b.magics[i:k], crcs=b.crcs[i:k],
-                queue_ids=b.queue_ids[i:k], flags=b.flags[i:k], queue_offsets=qoffs[i:k],
-                physical_offsets=phys[i:k], sizes=b.sizes[i:k], body_lengths=b.body_lengths[i:k],
-                born_timestamps=b.born_timestamps[i:k], born_host=b.born_hosts[0],
-                store_timestamp=store_ts, store_host=self.store_host,
+                bodies=b.bodies[i:k],
+                tails=b.tails[i:k],
+                magics=b.magics[i:k],
+                crcs=b.crcs[i:k],
+                queue_ids=b.queue_ids[i:k],
+                flags=b.flags[i:k],
+                queue_offsets=qoffs[i:k],
+                physical_offsets=phys[i:k],
+                sizes=b.sizes[i:k],
+                body_lengths=b.body_lengths[i:k],
+                born_timestamps=b.born_timestamps[i:k],
+                born_host=b.born_hosts[0],
+                store_timestamp=store_ts,
+                store_host=self.store_host,
             )
         return b"".join(
             encode_record(
-                body=b.bodies[j], topic_part=b.topic_parts[j], magic=int(b.magics[j]),
-                properties=b.properties[j], queue_id=int(b.queue_ids[j]), flag=int(b.flags[j]),
-                queue_offset=int(qoffs[j]), physical_offset=int(phys[j]), sys_flag=0,
-                born_timestamp=int(b.born_timestamps[j]), born_host=b.born_hosts[j % len(b.born_hosts)],
-                store_timestamp=store_ts, store_host=self.store_host, body_crc=int(b.crcs[j]),
+                body=b.bodies[j],
+                topic_part=b.topic_parts[j],
+                magic=int(b.magics[j]),
+                properties=b.properties[j],
+                queue_id=int(b.queue_ids[j]),
+                flag=int(b.flags[j]),
+                queue_offset=int(qoffs[j]),
+                physical_offset=int(phys[j]),
+                sys_flag=0,
+                born_timestamp=int(b.born_timestamps[j]),
+                born_host=b.born_hosts[j % len(b.born_hosts)],
+                store_timestamp=store_ts,
+                store_host=self.store_host,
+                body_crc=int(b.crcs[j]),
             )
             for j in range(i, k)
         )
@@ -177,8 +218,10 @@ class CommitLog:
         """Decode the record at commitlog ``offset``; raise CorruptRecordError if it is not one."""
         f = self.files.find(offset)
         if f is None:
-            raise CorruptRecordError(f"commitlog offset {offset} is not stored (range "
-                                     f"{self.min_offset}..{self.max_offset})", position=offset)
+            raise CorruptRecordError(
+                f"commitlog offset {offset} is not stored (range {self.min_offset}..{self.max_offset})",
+                position=offset,
+            )
         return decode_record(f.view, offset - f.file_from_offset, limit=f.wrote, check_crc=check_crc)
 
     def read_bytes(self, offset: int, size: int) -> bytes:
@@ -322,4 +365,3 @@ class FlushService:
         if self._thread.is_alive():
             self._thread.join()
         self._flush_once()
-

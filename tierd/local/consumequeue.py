@@ -8,13 +8,15 @@ Only the reput thread writes units; readers take whatever prefix is visible.
 from __future__ import annotations
 
 import threading
-from pathlib import Path
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 import numpy as np
 import numpy.typing as npt
 
 from tierd.local.mapped_file import MappedFileQueue
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 UNIT_SIZE: Final = 20
 UNIT_DTYPE: Final = np.dtype([("offset", ">i8"), ("size", ">i4"), ("tags_code", ">i8")])

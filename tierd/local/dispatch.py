@@ -12,7 +12,6 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -31,6 +30,8 @@ from tierd.local.consumequeue import ConsumeQueue, encode_units
 from tierd.message import KEY_SEPARATOR, PROPERTY_KEYS, PROPERTY_TAGS, PROPERTY_UNIQ_KEY
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from tierd.local.index import IndexService
     from tierd.local.prepare import GroupKey, PreparedBatch
 
@@ -65,11 +66,25 @@ class DispatchBatch:
         return int(self.store_timestamps[-1]) if len(self.store_timestamps) else 0
 
     @classmethod
-    def from_prepared(cls, b: PreparedBatch, qoffs: npt.NDArray[np.int64], phys: npt.NDArray[np.int64],
-                      store_ts: int, end: int) -> DispatchBatch:
-        return cls(end=end, groups=b.groups, queue_offsets=qoffs, offsets=phys, sizes=b.sizes,
-                   tags_codes=b.tags_codes, store_timestamps=np.full(len(phys), store_ts, np.int64),
-                   index_keys=b.index_keys, index_messages=b.index_messages)
+    def from_prepared(
+        cls,
+        b: PreparedBatch,
+        qoffs: npt.NDArray[np.int64],
+        phys: npt.NDArray[np.int64],
+        store_ts: int,
+        end: int,
+    ) -> DispatchBatch:
+        return cls(
+            end=end,
+            groups=b.groups,
+            queue_offsets=qoffs,
+            offsets=phys,
+            sizes=b.sizes,
+            tags_codes=b.tags_codes,
+            store_timestamps=np.full(len(phys), store_ts, np.int64),
+            index_keys=b.index_keys,
+            index_messages=b.index_messages,
+        )
 
     @classmethod
     def merge(cls, items: list[DispatchBatch | SingleRecord]) -> DispatchBatch:
@@ -111,7 +126,8 @@ class DispatchBatch:
             sizes=np.concatenate([b.sizes for b in batches]),
             tags_codes=np.concatenate([b.tags_codes for b in batches]),
             store_timestamps=np.concatenate([b.store_timestamps for b in batches]),
-            index_keys=keys, index_messages=key_msgs,
+            index_keys=keys,
+            index_messages=key_msgs,
         )
 
     @classmethod
@@ -125,10 +141,17 @@ class DispatchBatch:
                 keys.extend(r[6])
                 key_msgs.extend([j] * len(r[6]))
         cols = np.array([r[1:6] for r in run], np.int64).reshape(len(run), 5)
-        return cls(end=run[-1][7], groups=[(k, np.asarray(v, np.intp)) for k, v in group_of.items()],
-                   queue_offsets=cols[:, 0].copy(), offsets=cols[:, 1].copy(), sizes=cols[:, 2].copy(),
-                   tags_codes=cols[:, 3].copy(), store_timestamps=cols[:, 4].copy(),
-                   index_keys=keys, index_messages=key_msgs)
+        return cls(
+            end=run[-1][7],
+            groups=[(k, np.asarray(v, np.intp)) for k, v in group_of.items()],
+            queue_offsets=cols[:, 0].copy(),
+            offsets=cols[:, 1].copy(),
+            sizes=cols[:, 2].copy(),
+            tags_codes=cols[:, 3].copy(),
+            store_timestamps=cols[:, 4].copy(),
+            index_keys=keys,
+            index_messages=key_msgs,
+        )
 
     @classmethod
     def from_records(cls, records: list[tuple[int, RecordView]], end: int) -> DispatchBatch:
@@ -162,15 +185,25 @@ class DispatchBatch:
                     keys.append(f"{v.topic}#{uniq}")
                     key_msgs.append(j)
         groups = [(k, np.asarray(idx, np.intp)) for k, idx in group_of.items()]
-        return cls(end=end, groups=groups, queue_offsets=qoffs, offsets=phys, sizes=sizes, tags_codes=tags,
-                   store_timestamps=ts, index_keys=keys, index_messages=key_msgs)
+        return cls(
+            end=end,
+            groups=groups,
+            queue_offsets=qoffs,
+            offsets=phys,
+            sizes=sizes,
+            tags_codes=tags,
+            store_timestamps=ts,
+            index_keys=keys,
+            index_messages=key_msgs,
+        )
 
 
 class ReputService:
     """Applies dispatch batches in commitlog order on a background thread."""
 
-    def __init__(self, queue_for: Callable[[str, int], ConsumeQueue], index: IndexService,
-                 start_offset: int) -> None:
+    def __init__(
+        self, queue_for: Callable[[str, int], ConsumeQueue], index: IndexService, start_offset: int
+    ) -> None:
         self.queue_for = queue_for
         self.index = index
         #: Commitlog offset up to which consume queues and index are built.
@@ -223,8 +256,10 @@ class ReputService:
                 try:
                     self.dispatch(DispatchBatch.merge(taken))
                 except BaseException as e:
-                    log.exception("dispatch failed after commitlog offset %d; consume queues stop growing",
-                                  self.dispatched_offset)
+                    log.exception(
+                        "dispatch failed after commitlog offset %d; consume queues stop growing",
+                        self.dispatched_offset,
+                    )
                     with self._done:
                         self._failure = e
                         self._done.notify_all()
@@ -242,7 +277,8 @@ class ReputService:
         """Block until everything before commitlog ``offset`` is dispatched (read-your-writes)."""
         with self._done:
             ok = self._done.wait_for(
-                lambda: self.dispatched_offset >= offset or self._failure is not None, timeout)
+                lambda: self.dispatched_offset >= offset or self._failure is not None, timeout
+            )
             if self._failure is not None:
                 raise RuntimeError("the dispatch thread failed; see the log") from self._failure
             return ok

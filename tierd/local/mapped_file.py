@@ -16,10 +16,13 @@ import logging
 import mmap
 import os
 import threading
-from collections.abc import Iterator
-from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tierd.errors import CorruptionError
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+    from pathlib import Path
 
 log = logging.getLogger(__name__)
 PAGE = mmap.PAGESIZE
@@ -49,11 +52,12 @@ class MappedFile:
         self.file_from_offset = int(path.name)
         flags = os.O_RDWR | (os.O_CREAT if create else 0)
         self._fd = os.open(path, flags, 0o644)
+        actual = os.fstat(self._fd).st_size
+        if not create and actual > size:
+            os.close(self._fd)
+            raise CorruptionError(f"{path} is {actual} bytes, expected {size}", path=str(path))
         try:
-            actual = os.fstat(self._fd).st_size
             if actual != size:
-                if not create and actual > size:
-                    raise CorruptionError(f"{path} is {actual} bytes, expected {size}", path=str(path))
                 os.ftruncate(self._fd, size)
             self.mm = mmap.mmap(self._fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
         except BaseException:
@@ -137,7 +141,9 @@ class MappedFileQueue:
             if expected is not None and start != expected:
                 raise CorruptionError(
                     f"{self.directory}: file {p.name} does not follow the previous file "
-                    f"(expected start {expected})", path=str(p))
+                    f"(expected start {expected})",
+                    path=str(p),
+                )
             if p.stat().st_size == 0:
                 # Created but never sized: a crash between open and ftruncate. Nothing in it.
                 p.unlink()
@@ -229,7 +235,7 @@ class MappedFileQueue:
         """Remove the ``count`` oldest files (retention); never the last one."""
         with self.lock:
             victims = self.files[: max(0, min(count, len(self.files) - 1))]
-            self.files = self.files[len(victims):]
+            self.files = self.files[len(victims) :]
         for f in victims:
             f.destroy()
         return victims

@@ -11,8 +11,8 @@ from __future__ import annotations
 import itertools
 import threading
 import zlib
-from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import numpy.typing as npt
@@ -27,6 +27,9 @@ from tierd.local.validation import (
     check_topic,
 )
 from tierd.message import PROPERTY_TAGS, PROPERTY_UNIQ_KEY, Message
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
 
 GroupKey = tuple[str, int]
 
@@ -117,20 +120,33 @@ class Preparer:
         else:
             check_queue(qid, self.max_queues)
         born_host = self.store_host if m.born_host is None else encode_host(m.born_host)
-        size = HEADER_V4 - 16 + len(born_host) + len(self.store_host) + len(body) + len(topic_part) + 2 + len(pb)
+        size = (
+            HEADER_V4 - 16 + len(born_host) + len(self.store_host) + len(body) + len(topic_part) + 2 + len(pb)
+        )
         if size > self.max_body + RECORD_OVERHEAD_LIMIT:
-            raise MessageTooLargeError(f"message encodes to {size} bytes, over the record limit "
-                                       f"{self.max_body + RECORD_OVERHEAD_LIMIT}", size=size)
+            raise MessageTooLargeError(
+                f"message encodes to {size} bytes, over the record limit "
+                f"{self.max_body + RECORD_OVERHEAD_LIMIT}",
+                size=size,
+            )
         if tag is None and props:
             tag = props.get(PROPERTY_TAGS)
         index_keys = [f"{topic}#{k}" for k in keys] if keys else []
         if props and props.get(PROPERTY_UNIQ_KEY):
             index_keys.append(f"{topic}#{props[PROPERTY_UNIQ_KEY]}")
         return PreparedOne(
-            key=(topic, qid), body=body, crc=zlib.crc32(body) & 0x7FFFFFFF, magic=magic, topic_part=topic_part,
-            properties=pb, size=size, flag=m.flag,
-            born_timestamp=now_ms if m.born_timestamp is None else m.born_timestamp, born_host=born_host,
-            tags_code=tags_code(tag) if tag else 0, index_keys=index_keys,
+            key=(topic, qid),
+            body=body,
+            crc=zlib.crc32(body) & 0x7FFFFFFF,
+            magic=magic,
+            topic_part=topic_part,
+            properties=pb,
+            size=size,
+            flag=m.flag,
+            born_timestamp=now_ms if m.born_timestamp is None else m.born_timestamp,
+            born_host=born_host,
+            tags_code=tags_code(tag) if tag else 0,
+            index_keys=index_keys,
         )
 
     def prepare(self, messages: Sequence[Message], now_ms: int) -> PreparedBatch:
@@ -216,17 +232,35 @@ class Preparer:
         uniform_v4 = len(self.store_host) == 8 and len(set(hosts)) == 1 and len(hosts[0]) == 8
         body_lengths = np.fromiter(map(len, bodies), np.int64, count=n)
         sizes = body_lengths + np.fromiter(map(len, tails), np.int64, count=n) + (HEADER_V4 - 16)
-        sizes += np.fromiter(map(len, hosts), np.int64, count=len(hosts)) if len(hosts) == n else len(hosts[0])
+        sizes += (
+            np.fromiter(map(len, hosts), np.int64, count=len(hosts)) if len(hosts) == n else len(hosts[0])
+        )
         sizes += len(self.store_host)
         limit = max_body + RECORD_OVERHEAD_LIMIT
         if int(sizes.max()) > limit:
             j = int(np.argmax(sizes))
-            raise MessageTooLargeError(f"message {j} encodes to {int(sizes[j])} bytes, over the record "
-                                       f"limit {limit}", size=int(sizes[j]), limit=limit)
+            raise MessageTooLargeError(
+                f"message {j} encodes to {int(sizes[j])} bytes, over the record limit {limit}",
+                size=int(sizes[j]),
+                limit=limit,
+            )
         crcs = np.fromiter(map(zlib.crc32, bodies), np.uint32, count=n) & np.uint32(0x7FFFFFFF)
         return PreparedBatch(
-            bodies=bodies, tails=tails, topic_parts=topic_parts, properties=props_list, magics=magics,
-            crcs=crcs, queue_ids=qids, flags=flags, born_timestamps=born_ts, born_hosts=hosts,
-            body_lengths=body_lengths, sizes=sizes, tags_codes=tags, groups=groups,
-            index_keys=index_keys, index_messages=index_msgs, uniform_v4=uniform_v4,
+            bodies=bodies,
+            tails=tails,
+            topic_parts=topic_parts,
+            properties=props_list,
+            magics=magics,
+            crcs=crcs,
+            queue_ids=qids,
+            flags=flags,
+            born_timestamps=born_ts,
+            born_hosts=hosts,
+            body_lengths=body_lengths,
+            sizes=sizes,
+            tags_codes=tags,
+            groups=groups,
+            index_keys=index_keys,
+            index_messages=index_msgs,
+            uniform_v4=uniform_v4,
         )

@@ -12,7 +12,7 @@ Layout under ``store.dir``: ``commitlog/``, ``consumequeue/{topic}/{queue}/``, `
 
 from __future__ import annotations
 
-import concurrent.futures
+import itertools
 import logging
 import shutil
 import threading
@@ -20,12 +20,8 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, overload
+from typing import TYPE_CHECKING, Literal, overload
 
-import numpy as np
-import numpy.typing as npt
-
-from tierd.config import StoreConfig
 from tierd.errors import (
     ConfigError,
     CorruptRecordError,
@@ -43,6 +39,14 @@ from tierd.local.prepare import Preparer
 from tierd.local.validation import RECORD_OVERHEAD_LIMIT, check_queue, check_topic
 from tierd.message import GetStatus, Message, MessageExt, PutResult
 
+if TYPE_CHECKING:
+    import concurrent.futures
+
+    import numpy as np
+    import numpy.typing as npt
+
+    from tierd.config import StoreConfig
+
 log = logging.getLogger(__name__)
 
 #: Upper bounds of one ``get`` (documented in docs/limits.md).
@@ -59,10 +63,15 @@ DeleteGuard = Callable[[int], bool]
 class PutBatchResult(Sequence[PutResult]):
     """Results of ``put_batch`` as columns; :class:`PutResult` objects are built on access only."""
 
-    __slots__ = ("commitlog_offsets", "queue_ids", "queue_offsets", "_store_host")
+    __slots__ = ("_store_host", "commitlog_offsets", "queue_ids", "queue_offsets")
 
-    def __init__(self, queue_ids: npt.NDArray[np.int32], queue_offsets: npt.NDArray[np.int64],
-                 commitlog_offsets: npt.NDArray[np.int64], store_host: bytes) -> None:
+    def __init__(
+        self,
+        queue_ids: npt.NDArray[np.int32],
+        queue_offsets: npt.NDArray[np.int64],
+        commitlog_offsets: npt.NDArray[np.int64],
+        store_host: bytes,
+    ) -> None:
         self.queue_ids = queue_ids
         self.queue_offsets = queue_offsets
         self.commitlog_offsets = commitlog_offsets
@@ -79,8 +88,9 @@ class PutBatchResult(Sequence[PutResult]):
         if isinstance(i, slice):
             return [self[j] for j in range(*i.indices(len(self)))]
         phys = int(self.commitlog_offsets[i])
-        return PutResult(int(self.queue_ids[i]), int(self.queue_offsets[i]), phys,
-                         offset_msg_id(self._store_host, phys))
+        return PutResult(
+            int(self.queue_ids[i]), int(self.queue_offsets[i]), phys, offset_msg_id(self._store_host, phys)
+        )
 
     def __iter__(self) -> Iterator[PutResult]:
         return (self[i] for i in range(len(self)))
@@ -104,7 +114,8 @@ class HotStore:
             raise ConfigError(
                 f"store.commitlog_file_size ({cfg.commitlog_file_size}) must hold the largest record: "
                 f"store.max_message_size + 64 KiB + 8 = {cfg.max_message_size + RECORD_OVERHEAD_LIMIT + 8}",
-                commitlog_file_size=cfg.commitlog_file_size)
+                commitlog_file_size=cfg.commitlog_file_size,
+            )
         self.cfg = cfg
         self.dir = Path(cfg.dir)
         self.store_host = encode_host(cfg.store_host)
@@ -140,13 +151,19 @@ class HotStore:
             self._lock.release()
             raise
         self._abort.create()
-        self.preparer = Preparer(max_body=self.cfg.max_message_size, max_queues=self.cfg.max_queues,
-                                 default_queues=self.cfg.default_queues, store_host=self.store_host)
+        self.preparer = Preparer(
+            max_body=self.cfg.max_message_size,
+            max_queues=self.cfg.max_queues,
+            default_queues=self.cfg.default_queues,
+            store_host=self.store_host,
+        )
         self.flusher = FlushService(self.commitlog, self.cfg.flush == "sync", self.cfg.flush_interval_ms)
         self.reput = ReputService(self._queue_for, self.index, self.commitlog.max_offset)
         self.commitlog.on_append = self.reput.submit
         self._stop = threading.Event()
-        self._housekeeper = threading.Thread(target=self._housekeeping, name="tierd-housekeeping", daemon=True)
+        self._housekeeper = threading.Thread(
+            target=self._housekeeping, name="tierd-housekeeping", daemon=True
+        )
         self._closed = False
         self.flusher.start()
         self.reput.start()
@@ -163,7 +180,9 @@ class HotStore:
         for topic_dir in sorted(cq_root.iterdir()) if cq_root.exists() else []:
             for qdir in sorted(topic_dir.iterdir()):
                 if qdir.name.isdigit():
-                    cq = ConsumeQueue(cq_root, topic_dir.name, int(qdir.name), self.cfg.consumequeue_file_units)
+                    cq = ConsumeQueue(
+                        cq_root, topic_dir.name, int(qdir.name), self.cfg.consumequeue_file_units
+                    )
                     cq.load()
                     self.cqs[topic_dir.name, int(qdir.name)] = cq
         cq_end = max((cq.recover() for cq in self.cqs.values()), default=0)
@@ -172,11 +191,18 @@ class HotStore:
         if cl.files.files and cl.files.find(start) is None and start != cl.min_offset:
             start = cl.min_offset
         valid_end, records = cl.scan(start, check_crc=self.cfg.check_crc_on_recover)
-        junk = [f for f in cl.files.files if f.file_from_offset + f.size > valid_end
-                and any(f.mm[max(0, valid_end - f.file_from_offset) :][:64])]
+        junk = [
+            f
+            for f in cl.files.files
+            if f.file_from_offset + f.size > valid_end
+            and any(f.mm[max(0, valid_end - f.file_from_offset) :][:64])
+        ]
         if junk:
-            log.warning("recovery: commitlog truncated at offset %d: invalid or torn data after the last "
-                        "valid record", valid_end)
+            log.warning(
+                "recovery: commitlog truncated at offset %d: invalid or torn data after the last "
+                "valid record",
+                valid_end,
+            )
         self.recovery_truncated = bool(junk)
         cl.truncate(valid_end)
         for cq in self.cqs.values():
@@ -189,8 +215,12 @@ class HotStore:
                 end = records[i + 65536][0] if i + 65536 < len(records) else valid_end
                 replay.dispatch(DispatchBatch.from_records(chunk, end))
             cl.last_store_timestamp = max(cl.last_store_timestamp, replay.dispatched_timestamp)
-            log.info("recovery: re-dispatched %d records from commitlog offset %d (last exit %s)",
-                     len(records), start, "normal" if self.last_exit_ok else "abnormal")
+            log.info(
+                "recovery: re-dispatched %d records from commitlog offset %d (last exit %s)",
+                len(records),
+                start,
+                "normal" if self.last_exit_ok else "abnormal",
+            )
         if cl.files.files and not cl.last_store_timestamp and valid_end > cl.min_offset:
             cl.last_store_timestamp = self.checkpoint.physic_timestamp
         for (topic, qid), cq in self.cqs.items():
@@ -234,7 +264,9 @@ class HotStore:
             with self._cq_lock:
                 cq = self.cqs.get((topic, queue_id))
                 if cq is None:
-                    cq = ConsumeQueue(self.dir / "consumequeue", topic, queue_id, self.cfg.consumequeue_file_units)
+                    cq = ConsumeQueue(
+                        self.dir / "consumequeue", topic, queue_id, self.cfg.consumequeue_file_units
+                    )
                     cq.load()
                     self.cqs[topic, queue_id] = cq
         return cq
@@ -259,7 +291,9 @@ class HotStore:
         fut = self.flusher.request(end) if self.flusher.sync else None
         return PutResult(p.key[1], qoff, phys, offset_msg_id(self.store_host, phys)), fut
 
-    def put_batch(self, messages: Sequence[Message]) -> tuple[PutBatchResult, concurrent.futures.Future[None] | None]:
+    def put_batch(
+        self, messages: Sequence[Message]
+    ) -> tuple[PutBatchResult, concurrent.futures.Future[None] | None]:
         self._check_open()
         if self.full_reason is not None:
             raise StoreFullError(self.full_reason)
@@ -332,7 +366,9 @@ class HotStore:
             return HotGetResult(GetStatus.OFFSET_FOUND_NULL, (), pos, lo, hi)
         return HotGetResult(GetStatus.FOUND, tuple(messages), pos, lo, hi)
 
-    def _read_checked(self, phys: int, size: int, topic: str, queue_id: int, queue_offset: int) -> MessageExt | None:
+    def _read_checked(
+        self, phys: int, size: int, topic: str, queue_id: int, queue_offset: int
+    ) -> MessageExt | None:
         """Decode and cross-check a record against the unit that points at it: a message is
         returned only if it is exactly the one the consumer asked for."""
         if phys < self.commitlog.min_offset:
@@ -340,11 +376,23 @@ class HotStore:
         try:
             msg = self.commitlog.read(phys, check_crc=True)
         except CorruptRecordError:
-            log.exception("consume queue %s/%d offset %d points at a corrupt record", topic, queue_id, queue_offset)
+            log.exception(
+                "consume queue %s/%d offset %d points at a corrupt record", topic, queue_id, queue_offset
+            )
             return None
-        if msg.size != size or msg.topic != topic or msg.queue_id != queue_id or msg.queue_offset != queue_offset:
-            log.error("consume queue %s/%d offset %d disagrees with the record at %d", topic, queue_id,
-                      queue_offset, phys)
+        if (
+            msg.size != size
+            or msg.topic != topic
+            or msg.queue_id != queue_id
+            or msg.queue_offset != queue_offset
+        ):
+            log.error(
+                "consume queue %s/%d offset %d disagrees with the record at %d",
+                topic,
+                queue_id,
+                queue_offset,
+                phys,
+            )
             return None
         return msg
 
@@ -364,8 +412,9 @@ class HotStore:
         cq = self._visible_queue(topic, queue_id)
         return self.store_time(topic, queue_id, cq.min_offset) if cq else -1
 
-    def offset_for_time(self, topic: str, queue_id: int, timestamp: int,
-                        boundary: Literal["lower", "upper"] = "lower") -> int:
+    def offset_for_time(
+        self, topic: str, queue_id: int, timestamp: int, boundary: Literal["lower", "upper"] = "lower"
+    ) -> int:
         """First offset stored at or after ``timestamp`` (``lower``), or the last of the run of
         messages stored exactly then (``upper``). Before everything → min offset; after
         everything → max offset."""
@@ -404,8 +453,11 @@ class HotStore:
                 msg = self.commitlog.read(phys, check_crc=True)
             except CorruptRecordError:
                 continue
-            if msg.topic == topic and (key in msg.keys or msg.uniq_key == key) \
-                    and begin <= msg.store_timestamp <= end:
+            if (
+                msg.topic == topic
+                and (key in msg.keys or msg.uniq_key == key)
+                and begin <= msg.store_timestamp <= end
+            ):
                 out.append(msg)
                 if len(out) >= max_count:
                     break
@@ -446,7 +498,7 @@ class HotStore:
         files = list(self.commitlog.files)
         over = self.disk_usage(self.dir) > self.cfg.disk_max_used_ratio
         doomed = 0
-        for f, nxt in zip(files, files[1:], strict=False):
+        for f, nxt in itertools.pairwise(files):
             end = f.file_from_offset + f.size
             newest = self.commitlog.store_timestamp_at(nxt.file_from_offset)
             if end > self.reput.dispatched_offset or not self.delete_guard(end):
@@ -460,11 +512,15 @@ class HotStore:
             for cq in list(self.cqs.values()):
                 cq.delete_before_physical(new_min)
             self.index.delete_files_before(new_min)
-            log.info("retention: deleted %d commitlog file(s); hot data now starts at offset %d", doomed, new_min)
+            log.info(
+                "retention: deleted %d commitlog file(s); hot data now starts at offset %d", doomed, new_min
+            )
         if over and self.disk_usage(self.dir) > self.cfg.disk_max_used_ratio:
-            reason = (f"disk under {self.dir} is over store.disk_max_used_ratio "
-                      f"({self.cfg.disk_max_used_ratio:.0%}) and no more data may be deleted "
-                      "(not yet moved to the cold tier or not yet dispatched); writes are refused until space frees")
+            reason = (
+                f"disk under {self.dir} is over store.disk_max_used_ratio "
+                f"({self.cfg.disk_max_used_ratio:.0%}) and no more data may be deleted "
+                "(not yet moved to the cold tier or not yet dispatched); writes are refused until space frees"
+            )
             if self.full_reason is None:
                 log.error("%s", reason)
             self.full_reason = reason

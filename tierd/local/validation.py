@@ -9,8 +9,7 @@ length, as RocketMQ does with ``autoMessageVersionOnTopicLen``.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 from tierd.errors import (
     InvalidArgumentError,
@@ -21,6 +20,9 @@ from tierd.errors import (
 )
 from tierd.local.codec import MAX_PROPERTIES_LENGTH
 from tierd.message import KEY_SEPARATOR, PROPERTY_KEYS, PROPERTY_TAGS
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping, Sequence
 
 TOPIC_MAX_LENGTH: Final = 255
 TOPIC_PATTERN: Final = re.compile(r"[A-Za-z0-9_%|-]{1,255}")
@@ -36,7 +38,7 @@ _valid_topics: set[str] = set()
 def check_topic(topic: object) -> str:
     """Return ``topic`` if valid, else raise :class:`InvalidTopicError` naming the rule broken."""
     if topic in _valid_topics:
-        return topic  # type: ignore[return-value]
+        return str(topic)
     if not isinstance(topic, str):
         raise InvalidTopicError(f"topic must be a string, got {type(topic).__name__}", topic=repr(topic))
     if not TOPIC_PATTERN.fullmatch(topic):
@@ -45,8 +47,9 @@ def check_topic(topic: object) -> str:
             topic=topic,
         )
     if topic.startswith(RESERVED_TOPIC_PREFIX):
-        raise InvalidTopicError(f"topic {topic!r} uses the reserved prefix {RESERVED_TOPIC_PREFIX!r}",
-                                topic=topic)
+        raise InvalidTopicError(
+            f"topic {topic!r} uses the reserved prefix {RESERVED_TOPIC_PREFIX!r}", topic=topic
+        )
     if len(_valid_topics) < 100_000:
         _valid_topics.add(topic)
     return topic
@@ -61,15 +64,17 @@ def check_body(body: object, max_size: int) -> bytes:
     if len(body) > max_size:
         raise MessageTooLargeError(
             f"body is {len(body)} bytes, the limit (store.max_message_size) is {max_size}",
-            size=len(body), limit=max_size,
+            size=len(body),
+            limit=max_size,
         )
     return body
 
 
 def check_queue(queue_id: object, max_queues: int) -> int:
     if not isinstance(queue_id, int) or isinstance(queue_id, bool) or not 0 <= queue_id < max_queues:
-        raise InvalidQueueError(f"queue_id must be an integer in [0, {max_queues}), got {queue_id!r}",
-                                queue_id=repr(queue_id))
+        raise InvalidQueueError(
+            f"queue_id must be an integer in [0, {max_queues}), got {queue_id!r}", queue_id=repr(queue_id)
+        )
     return queue_id
 
 
@@ -102,17 +107,25 @@ def build_properties(keys: Sequence[str], tags: str | None, properties: Mapping[
             raise InvalidPropertiesError(f"keys must be strings, got {list(keys)!r}") from e
         # One C-level pass instead of a Python loop per key: a key with a space or an empty key
         # changes the token count; the separators are found by substring search.
-        if joined.count(KEY_SEPARATOR) != len(keys) - 1 or "" in joined.split(KEY_SEPARATOR) \
-                or "\x01" in joined or "\x02" in joined:
-            bad = next((k for k in keys if not k or KEY_SEPARATOR in k or _FORBIDDEN_PROPERTY_CHARS.search(k)),
-                       joined)
+        if (
+            joined.count(KEY_SEPARATOR) != len(keys) - 1
+            or "" in joined.split(KEY_SEPARATOR)
+            or "\x01" in joined
+            or "\x02" in joined
+        ):
+            bad = next(
+                (k for k in keys if not k or KEY_SEPARATOR in k or _FORBIDDEN_PROPERTY_CHARS.search(k)),
+                joined,
+            )
             raise InvalidPropertiesError(
-                f"each key must be a non-empty string without spaces or 0x01/0x02, got {bad!r}", key=repr(bad))
+                f"each key must be a non-empty string without spaces or 0x01/0x02, got {bad!r}", key=repr(bad)
+            )
         parts.append(f"KEYS\x01{joined}\x02")
     if tags is not None:
         if not isinstance(tags, str) or not tags or _FORBIDDEN_PROPERTY_CHARS.search(tags):
-            raise InvalidPropertiesError(f"tags must be a non-empty string without 0x01/0x02, got {tags!r}",
-                                         tags=repr(tags))
+            raise InvalidPropertiesError(
+                f"tags must be a non-empty string without 0x01/0x02, got {tags!r}", tags=repr(tags)
+            )
         parts.append(f"TAGS\x01{tags}\x02")
     encoded = "".join(parts).encode()
     if len(encoded) > MAX_PROPERTIES_LENGTH:
