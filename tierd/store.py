@@ -95,7 +95,7 @@ class MessageStore(_StoreCore):
         return _Opener(cfg)
 
     async def put(self, message: Message) -> PutResult:
-        res, fut = self._hot().put(message)
+        res, fut = self.hot.put(message)  # the hot store checks it is open
         if fut is not None:
             await asyncio.wrap_future(fut)
         return res
@@ -170,7 +170,7 @@ class BlockingMessageStore(_StoreCore):
         return cls(cfg, HotStore.open(cfg.store))
 
     def put(self, message: Message) -> PutResult:
-        res, fut = self._hot().put(message)
+        res, fut = self.hot.put(message)  # the hot store checks it is open
         if fut is not None:
             fut.result()
         return res

@@ -594,3 +594,36 @@ def test_torn_first_record_of_a_new_file_is_dropped_and_writing_resumes(
         )
         assert r.commitlog_offset == second_file
         assert store.get("edge", 0, len(keep)).messages[0].body == b"after"
+
+
+def test_no_space_for_a_new_file_is_a_clean_store_full_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import errno
+
+    from tierd.local import mapped_file
+
+    def no_space(fd: int, offset: int, length: int) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    with BlockingMessageStore.open(small_config(tmp_path / "s")) as store:
+        store.put(Message(topic="f", body=b"before", queue_id=0))
+        assert store.hot.wait_dispatched(10)
+        monkeypatch.setattr(mapped_file.os, "posix_fallocate", no_space)
+        with pytest.raises(StoreFullError, match="no disk space"):
+            store.put_batch([Message(topic="f", body=b"x" * 60_000, queue_id=0) for _ in range(10)])
+        # nothing of the failed batch was written or counted
+        assert store.max_offset("f", 0) == 1
+        assert len(store.hot.commitlog.files.files) == 1
+        # a new queue needs a consume-queue file: dispatch fails, keeps retrying, never drops it
+        r = store.put(Message(topic="g", body=b"waits", queue_id=0))
+        assert not store.hot.wait_dispatched(0.3)
+        assert store.hot.reput.last_error is not None
+        monkeypatch.undo()
+        assert store.hot.wait_dispatched(10)
+        assert store.hot.reput.last_error is None
+        assert store.get("g", 0, r.queue_offset).messages[0].body == b"waits"
+        assert store.get("f", 0, 0).messages[0].body == b"before"
+        r = store.put_batch([Message(topic="f", body=b"x" * 60_000, queue_id=0) for _ in range(10)])[0]
+        assert r.queue_offset == 1
+        assert store.get("f", 0, 1).messages[0].body == b"x" * 60_000

@@ -29,7 +29,7 @@ from tierd.local.codec import (
     encode_record,
     scan_record,
 )
-from tierd.local.mapped_file import MappedFileQueue
+from tierd.local.mapped_file import MappedFile, MappedFileQueue
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -71,41 +71,77 @@ class CommitLog:
 
     # ------------------------------------------------------------------ append
     def append(self, batch: PreparedBatch) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], int]:
-        """Append a prepared batch; return (queue offsets, physical offsets, end offset)."""
+        """Append a prepared batch; return (queue offsets, physical offsets, end offset).
+
+        All-or-nothing: the layout is planned and every file it needs is created *before* a byte
+        is written or a queue offset assigned, so a failure (disk full) leaves no half batch
+        behind — no phantom records, no holes in queue offsets."""
         from tierd.local.dispatch import DispatchBatch
 
         n = len(batch.bodies)
         sizes = batch.sizes
+        ends = np.cumsum(sizes)
         with self.lock:
+            current = self.files.last_file()
+            plan = self._plan(ends, sizes, current)
+            self._create_files({start for start, _, _ in plan})
             now = self.clock()
             store_ts = now if now > self.last_store_timestamp else self.last_store_timestamp
             self.last_store_timestamp = store_ts
             qoffs = self._assign_queue_offsets(batch)
             phys = np.empty(n, np.int64)
-            ends = np.cumsum(sizes)
-            i = 0
-            while i < n:
-                f = self.files.writable_file(self.files.max_offset)
+            for start, i, k in plan:
+                f = self.files.find(start)
+                assert f is not None
+                if current is not None and current is not f and current.free > 0:
+                    current.write(blank_marker(current.free))
+                    current.wrote = current.size
+                current = f
                 rel = int(ends[i - 1]) if i else 0
-                room = f.free - END_FILE_MIN_BLANK
-                k = int(np.searchsorted(ends, rel + room, side="right"))
-                if k <= i:
-                    if f.wrote == 0:
-                        raise MessageTooLargeError(
-                            f"record of {int(sizes[i])} bytes does not fit in a commitlog file of "
-                            f"{f.size} bytes (store.commitlog_file_size)",
-                            size=int(sizes[i]),
-                        )
-                    f.write(blank_marker(f.free))
-                    f.wrote = f.size
-                    continue
-                base = f.file_from_offset + f.wrote - rel
-                phys[i:k] = base + ends[i:k] - sizes[i:k]
+                phys[i:k] = f.file_from_offset + f.wrote - rel + ends[i:k] - sizes[i:k]
                 f.write(self._encode(batch, i, k, qoffs, phys, store_ts))
-                i = k
             end = self.files.max_offset
             self.on_append(DispatchBatch.from_prepared(batch, qoffs, phys, store_ts, end))
         return qoffs, phys, end
+
+    def _plan(
+        self, ends: npt.NDArray[np.int64], sizes: npt.NDArray[np.int64], current: MappedFile | None
+    ) -> list[tuple[int, int, int]]:
+        """Split records into runs per file: ``(file start offset, first, end)``. A record goes to
+        the next file when it plus an 8-byte end marker does not fit in the rest of this one."""
+        size = self.file_size
+        start = current.file_from_offset if current else self.files.max_offset - self.files.max_offset % size
+        wrote = current.wrote if current else 0
+        plan: list[tuple[int, int, int]] = []
+        i, n = 0, len(sizes)
+        while i < n:
+            rel = int(ends[i - 1]) if i else 0
+            k = int(np.searchsorted(ends, rel + size - wrote - END_FILE_MIN_BLANK, side="right"))
+            if k <= i:
+                if wrote == 0:
+                    raise MessageTooLargeError(
+                        f"record of {int(sizes[i])} bytes does not fit in a commitlog file of {size} bytes "
+                        "(store.commitlog_file_size)",
+                        size=int(sizes[i]),
+                    )
+                start, wrote = start + size, 0
+                continue
+            plan.append((start, i, k))
+            wrote += int(ends[k - 1]) - rel
+            i = k
+        return plan
+
+    def _create_files(self, starts: set[int]) -> None:
+        """Create the files a plan needs; on failure remove the ones just made (they are empty
+        and last), so only the last file is ever without its end marker."""
+        created: list[MappedFile] = []
+        try:
+            for start in sorted(starts):
+                if self.files.find(start) is None:
+                    created.append(self.files.new_file(start))
+        except BaseException:
+            self.files.discard(created)
+            raise
 
     def append_one(self, p: PreparedOne) -> tuple[int, int, int]:
         """Append one prepared message; return (queue offset, physical offset, end offset)."""
@@ -127,30 +163,33 @@ class CommitLog:
                     f.write(blank_marker(f.free))
                     f.wrote = f.size
                 f = self.files.writable_file(self.files.max_offset)
+            key, body, crc, magic, topic_part, props, size, flag, born_ts, born_host, tags, keys = p
             table = self.queue_offsets
-            qoff = table.get(p.key, 0)
+            qoff = table.get(key, 0)
             phys = f.file_from_offset + f.wrote
             f.write(
                 encode_record(
-                    body=p.body,
-                    topic_part=p.topic_part,
-                    magic=p.magic,
-                    properties=p.properties,
-                    queue_id=p.key[1],
-                    flag=p.flag,
-                    queue_offset=qoff,
-                    physical_offset=phys,
-                    sys_flag=0,
-                    born_timestamp=p.born_timestamp,
-                    born_host=p.born_host,
-                    store_timestamp=store_ts,
-                    store_host=self.store_host,
-                    body_crc=p.crc,
+                    body,
+                    topic_part,
+                    magic,
+                    props,
+                    key[1],
+                    flag,
+                    qoff,
+                    phys,
+                    0,
+                    born_ts,
+                    born_host,
+                    store_ts,
+                    self.store_host,
+                    0,
+                    0,
+                    crc,
                 )
             )
-            table[p.key] = qoff + 1
-            end = phys + p.size
-            self.on_append((p.key, qoff, phys, p.size, p.tags_code, store_ts, p.index_keys, end))
+            table[key] = qoff + 1
+            end = phys + size
+            self.on_append((key, qoff, phys, size, tags, store_ts, keys, end))
         return qoff, phys, end
 
     def _assign_queue_offsets(self, batch: PreparedBatch) -> npt.NDArray[np.int64]:

@@ -40,6 +40,8 @@ log = logging.getLogger(__name__)
 #: batch instead of fighting the producers for the GIL once per message.
 IDLE_PAUSE = 0.001
 SMALL_ROUND = 256
+RETRY_MIN = 0.05
+RETRY_MAX = 2.0
 
 
 #: One record from the single-put path, as a plain tuple (no allocation beyond it):
@@ -214,7 +216,8 @@ class ReputService:
         self._wake = threading.Event()
         self._done = threading.Condition()
         self._stopping = False
-        self._failure: BaseException | None = None
+        #: The error of the last failed dispatch attempt (None when healthy).
+        self.last_error: Exception | None = None
         self._thread = threading.Thread(target=self._run, name="tierd-reput", daemon=True)
 
     def start(self) -> None:
@@ -247,41 +250,55 @@ class ReputService:
 
     def _run(self) -> None:
         pending = self._pending
+        retry: DispatchBatch | None = None
+        backoff = RETRY_MIN
         while True:
-            if not self._stopping:
+            if not self._stopping and retry is None:
                 self._wake.wait()
             self._wake.clear()
             taken = [pending.popleft() for _ in range(len(pending))]
-            if taken:
-                try:
-                    self.dispatch(DispatchBatch.merge(taken))
-                except BaseException as e:
-                    log.exception(
-                        "dispatch failed after commitlog offset %d; consume queues stop growing",
-                        self.dispatched_offset,
-                    )
-                    with self._done:
-                        self._failure = e
-                        self._done.notify_all()
+            if retry is None and not taken:
+                if self._stopping:
                     return
-                with self._done:
-                    self._done.notify_all()
-                if len(taken) < SMALL_ROUND and not self._stopping:
-                    time.sleep(IDLE_PAUSE)
-                    if pending:
-                        self._wake.set()
-            elif self._stopping:
-                return
+                continue
+            if retry is not None and taken:
+                # Keep order: the failed batch first, then everything that queued up behind it.
+                batch = DispatchBatch.merge([retry, *taken])
+            else:
+                batch = retry if retry is not None else DispatchBatch.merge(taken)
+            try:
+                self.dispatch(batch)
+            except Exception as e:
+                # Never give up (that would silently stop queues from growing): keep the batch,
+                # report, back off, retry. Dispatch is idempotent, so a partial attempt is harmless.
+                if self.last_error is None:
+                    log.exception(
+                        "dispatch after commitlog offset %d failed; retrying", self.dispatched_offset
+                    )
+                self.last_error = e
+                retry = batch
+                if self._stopping:
+                    log.error("store closing with dispatch failing; recovery will rebuild from the commitlog")
+                    return
+                time.sleep(backoff)
+                backoff = min(backoff * 2, RETRY_MAX)
+                continue
+            if self.last_error is not None:
+                log.warning("dispatch recovered after an error: %s", self.last_error)
+                self.last_error = None
+            retry, backoff = None, RETRY_MIN
+            with self._done:
+                self._done.notify_all()
+            if len(taken) < SMALL_ROUND and not self._stopping:
+                time.sleep(IDLE_PAUSE)
+                if pending:
+                    self._wake.set()
 
     def wait_dispatched(self, offset: int, timeout: float | None = None) -> bool:
-        """Block until everything before commitlog ``offset`` is dispatched (read-your-writes)."""
+        """Block until everything before commitlog ``offset`` is dispatched (read-your-writes);
+        False on timeout (e.g. while dispatch keeps failing — see :attr:`last_error`)."""
         with self._done:
-            ok = self._done.wait_for(
-                lambda: self.dispatched_offset >= offset or self._failure is not None, timeout
-            )
-            if self._failure is not None:
-                raise RuntimeError("the dispatch thread failed; see the log") from self._failure
-            return ok
+            return self._done.wait_for(lambda: self.dispatched_offset >= offset, timeout)
 
     @property
     def behind(self) -> int:

@@ -12,13 +12,14 @@ retention can remove old files while readers look files up.
 
 from __future__ import annotations
 
+import errno
 import logging
 import mmap
 import os
 import threading
 from typing import TYPE_CHECKING
 
-from tierd.errors import CorruptionError
+from tierd.errors import CorruptionError, StoreFullError
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -40,6 +41,23 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def _reserve(fd: int, size: int, path: Path) -> None:
+    """Give the file its full size with blocks reserved on disk.
+
+    Writing through a mapping into a *sparse* file when the disk is full kills the process with
+    SIGBUS; reserving up front turns that into an ordinary error here, at file creation, where
+    the store can refuse writes cleanly. It also keeps block allocation out of page faults."""
+    try:
+        os.posix_fallocate(fd, 0, size)
+    except OSError as e:
+        if e.errno == errno.ENOSPC:
+            path.unlink(missing_ok=True)  # the caller closes ``fd``
+            raise StoreFullError(f"no disk space for a new {size}-byte file {path}", path=str(path)) from e
+        if e.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
+            raise
+        os.ftruncate(fd, size)  # filesystem without fallocate (tmpfs variants, some FUSE)
+
+
 class MappedFile:
     """One fixed-size file mapped into memory. ``wrote`` is the writer's position inside it;
     ``flushed`` how much of that is known durable."""
@@ -58,7 +76,7 @@ class MappedFile:
             raise CorruptionError(f"{path} is {actual} bytes, expected {size}", path=str(path))
         try:
             if actual != size:
-                os.ftruncate(self._fd, size)
+                _reserve(self._fd, size, path)
             self.mm = mmap.mmap(self._fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
         except BaseException:
             os.close(self._fd)
@@ -230,6 +248,13 @@ class MappedFileQueue:
             self.files = keep
         if self.directory.exists():
             fsync_dir(self.directory)
+
+    def discard(self, files: list[MappedFile]) -> None:
+        """Remove freshly created (empty) files again, e.g. after a failed multi-file append."""
+        with self.lock:
+            self.files = [f for f in self.files if f not in files]
+        for f in files:
+            f.destroy()
 
     def delete_first(self, count: int) -> list[MappedFile]:
         """Remove the ``count`` oldest files (retention); never the last one."""

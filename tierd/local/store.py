@@ -119,6 +119,7 @@ class HotStore:
         self.cfg = cfg
         self.dir = Path(cfg.dir)
         self.store_host = encode_host(cfg.store_host)
+        self._msg_id_prefix = self.store_host.hex().upper()
         self._closed = True
         self.cqs: dict[tuple[str, int], ConsumeQueue] = {}
         self._cq_lock = threading.Lock()
@@ -289,7 +290,7 @@ class HotStore:
         p = self.preparer.prepare_one(message, time.time_ns() // 1_000_000)
         qoff, phys, end = self.commitlog.append_one(p)
         fut = self.flusher.request(end) if self.flusher.sync else None
-        return PutResult(p.key[1], qoff, phys, offset_msg_id(self.store_host, phys)), fut
+        return PutResult(p.key[1], qoff, phys, self._msg_id_prefix + f"{phys:016X}"), fut
 
     def put_batch(
         self, messages: Sequence[Message]
