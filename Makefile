@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: test lint typecheck pytest bench install clean
+.PHONY: run test lint typecheck pytest bench install clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -16,6 +16,10 @@ $(STAMP): pyproject.toml | $(BIN)/python
 	touch $(STAMP)
 
 install: $(STAMP)
+
+# Start the service on the embedded default profile (hot store under ./data/hot).
+run: $(STAMP)
+	$(BIN)/tierd --config conf/local.toml serve
 
 lint: $(STAMP)
 	$(BIN)/ruff check tierd backends tests bench

@@ -100,3 +100,10 @@ def test_with_overrides_validates() -> None:
     assert cfg.store.flush == "sync"
     with pytest.raises(ConfigError):
         cfg.with_overrides(store={"flush": 3})
+
+
+def test_configuration_reference_is_up_to_date() -> None:
+    from tierd.config import reference_markdown
+
+    current = (REPO / "docs" / "configuration.md").read_text()
+    assert current == reference_markdown(), "run: python -m tierd.docgen > docs/configuration.md"

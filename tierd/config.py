@@ -325,3 +325,31 @@ def _parse_env_value(value: str) -> Any:
         return tomllib.loads(f"v = {value}")["v"]
     except tomllib.TOMLDecodeError:
         return value
+
+
+def reference_markdown() -> str:
+    """The configuration reference (docs/configuration.md), generated from the models above so it
+    cannot drift from the code; ``tests/test_config.py`` fails when the file is stale."""
+    lines = [
+        "# Configuration reference",
+        "",
+        "Generated from `tierd/config.py` by `python -m tierd.docgen > docs/configuration.md`; do not edit.",
+        "",
+        "Precedence: code defaults, then the TOML file (`--config FILE`), then environment variables",
+        "`TIERD_<SECTION>__<KEY>` (values parse as TOML scalars, so `TIERD_STORE__FLUSH=sync` and",
+        "`TIERD_STORE__DEFAULT_QUEUES=8` both work). Unknown sections and keys are errors.",
+        "Secrets (S3 credentials) are never configuration keys: use the environment or the provider chain.",
+        "",
+    ]
+    for name, section in SECTIONS.items():
+        lines += [f"## [{name}]", "", (section.__doc__ or "").strip(), "",
+                  "| key | default | meaning | RocketMQ name | env override |", "|---|---|---|---|---|"]
+        for key, field in section.model_fields.items():
+            default = field.get_default(call_default_factory=True)
+            shown = f"`{default}`" if default not in (None, {}) else "(none)"
+            extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
+            rmq = f"`{extra['rocketmq']}`" if "rocketmq" in extra else ""
+            lines.append(f"| `{key}` | {shown} | {field.description} | {rmq} | "
+                         f"`TIERD_{name.upper()}__{key.upper()}` |")
+        lines.append("")
+    return "\n".join(lines)

@@ -278,7 +278,7 @@ class ReputService:
                 self.last_error = e
                 retry = batch
                 if self._stopping:
-                    log.error("store closing with dispatch failing; recovery will rebuild from the commitlog")
+                    log.warning("closing while dispatch fails; the next open rebuilds it from the commitlog")
                     return
                 time.sleep(backoff)
                 backoff = min(backoff * 2, RETRY_MAX)

@@ -12,8 +12,7 @@ import itertools
 import threading
 import zlib
 from dataclasses import dataclass
-from typing import NamedTuple
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 import numpy.typing as npt

@@ -1,0 +1,95 @@
+"""The ``tierd`` command as an operator runs it: real subprocesses, real signals."""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+from typing import TYPE_CHECKING
+
+from tierd import BlockingMessageStore, Message, TierdConfig
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+TIERD = [sys.executable, "-c", "from tierd.cli import main; main()"]
+
+
+def _config(tmp_path: Path) -> Path:
+    path = tmp_path / "tierd.toml"
+    path.write_text(f'[store]\ndir = "{tmp_path / "hot"}"\nflush = "sync"\n')
+    return path
+
+
+def _wait_for_line(proc: subprocess.Popen[str], needle: str, timeout: float) -> str:
+    assert proc.stderr is not None
+    deadline = time.monotonic() + timeout
+    seen = ""
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([proc.stderr], [], [], deadline - time.monotonic())
+        if not ready:
+            break
+        line = proc.stderr.readline()
+        if not line:
+            break
+        seen += line
+        if needle in line:
+            return seen
+    raise AssertionError(f"{needle!r} not seen; output so far:\n{seen}")
+
+
+def test_serve_recovers_runs_and_stops_cleanly_on_sigterm(tmp_path: Path) -> None:
+    cfg_path = _config(tmp_path)
+    with BlockingMessageStore.open(TierdConfig.load(cfg_path, env={})) as store:
+        store.put(Message(topic="orders", body=b"before"))
+    with subprocess.Popen(
+        [*TIERD, "--config", str(cfg_path), "serve"],
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    ) as proc:
+        try:
+            out = _wait_for_line(proc, "ready: 1 topic(s)", 60)
+            assert (tmp_path / "hot" / "abort").exists()
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(timeout=60) == 0
+            assert proc.stderr is not None
+            out += proc.stderr.read()
+        finally:
+            proc.kill()
+    assert "stopped cleanly" in out
+    assert not (tmp_path / "hot" / "abort").exists()
+    with BlockingMessageStore.open(TierdConfig.load(cfg_path, env={})) as store:
+        assert store.hot.last_exit_ok
+
+
+def test_tierd_errors_are_one_line_and_exit_1(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [*TIERD, "--config", str(tmp_path / "missing.toml"), "serve"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 1
+    assert proc.stderr.strip() == f"tierd: error: config file not found: {tmp_path / 'missing.toml'}"
+
+
+def test_store_in_use_is_reported_without_a_traceback(tmp_path: Path) -> None:
+    cfg_path = _config(tmp_path)
+    with BlockingMessageStore.open(TierdConfig.load(cfg_path, env={})):
+        proc = subprocess.run(
+            [*TIERD, "--config", str(cfg_path), "serve"], capture_output=True, text=True, timeout=60
+        )
+    assert proc.returncode == 1
+    assert "in use by another process" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_usage_errors_exit_2_and_help_teaches() -> None:
+    assert subprocess.run([*TIERD, "bogus"], capture_output=True, timeout=60).returncode == 2
+    helptext = subprocess.run([*TIERD, "--help"], capture_output=True, text=True, timeout=60).stdout
+    assert "serve" in helptext
+    assert "--config" in helptext
