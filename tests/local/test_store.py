@@ -600,8 +600,7 @@ def test_no_space_for_a_new_file_is_a_clean_store_full_error(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import errno
-
-    from tierd.local import mapped_file
+    import os as os_module
 
     def no_space(fd: int, offset: int, length: int) -> None:
         raise OSError(errno.ENOSPC, "No space left on device")
@@ -609,7 +608,7 @@ def test_no_space_for_a_new_file_is_a_clean_store_full_error(
     with BlockingMessageStore.open(small_config(tmp_path / "s")) as store:
         store.put(Message(topic="f", body=b"before", queue_id=0))
         assert store.hot.wait_dispatched(10)
-        monkeypatch.setattr(mapped_file.os, "posix_fallocate", no_space)
+        monkeypatch.setattr(os_module, "posix_fallocate", no_space)
         with pytest.raises(StoreFullError, match="no disk space"):
             store.put_batch([Message(topic="f", body=b"x" * 60_000, queue_id=0) for _ in range(10)])
         # nothing of the failed batch was written or counted
