@@ -20,7 +20,9 @@ TIERD = [sys.executable, "-c", "from tierd.cli import main; main()"]
 
 def _config(tmp_path: Path) -> Path:
     path = tmp_path / "tierd.toml"
-    path.write_text(f'[store]\ndir = "{tmp_path / "hot"}"\nflush = "sync"\n')
+    path.write_text(
+        f'[store]\ndir = "{tmp_path / "hot"}"\nflush = "sync"\n[backend]\nurl = "{tmp_path / "cold"}"\n'
+    )
     return path
 
 

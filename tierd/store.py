@@ -8,19 +8,22 @@ owns lifecycle; it holds no data structures of its own.
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Literal
+import threading
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from tierd.errors import InvalidArgumentError, StoreClosedError
 from tierd.local.store import HotStore, PutBatchResult
 from tierd.message import GetResult, Message, MessageExt, PutResult, ReadPolicy
+from tierd.tiered.service import TieringService
 
 if TYPE_CHECKING:
-    from collections.abc import Generator, Sequence
+    from collections.abc import Coroutine, Generator, Sequence
     from types import TracebackType
 
     from tierd.config import TierdConfig
 
 MAX_TIMESTAMP = 2**63 - 1
+T = TypeVar("T")
 Boundary = Literal["lower", "upper"]
 
 
@@ -46,9 +49,11 @@ def _boundary(boundary: str) -> Boundary:
 class _StoreCore:
     """Argument handling shared by both facades (one place, so both behave the same)."""
 
-    def __init__(self, cfg: TierdConfig, hot: HotStore) -> None:
+    def __init__(self, cfg: TierdConfig, hot: HotStore, tiering: TieringService | None = None) -> None:
         self.config = cfg
         self.hot = hot
+        #: The cold tier (None when ``tiered.enabled`` is false).
+        self.tiering = tiering
 
     def _hot(self) -> HotStore:
         if self.hot.closed:
@@ -121,7 +126,17 @@ class MessageStore(_StoreCore):
     ) -> list[MessageExt]:
         return self._query(topic, key, max_count, begin, end)
 
+    async def tier_now(self) -> int:
+        """Commit everything pending to the cold tier now; returns messages committed."""
+        if self.tiering is None:
+            return 0
+        await asyncio.to_thread(self._hot().wait_dispatched, 30)
+        return await self.tiering.tier_now()
+
     async def close(self) -> None:
+        if self.tiering is not None:
+            await self.tiering.close(self.config.server.shutdown_grace)
+            self.tiering = None
         await asyncio.to_thread(self.hot.close)
 
     async def __aenter__(self) -> MessageStore:
@@ -141,8 +156,7 @@ class _Opener:
         self._store: MessageStore | None = None
 
     async def _open(self) -> MessageStore:
-        hot = await asyncio.to_thread(HotStore.open, self._cfg.store)
-        self._store = MessageStore(self._cfg, hot)
+        self._store = await _open_async(MessageStore, self._cfg)
         return self._store
 
     def __await__(self) -> Generator[object, None, MessageStore]:
@@ -165,9 +179,29 @@ class BlockingMessageStore(_StoreCore):
         store.put(Message(topic="orders", body=b"..."))
     """
 
+    def __init__(self, cfg: TierdConfig, hot: HotStore, tiering: TieringService | None = None,
+                 loop: _LoopThread | None = None) -> None:
+        super().__init__(cfg, hot, tiering)
+        self._loop = loop
+
     @classmethod
     def open(cls, cfg: TierdConfig) -> BlockingMessageStore:
-        return cls(cfg, HotStore.open(cfg.store))
+        if not cfg.tiered.enabled:
+            return cls(cfg, HotStore.open(cfg.store))
+        loop = _LoopThread()
+        try:
+            inner = loop.run(_open_async(MessageStore, cfg))
+        except BaseException:
+            loop.stop()
+            raise
+        return cls(cfg, inner.hot, inner.tiering, loop)
+
+    def tier_now(self) -> int:
+        """Commit everything pending to the cold tier now; returns messages committed."""
+        if self.tiering is None or self._loop is None:
+            return 0
+        self._hot().wait_dispatched(30)
+        return self._loop.run(self.tiering.tier_now())
 
     def put(self, message: Message) -> PutResult:
         res, fut = self.hot.put(message)  # the hot store checks it is open
@@ -197,6 +231,12 @@ class BlockingMessageStore(_StoreCore):
         return self._query(topic, key, max_count, begin, end)
 
     def close(self) -> None:
+        if self.tiering is not None and self._loop is not None:
+            self._loop.run(self.tiering.close(self.config.server.shutdown_grace))
+            self.tiering = None
+        if self._loop is not None:
+            self._loop.stop()
+            self._loop = None
         self.hot.close()
 
     def __enter__(self) -> BlockingMessageStore:
@@ -206,6 +246,36 @@ class BlockingMessageStore(_StoreCore):
         self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.close()
+
+
+async def _open_async(cls: type[MessageStore], cfg: TierdConfig) -> MessageStore:
+    hot = await asyncio.to_thread(HotStore.open, cfg.store)
+    tiering = None
+    if cfg.tiered.enabled:
+        try:
+            tiering = TieringService(cfg, hot)
+            await tiering.start()
+        except BaseException:
+            await asyncio.to_thread(hot.close)
+            raise
+    return cls(cfg, hot, tiering)
+
+
+class _LoopThread:
+    """An asyncio loop on a daemon thread: the blocking facade runs the (async) cold tier there."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, name="tierd-loop", daemon=True)
+        self._thread.start()
+
+    def run(self, coro: Coroutine[Any, Any, T]) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
+
+    def stop(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join()
+        self.loop.close()
 
 
 __all__ = ["BlockingMessageStore", "MessageStore"]

@@ -1,0 +1,245 @@
+"""The tiering dispatcher: moves every queue's messages from the hot store to its flat file.
+
+Per queue, each round looks at the backlog between the cold append offset and the hot consume
+queue's max offset and commits a batch when ``group_commit_count`` messages or
+``group_commit_size`` bytes are pending, or the oldest pending message is older than
+``group_commit_timeout`` (or when forced by :meth:`Dispatcher.tier_now`). A single message
+larger than the group size still goes alone (RocketMQ blocks on it forever, #10998).
+
+Failures never skip data: a failed commit keeps its bytes buffered in the segments and is retried
+with exponential backoff and full jitter; the cold consume queue's committed offset is the only
+thing readers trust. After each round the dispatcher publishes :attr:`safe_offset`, the oldest
+hot commitlog offset not yet cold — hot retention may not delete from there on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import numpy as np
+import numpy.typing as npt
+
+from tierd.config import TieredConfig
+from tierd.errors import CorruptionError, TierdError
+from tierd.local.codec import POS_BORN_HOST, POS_SYSFLAG, SYSFLAG_BORNHOST_V6
+
+if TYPE_CHECKING:
+    from tierd.local.store import HotStore
+    from tierd.tiered.flatmessage import CommittedBatch, FlatMessageFile
+    from tierd.tiered.flatstore import FlatFileStore
+
+log = logging.getLogger(__name__)
+RETRY_BASE = 0.2
+RETRY_CAP = 30.0
+_EIGHT = np.arange(8)
+_FOUR = np.arange(4)
+
+
+@dataclass(slots=True)
+class DispatchStats:
+    """Counters exported as metrics (RocketMQ's tiered-store names in docs/metrics.md)."""
+
+    messages_dispatched: int = 0
+    bytes_uploaded: int = 0
+    commits: int = 0
+    commit_failures: int = 0
+    rounds: int = 0
+    #: Per queue: hot max offset − cold committed offset, and age (ms) of the oldest pending message.
+    behind_messages: dict[tuple[str, int], int] = field(default_factory=dict)
+    behind_ms: dict[tuple[str, int], int] = field(default_factory=dict)
+
+
+class RateLimiter:
+    """Token bucket in bytes/s (``upload_rate_limit``); a large request waits proportionally."""
+
+    def __init__(self, rate: int) -> None:
+        self.rate = rate
+        self._available = float(rate)
+        self._stamp = time.monotonic()
+
+    async def acquire(self, n: int) -> None:
+        now = time.monotonic()
+        self._available = min(float(self.rate), self._available + (now - self._stamp) * self.rate)
+        self._stamp = now
+        self._available -= n
+        if self._available < 0:
+            await asyncio.sleep(-self._available / self.rate)
+
+
+def store_timestamps(records: bytes, starts: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+    """STORETIMESTAMP of every record (its position depends on the born-host width)."""
+    buf = np.frombuffer(records, np.uint8)
+    sysflag = buf[(starts[:, None] + POS_SYSFLAG + _FOUR).ravel()].view(">i4")
+    pos = starts + POS_BORN_HOST + np.where(sysflag & SYSFLAG_BORNHOST_V6, 20, 8)
+    return buf[(pos[:, None] + _EIGHT).ravel()].view(">i8").astype(np.int64)
+
+
+class Dispatcher:
+    def __init__(self, hot: HotStore, flat: FlatFileStore, cfg: TieredConfig, *,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.hot = hot
+        self.flat = flat
+        self.cfg = cfg
+        self.clock = clock
+        self.stats = DispatchStats()
+        self.on_committed: list[Callable[[CommittedBatch], None]] = []
+        self._sem = asyncio.Semaphore(cfg.max_concurrent_queues)
+        self._limiter = RateLimiter(cfg.upload_rate_limit) if cfg.upload_rate_limit else None
+        self._retry_at: dict[tuple[str, int], tuple[int, float]] = {}
+        self._locks: dict[tuple[str, int], asyncio.Lock] = {}
+        self._wake = asyncio.Event()
+        self._stopping = False
+        #: Oldest hot commitlog offset whose message is not yet committed cold.
+        self.safe_offset = 0
+
+    # ------------------------------------------------------------------ loop
+    async def run(self) -> None:
+        """Dispatch every ``dispatch_interval`` seconds, or at once when triggered."""
+        while not self._stopping:
+            try:
+                await asyncio.wait_for(self._wake.wait(), self.cfg.dispatch_interval)
+            except TimeoutError:
+                pass
+            self._wake.clear()
+            if self._stopping:
+                break
+            try:
+                await self.dispatch_round()
+            except Exception:
+                log.exception("dispatch round failed; the next round retries")
+
+    def trigger(self) -> None:
+        self._wake.set()
+
+    def stop(self) -> None:
+        self._stopping = True
+        self._wake.set()
+
+    async def tier_now(self) -> int:
+        """Commit everything pending in every queue, ignoring the hold thresholds; retries
+        failed commits right away. Returns messages committed."""
+        self._retry_at.clear()
+        return await self.dispatch_round(force=True)
+
+    async def dispatch_round(self, force: bool = False) -> int:
+        queues = sorted(self.hot.cqs)
+        counts = await asyncio.gather(*(self._guarded(q, force) for q in queues))
+        self.stats.rounds += 1
+        self._update_safe_offset()
+        return sum(counts)
+
+    async def _guarded(self, key: tuple[str, int], force: bool) -> int:
+        lock = self._locks.setdefault(key, asyncio.Lock())
+        async with self._sem, lock:
+            try:
+                return await self._dispatch_queue(key, force)
+            except TierdError as e:
+                log.error("tiering %s/%d: %s", key[0], key[1], e)
+                return 0
+
+    # ------------------------------------------------------------------ one queue
+    async def _dispatch_queue(self, key: tuple[str, int], force: bool) -> int:
+        topic, qid = key
+        hot_cq = self.hot.queue(topic, qid)
+        if hot_cq is None:
+            return 0
+        ff = self.flat.get(topic, qid)
+        if ff is None:
+            ff = await self.flat.create(topic, qid, hot_cq.min_offset)
+            log.info("tiering %s/%d from queue offset %d", topic, qid, hot_cq.min_offset)
+        committed = 0
+        if ff.needs_commit:
+            if not force and not self._retry_due(key):
+                return 0
+            if not await self._commit(key, ff):
+                return 0
+        while True:
+            cold = ff.append_offset
+            hot_max, hot_min = hot_cq.max_offset, hot_cq.min_offset
+            self._record_lag(key, ff, hot_max)
+            if cold < hot_min:
+                raise CorruptionError(
+                    f"hot store no longer has queue offsets {cold}..{hot_min - 1} and they are not cold; "
+                    "they were deleted before tiering (was tiering disabled?) — this queue cannot be tiered "
+                    "contiguously", cold=cold, hot_min=hot_min)
+            backlog = hot_max - cold
+            if backlog <= 0:
+                return committed
+            units = hot_cq.read_units(cold, min(backlog, self.cfg.group_commit_count))
+            if not len(units):
+                return committed
+            sizes = units["size"].astype(np.int64)
+            due = force or backlog >= self.cfg.group_commit_count or int(sizes.sum()) >= self.cfg.group_commit_size
+            if not due:
+                first_ts = self.hot.commitlog.store_timestamp_at(int(units["offset"][0]))
+                due = self.clock() * 1000 - first_ts >= self.cfg.group_commit_timeout * 1000
+            if not due:
+                return committed
+            # Cut at the size threshold, but always take at least one message.
+            n = max(1, int(np.searchsorted(np.cumsum(sizes), self.cfg.group_commit_size, side="right")))
+            units, sizes = units[:n], sizes[:n]
+            read = self.hot.commitlog.read_bytes
+            records = b"".join([read(o, s) for o, s in zip(units["offset"].tolist(), sizes.tolist(), strict=True)])
+            starts = np.cumsum(sizes) - sizes
+            await ff.append_batch(records, sizes, cold, units["tags_code"].astype(np.int64),
+                                  store_timestamps(records, starts))
+            if not await self._commit(key, ff):
+                return committed
+            committed += n
+            self.stats.messages_dispatched += n
+
+    async def _commit(self, key: tuple[str, int], ff: FlatMessageFile) -> bool:
+        pending = ff.commitlog.segments[-1].append_position - ff.commitlog.segments[-1].commit_position
+        if self._limiter is not None and pending > 0:
+            await self._limiter.acquire(pending)
+        try:
+            batches = await ff.commit()
+        except Exception as e:
+            attempts = self._retry_at.get(key, (0, 0.0))[0] + 1
+            delay = random.uniform(0, min(RETRY_CAP, RETRY_BASE * 2**attempts))
+            self._retry_at[key] = (attempts, time.monotonic() + delay)
+            self.stats.commit_failures += 1
+            log.warning("commit of %s/%d failed (attempt %d, retry in %.2fs): %s", key[0], key[1], attempts,
+                        delay, e)
+            return False
+        self._retry_at.pop(key, None)
+        self.stats.commits += 1
+        for b in batches:
+            self.stats.bytes_uploaded += len(b.records)
+            for hook in self.on_committed:
+                hook(b)
+        return True
+
+    def _retry_due(self, key: tuple[str, int]) -> bool:
+        entry = self._retry_at.get(key)
+        return entry is None or time.monotonic() >= entry[1]
+
+    def _record_lag(self, key: tuple[str, int], ff: FlatMessageFile, hot_max: int) -> None:
+        behind = max(0, hot_max - ff.max_offset)
+        self.stats.behind_messages[key] = behind
+        if behind:
+            ts = self.hot.store_time(key[0], key[1], ff.max_offset)
+            self.stats.behind_ms[key] = max(0, int(self.clock() * 1000) - ts) if ts >= 0 else 0
+        else:
+            self.stats.behind_ms[key] = 0
+
+    def _update_safe_offset(self) -> None:
+        safe = self.hot.commitlog.max_offset
+        for (topic, qid), hot_cq in list(self.hot.cqs.items()):
+            ff = self.flat.get(topic, qid)
+            first_not_cold = max(ff.max_offset, hot_cq.min_offset) if ff is not None else hot_cq.min_offset
+            if first_not_cold < hot_cq.max_offset:
+                unit = hot_cq.read_units(first_not_cold, 1)
+                if len(unit):
+                    safe = min(safe, int(unit["offset"][0]))
+        self.safe_offset = safe
+
+    def allows_delete(self, end_offset: int) -> bool:
+        """Hot-retention guard: may commitlog bytes before ``end_offset`` go?"""
+        return end_offset <= self.safe_offset

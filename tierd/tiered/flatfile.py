@@ -1,0 +1,239 @@
+"""Flat files: one logical, append-only file of the cold tier made of ordered segments.
+
+A :class:`FlatAppendFile` is RocketMQ's FlatAppendFile: the segments of one queue's commitlog
+(or consume queue) on the backend, each a :class:`~tierd.tiered.segment.FileSegment` named by
+its base offset. Only the last segment is writable; when an append does not fit it is committed,
+sealed (S3: chunks composed into one object) and a new segment starts at the append offset, so
+a record never straddles two segments. Reads may cross one segment boundary.
+
+Concurrency: one asyncio loop; the dispatcher is the only writer of a flat file (it serialises
+appends and commits per queue); readers only see committed bytes.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from tierd.errors import CorruptionError, SegmentNotFoundError, SegmentReadError
+from tierd.tiered import paths
+from tierd.tiered.segment import AppendResult, DriverRoot, FileSegment, FileType
+
+log = logging.getLogger(__name__)
+
+#: Called after the set of segments changed (created, sealed, deleted) so metadata is persisted
+#: *before* data is written into a new segment.
+ChangeHook = Callable[["FlatAppendFile"], Awaitable[None]]
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentInfo:
+    """What metadata and manifests record of one segment."""
+
+    file_type: FileType
+    base_offset: int
+    size: int
+    sealed: bool
+    min_timestamp: int | None
+    max_timestamp: int | None
+    created: int
+    sealed_at: int | None
+
+
+async def _noop(_: FlatAppendFile) -> None:
+    return None
+
+
+class FlatAppendFile:
+    def __init__(self, root: DriverRoot, cluster: str, broker: str, topic: str, queue_id: int,
+                 file_type: FileType, max_size: int, *, on_change: ChangeHook = _noop) -> None:
+        self.root = root
+        self.cluster, self.broker, self.topic, self.queue_id = cluster, broker, topic, queue_id
+        self.file_type = file_type
+        self.max_size = max_size
+        self.on_change = on_change
+        self.segments: list[FileSegment] = []
+        self._created: dict[int, int] = {}
+        self._sealed_at: dict[int, int] = {}
+        #: Sealed-but-not-yet-composed segments (a failed seal is retried, never blocks appends).
+        self.unsealed_full: list[FileSegment] = []
+
+    # ------------------------------------------------------------------ naming
+    def path_of(self, base_offset: int) -> str:
+        return paths.segment_path("", self.cluster, self.broker, self.topic, self.queue_id, self.file_type,
+                                  base_offset)
+
+    def _new_segment(self, base_offset: int) -> FileSegment:
+        seg = FileSegment(self.root.driver(self.path_of(base_offset)), self.file_type, base_offset,
+                          max_size=self.max_size)
+        self._created.setdefault(base_offset, int(time.time() * 1000))
+        return seg
+
+    # ------------------------------------------------------------------ state
+    @property
+    def empty(self) -> bool:
+        return not self.segments
+
+    @property
+    def min_offset(self) -> int:
+        return self.segments[0].base_offset if self.segments else -1
+
+    @property
+    def commit_offset(self) -> int:
+        return self.segments[-1].commit_offset if self.segments else -1
+
+    @property
+    def append_offset(self) -> int:
+        return self.segments[-1].append_offset if self.segments else -1
+
+    @property
+    def needs_commit(self) -> bool:
+        return any(s.needs_commit for s in self.segments[-2:])
+
+    def infos(self) -> list[SegmentInfo]:
+        return [
+            SegmentInfo(self.file_type, s.base_offset, s.commit_position, s.base_offset in self._sealed_at,
+                        s.min_timestamp, s.max_timestamp, self._created.get(s.base_offset, 0),
+                        self._sealed_at.get(s.base_offset))
+            for s in self.segments
+        ]
+
+    # ------------------------------------------------------------------ lifecycle
+    async def init_offset(self, base_offset: int) -> None:
+        """Start an empty file at ``base_offset`` (a queue seen for the first time)."""
+        if self.segments:
+            raise CorruptionError(f"{self.path_of(base_offset)}: file already initialised", base=base_offset)
+        self.segments.append(self._new_segment(base_offset))
+        await self.on_change(self)
+
+    async def load(self, infos: list[SegmentInfo]) -> None:
+        """Rebuild from metadata. Earlier segments trust their recorded size; the last one asks
+        the backend (it may have grown after the metadata was written, or a commit may have
+        landed without being acknowledged)."""
+        self.segments = []
+        for i, info in enumerate(sorted(infos, key=lambda x: x.base_offset)):
+            seg = self._new_segment(info.base_offset)
+            self._created[info.base_offset] = info.created
+            if info.sealed_at is not None:
+                self._sealed_at[info.base_offset] = info.sealed_at
+            seg.min_timestamp, seg.max_timestamp = info.min_timestamp, info.max_timestamp
+            last = i == len(infos) - 1
+            if last:
+                await seg.load_position()
+            else:
+                seg.init_position(info.size)
+                seg.close()
+                if info.sealed_at is None:
+                    self.unsealed_full.append(seg)
+            self.segments.append(seg)
+
+    # ------------------------------------------------------------------ writes
+    async def append(self, data: bytes, timestamp: int) -> None:
+        """Append ``data`` (whole records or units) to the last segment, rolling first if it is
+        full. Raises if ``data`` cannot fit even an empty segment."""
+        seg = self.segments[-1]
+        result = seg.append(data, timestamp)
+        if result is AppendResult.SUCCESS:
+            return
+        if result is AppendResult.FILE_FULL:
+            if seg.append_position == 0:
+                raise CorruptionError(f"{len(data)} bytes never fit a {self.max_size}-byte segment",
+                                      size=len(data))
+            await self.roll()
+            result = self.segments[-1].append(data, timestamp)
+        elif result is AppendResult.BUFFER_FULL:
+            await self.commit()
+            result = seg.append(data, timestamp)
+        if result is not AppendResult.SUCCESS:
+            raise CorruptionError(f"append to {self.segments[-1].path} failed: {result.name}")
+
+    def room(self) -> int:
+        """Bytes the last segment still accepts."""
+        seg = self.segments[-1]
+        return self.max_size - seg.append_position
+
+    async def roll(self) -> None:
+        """Commit the last segment, start a new one at the append offset (metadata first), then
+        seal the old one. A failed seal is retried later by :meth:`seal_pending`."""
+        old = self.segments[-1]
+        await old.commit()
+        new = self._new_segment(old.append_offset)
+        old.close()
+        self.unsealed_full.append(old)
+        self.segments.append(new)
+        await self.on_change(self)
+        await self.seal_pending()
+
+    async def seal_pending(self) -> None:
+        for seg in list(self.unsealed_full):
+            try:
+                await seg.seal()
+            except Exception as e:  # retried on the next roll or maintenance round
+                log.warning("sealing %s failed, will retry: %s", seg.path, e)
+                return
+            self.unsealed_full.remove(seg)
+            self._sealed_at[seg.base_offset] = int(time.time() * 1000)
+            await self.on_change(self)
+
+    async def commit(self) -> int:
+        """Commit the last segment (earlier ones were committed before rolling)."""
+        return await self.segments[-1].commit() if self.segments else 0
+
+    # ------------------------------------------------------------------ reads
+    def _segment_index(self, offset: int) -> int:
+        lo, hi = 0, len(self.segments) - 1
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if self.segments[mid].base_offset <= offset:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
+
+    async def read(self, offset: int, length: int) -> bytes:
+        """Committed bytes from ``offset``; crosses into the next segment if the range runs past
+        the end of the first. Shorter than ``length`` only at the committed end."""
+        if not self.segments or offset < self.min_offset or offset >= self.commit_offset or length <= 0:
+            raise SegmentReadError(
+                f"{self.path_of(max(self.min_offset, 0))}: cannot read {length} bytes at offset {offset}; "
+                f"committed range is [{self.min_offset}, {self.commit_offset})", offset=offset, length=length)
+        i = self._segment_index(offset)
+        out: list[bytes] = []
+        remaining = length
+        while remaining > 0 and i < len(self.segments):
+            seg = self.segments[i]
+            pos = offset - seg.base_offset
+            if pos >= seg.commit_position:
+                break
+            chunk = await seg.read(pos, remaining)
+            out.append(chunk)
+            remaining -= len(chunk)
+            offset += len(chunk)
+            i += 1
+        return b"".join(out)
+
+    # ------------------------------------------------------------------ expiry
+    async def destroy_before(self, offset: int) -> int:
+        """Delete whole segments that end at or before ``offset`` (never the last one)."""
+        doomed = 0
+        while len(self.segments) > 1 and self.segments[1].base_offset <= offset:
+            seg = self.segments.pop(0)
+            if seg in self.unsealed_full:
+                self.unsealed_full.remove(seg)
+            try:
+                await seg.destroy()
+            except SegmentNotFoundError:
+                pass
+            doomed += 1
+        if doomed:
+            await self.on_change(self)
+        return doomed
+
+    async def destroy(self) -> None:
+        for seg in self.segments:
+            await seg.destroy()
+        self.segments = []
+        self.unsealed_full = []
+        await self.on_change(self)

@@ -1,0 +1,227 @@
+"""FlatMessageFile: the cold commitlog + consume queue of one topic/queue (FORMATS §2.2).
+
+Records are copied byte for byte from the hot commitlog except PHYSICALOFFSET, rewritten (with
+numpy, for the whole batch at once) to the record's offset in this queue's flat commitlog. The
+flat consume queue holds 20-byte units pointing into it. Commit order is commitlog first, consume
+queue second, so a committed unit always points at committed bytes — and **the consume queue's
+committed end is the only thing readers trust**.
+
+After a crash the commitlog may hold records the consume queue does not reference yet (the CL
+commit landed, the CQ commit did not). :meth:`recover` rolls them forward: each is parsed,
+CRC-checked, checked to carry the next queue offset and its own flat offset, and indexed.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+import numpy as np
+import numpy.typing as npt
+
+from tierd.config import TieredConfig
+from tierd.errors import CorruptionError
+from tierd.local.codec import POS_PHYSICAL_OFFSET, POS_QUEUE_OFFSET, VALID, scan_record, tags_code
+from tierd.local.codec import decode_properties as _decode_properties
+from tierd.local.consumequeue import UNIT_SIZE, decode_units, encode_units
+from tierd.tiered.flatfile import ChangeHook, FlatAppendFile, _noop
+from tierd.tiered.segment import DriverRoot, FileType
+
+log = logging.getLogger(__name__)
+_OFFSET_BYTES = np.arange(8)
+#: Roll-forward reads the orphan commitlog tail in pieces of this size.
+RECOVERY_READ = 16 * 1024 * 1024
+
+
+@dataclass(slots=True)
+class CommittedBatch:
+    """Messages that became readable in the cold tier by one commit (the index hand-off)."""
+
+    topic: str
+    queue_id: int
+    first_queue_offset: int
+    flat_offsets: npt.NDArray[np.int64]
+    sizes: npt.NDArray[np.int64]
+    store_timestamps: npt.NDArray[np.int64]
+    records: bytes = field(repr=False)
+
+
+class FlatMessageFile:
+    def __init__(self, root: DriverRoot, cfg: TieredConfig, topic: str, queue_id: int,
+                 on_change: ChangeHook = _noop) -> None:
+        self.topic, self.queue_id = topic, queue_id
+        self.commitlog = FlatAppendFile(root, cfg.cluster, cfg.broker, topic, queue_id, FileType.COMMIT_LOG,
+                                        cfg.commitlog_segment_size, on_change=on_change)
+        cq_size = max(UNIT_SIZE, cfg.consumequeue_segment_size - cfg.consumequeue_segment_size % UNIT_SIZE)
+        self.consumequeue = FlatAppendFile(root, cfg.cluster, cfg.broker, topic, queue_id,
+                                           FileType.CONSUME_QUEUE, cq_size, on_change=on_change)
+        #: Appended but not yet committed (handed to the index once committed).
+        self._uncommitted: list[CommittedBatch] = []
+
+    # ------------------------------------------------------------------ offsets (queue offsets)
+    @property
+    def initialised(self) -> bool:
+        return not self.consumequeue.empty
+
+    @property
+    def min_offset(self) -> int:
+        return self.consumequeue.min_offset // UNIT_SIZE if self.initialised else -1
+
+    @property
+    def max_offset(self) -> int:
+        """One past the last committed (readable) message."""
+        return self.consumequeue.commit_offset // UNIT_SIZE if self.initialised else -1
+
+    @property
+    def append_offset(self) -> int:
+        """One past the last appended (possibly uncommitted) message."""
+        return self.consumequeue.append_offset // UNIT_SIZE if self.initialised else -1
+
+    @property
+    def needs_commit(self) -> bool:
+        return self.commitlog.needs_commit or self.consumequeue.needs_commit
+
+    async def init_offset(self, queue_offset: int) -> None:
+        """Start tiering this queue at ``queue_offset`` (flat commitlog starts at 0)."""
+        await self.commitlog.init_offset(0)
+        await self.consumequeue.init_offset(queue_offset * UNIT_SIZE)
+
+    # ------------------------------------------------------------------ append / commit
+    async def append_batch(self, records: bytes, sizes: npt.NDArray[np.int64], first_queue_offset: int,
+                           tags_codes: npt.NDArray[np.int64], store_timestamps: npt.NDArray[np.int64]) -> None:
+        """Append consecutive messages of this queue, starting at ``first_queue_offset``.
+
+        Verifies every record carries the expected QUEUEOFFSET (a wrong message is never
+        tiered), rewrites PHYSICALOFFSET to the flat offset, and splits the batch at segment
+        boundaries so no record straddles two segments."""
+        if first_queue_offset != self.append_offset:
+            raise CorruptionError(
+                f"{self.topic}/{self.queue_id}: batch starts at queue offset {first_queue_offset}, "
+                f"cold tier expects {self.append_offset}", expected=self.append_offset, got=first_queue_offset)
+        n = len(sizes)
+        ends = np.cumsum(sizes)
+        starts = ends - sizes
+        if int(ends[-1]) != len(records):
+            raise CorruptionError(f"record sizes add up to {int(ends[-1])}, batch has {len(records)} bytes")
+        buf = np.frombuffer(records, np.uint8).copy()
+        qoffs = buf[(starts[:, None] + POS_QUEUE_OFFSET + _OFFSET_BYTES).ravel()].view(">i8")
+        expected = np.arange(first_queue_offset, first_queue_offset + n, dtype=np.int64)
+        if not np.array_equal(qoffs, expected):
+            bad = int(np.flatnonzero(qoffs != expected)[0])
+            raise CorruptionError(
+                f"{self.topic}/{self.queue_id}: record {bad} of the batch has queue offset {int(qoffs[bad])}, "
+                f"expected {int(expected[bad])}", index=bad)
+        flat = self.commitlog.append_offset + starts
+        buf[(starts[:, None] + POS_PHYSICAL_OFFSET + _OFFSET_BYTES).ravel()] = (
+            flat.astype(">i8").view(np.uint8))
+        patched = buf.tobytes()
+        await self._append_split(self.commitlog, patched, ends, store_timestamps)
+        units = encode_units(flat, sizes, tags_codes)
+        await self._append_split(self.consumequeue, units, np.arange(1, n + 1, dtype=np.int64) * UNIT_SIZE,
+                                 store_timestamps)
+        self._uncommitted.append(CommittedBatch(self.topic, self.queue_id, first_queue_offset, flat,
+                                                sizes.astype(np.int64), store_timestamps, patched))
+
+    @staticmethod
+    async def _append_split(file: FlatAppendFile, data: bytes, ends: npt.NDArray[np.int64],
+                            timestamps: npt.NDArray[np.int64]) -> None:
+        """Append ``data`` (items ending at ``ends``) in runs that fit the current segment."""
+        i, n = 0, len(ends)
+        while i < n:
+            rel = int(ends[i - 1]) if i else 0
+            k = int(np.searchsorted(ends, rel + file.room(), side="right"))
+            if k <= i:
+                if file.segments[-1].append_position == 0:
+                    raise CorruptionError(f"an item of {int(ends[i]) - rel} bytes exceeds the segment size "
+                                          f"{file.max_size}", size=int(ends[i]) - rel)
+                await file.roll()
+                continue
+            seg = file.segments[-1]
+            await file.append(data[rel : int(ends[k - 1])], int(timestamps[i:k].min()))
+            top = int(timestamps[i:k].max())
+            if seg.max_timestamp is None or top > seg.max_timestamp:
+                seg.max_timestamp = top
+            i = k
+
+    async def commit(self) -> list[CommittedBatch]:
+        """Commit commitlog, then consume queue. Returns the batches that became readable.
+        Raises on failure; the data stays buffered and a later call retries (see FileSegment)."""
+        await self.commitlog.commit()
+        await self.consumequeue.commit()
+        done, self._uncommitted = self._uncommitted, []
+        return done
+
+    # ------------------------------------------------------------------ reads
+    async def read_units(self, queue_offset: int, count: int) -> npt.NDArray[np.void]:
+        raw = await self.consumequeue.read(queue_offset * UNIT_SIZE, count * UNIT_SIZE)
+        return decode_units(raw)
+
+    async def read_commitlog(self, flat_offset: int, length: int) -> bytes:
+        return await self.commitlog.read(flat_offset, length)
+
+    # ------------------------------------------------------------------ recovery
+    async def recover(self) -> int:
+        """Make the consume queue reference every whole, valid record the commitlog holds
+        (roll-forward after a crash between the two commits). Returns how many were added."""
+        cq = self.consumequeue
+        if cq.empty or self.commitlog.empty:
+            return 0
+        last = cq.segments[-1]
+        whole = last.commit_position - last.commit_position % UNIT_SIZE
+        if whole != last.commit_position:
+            log.warning("%s: dropping a torn consume-queue unit at the end", last.path)
+            last.init_position(whole)
+        if self.max_offset > self.min_offset:
+            unit = (await self.read_units(self.max_offset - 1, 1))[0]
+            truth_end = int(unit["offset"]) + int(unit["size"])
+        else:
+            truth_end = self.commitlog.min_offset
+        cl_end = self.commitlog.commit_offset
+        if cl_end < truth_end:
+            raise CorruptionError(
+                f"{self.topic}/{self.queue_id}: consume queue references commitlog bytes up to {truth_end}, "
+                f"but the commitlog holds only {cl_end}", truth_end=truth_end, commitlog_end=cl_end)
+        added = 0
+        pos = truth_end
+        next_qoff = self.max_offset
+        while pos < cl_end:
+            chunk = await self.commitlog.read(pos, min(RECOVERY_READ, cl_end - pos))
+            at = 0
+            offs: list[int] = []
+            sizes: list[int] = []
+            tags: list[int] = []
+            stamps: list[int] = []
+            while at < len(chunk):
+                status, size, view = scan_record(chunk, at, len(chunk), True)
+                if status != VALID or view is None or view.physical_offset != pos + at \
+                        or view.queue_offset != next_qoff:
+                    break
+                offs.append(pos + at)
+                sizes.append(size)
+                tags.append(tags_code(_decode_properties(view.properties).get("TAGS")) if view.properties else 0)
+                stamps.append(view.store_timestamp)
+                next_qoff += 1
+                at += size
+            if offs:
+                units = encode_units(np.array(offs, np.int64), np.array(sizes, np.int64), np.array(tags, np.int64))
+                ts = np.array(stamps, np.int64)
+                await self._append_split(cq, units, np.arange(1, len(offs) + 1, dtype=np.int64) * UNIT_SIZE, ts)
+                added += len(offs)
+            if at < len(chunk) or not offs:
+                end = pos + at
+                if end < cl_end:
+                    seg = self.commitlog.segments[-1]
+                    log.warning("%s: commitlog bytes after flat offset %d are not a valid record; the next "
+                                "commit rewrites them", seg.path, end)
+                    seg.init_position(end - seg.base_offset)
+                break
+            pos += at
+        if added:
+            await cq.commit()
+            log.info("%s/%d: rolled %d committed commitlog records forward into the consume queue",
+                     self.topic, self.queue_id, added)
+        return added
+
+    async def destroy(self) -> None:
+        await self.consumequeue.destroy()
+        await self.commitlog.destroy()

@@ -1,0 +1,126 @@
+"""Local tiering metadata: ``{store.dir}/config/tieredStoreMetadata.json`` (FORMATS §2.6).
+
+Frozen pydantic models with kebab-case JSON keys and a ``format-version`` from day one; I/O
+lives in :class:`MetadataStore`, not in the models. Writes are atomic (temp file, fsync, rename,
+fsync directory) and keep the previous version as ``.bak``; a corrupt file is reported with a
+clear error and the ``.bak`` is used instead.
+
+Metadata is a *hint* for the last segment of each file (the backend's size wins on restart) and
+the truth for the list of segments — which is why it is written before data goes into a new
+segment.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from tierd.errors import CorruptionError
+from tierd.local.mapped_file import fsync_dir
+
+log = logging.getLogger(__name__)
+FORMAT_VERSION = 1
+FILE_NAME = "tieredStoreMetadata.json"
+SegmentType = Literal["COMMIT_LOG", "CONSUME_QUEUE", "INDEX"]
+
+
+def _kebab(name: str) -> str:
+    return name.replace("_", "-")
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", alias_generator=_kebab, populate_by_name=True)
+
+
+class SegmentMeta(_Model):
+    type: SegmentType
+    base_offset: int = Field(ge=0)
+    size: int = Field(ge=0)
+    sealed: bool = False
+    create_timestamp: int = 0
+    seal_timestamp: int | None = None
+    min_timestamp: int | None = None
+    max_timestamp: int | None = None
+
+
+class QueueMeta(_Model):
+    topic: str
+    queue_id: int = Field(ge=0)
+    min_offset: int
+    max_offset: int
+    commitlog: tuple[SegmentMeta, ...] = ()
+    consumequeue: tuple[SegmentMeta, ...] = ()
+
+    @model_validator(mode="after")
+    def _ordered(self) -> QueueMeta:
+        for segs in (self.commitlog, self.consumequeue):
+            bases = [s.base_offset for s in segs]
+            if bases != sorted(set(bases)):
+                raise ValueError(f"segments of {self.topic}/{self.queue_id} must have increasing base offsets")
+        return self
+
+
+class TopicMeta(_Model):
+    name: str
+    id: int = Field(ge=0)
+    #: Cold retention in hours for this topic (None: ``tiered.file_reserved_time``).
+    reserve_hours: float | None = Field(default=None, gt=0)
+
+
+class TieredMetadata(_Model):
+    format_version: Literal[1] = FORMAT_VERSION
+    cluster: str
+    broker: str
+    topics: tuple[TopicMeta, ...] = ()
+    queues: tuple[QueueMeta, ...] = ()
+    index: tuple[SegmentMeta, ...] = ()
+
+    def topic(self, name: str) -> TopicMeta | None:
+        return next((t for t in self.topics if t.name == name), None)
+
+
+class MetadataStore:
+    def __init__(self, store_dir: Path) -> None:
+        self.dir = Path(store_dir) / "config"
+        self.path = self.dir / FILE_NAME
+        self.backup = self.dir / (FILE_NAME + ".bak")
+
+    def load(self) -> TieredMetadata | None:
+        """The newest readable metadata, or None for a store that never tiered. Falls back to
+        ``.bak`` (with an error log naming the problem) when the main file is corrupt."""
+        problems: list[str] = []
+        for candidate in (self.path, self.backup):
+            if not candidate.exists():
+                continue
+            try:
+                meta = TieredMetadata.model_validate_json(candidate.read_bytes())
+            except (ValidationError, ValueError) as e:
+                problems.append(f"{candidate}: {str(e).splitlines()[0]}")
+                continue
+            if problems:
+                log.error("tiering metadata %s is unreadable (%s); using the backup %s", self.path,
+                          "; ".join(problems), candidate)
+            return meta
+        if problems:
+            raise CorruptionError("no readable tiering metadata: " + "; ".join(problems) +
+                                  " — rebuild it from the bucket with `tierd restore`", path=str(self.path))
+        return None
+
+    def save(self, meta: TieredMetadata) -> None:
+        """Atomically replace the file; the previous version becomes ``.bak``."""
+        self.dir.mkdir(parents=True, exist_ok=True)
+        data = json.dumps(meta.model_dump(mode="json", by_alias=True), indent=1).encode()
+        tmp = self.dir / (FILE_NAME + ".tmp")
+        with tmp.open("wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        if self.path.exists():
+            os.replace(self.path, self.backup)
+        os.replace(tmp, self.path)
+        fsync_dir(self.dir)

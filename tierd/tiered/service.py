@@ -1,0 +1,82 @@
+"""TieringService: the cold tier's lifecycle inside one :class:`~tierd.MessageStore`.
+
+Start-up never blocks the hot store: flat files are loaded from metadata and reconciled with the
+backend in a background task that retries (with backoff) while the backend is unreachable;
+until it succeeds the hot store keeps accepting writes and hot retention deletes nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from tierd.config import TierdConfig
+from tierd.tiered.dispatcher import Dispatcher
+from tierd.tiered.flatstore import FlatFileStore
+from tierd.tiered.metadata import MetadataStore
+from tierd.tiered.registry import open_driver_factory
+
+if TYPE_CHECKING:
+    from tierd.local.store import HotStore
+    from tierd.tiered.segment import DriverRoot
+
+log = logging.getLogger(__name__)
+START_RETRY_CAP = 30.0
+
+
+class TieringService:
+    def __init__(self, cfg: TierdConfig, hot: HotStore, root: DriverRoot | None = None) -> None:
+        self.cfg = cfg
+        self.hot = hot
+        self.root = root if root is not None else open_driver_factory(cfg.backend)
+        self.metadata = MetadataStore(Path(cfg.store.dir))
+        self.flat = FlatFileStore(self.root, cfg.tiered, self.metadata)
+        self.dispatcher = Dispatcher(hot, self.flat, cfg.tiered)
+        self.ready = asyncio.Event()
+        self.start_error: Exception | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        hot.delete_guard = self.dispatcher.allows_delete
+
+    async def start(self) -> None:
+        self._tasks.append(asyncio.create_task(self._start(), name="tierd-tiering-start"))
+
+    async def _start(self) -> None:
+        delay = 0.5
+        while True:
+            try:
+                n = await self.flat.load()
+                break
+            except Exception as e:
+                self.start_error = e
+                log.warning("cold tier not available yet (%s); retrying in %.0f s — hot store keeps working",
+                            e, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, START_RETRY_CAP)
+        self.start_error = None
+        log.info("cold tier ready: %d queue(s) loaded from metadata, backend %r", n, self.root)
+        self.ready.set()
+        self._tasks.append(asyncio.create_task(self.dispatcher.run(), name="tierd-dispatcher"))
+
+    async def tier_now(self, timeout: float | None = None) -> int:
+        """Commit everything pending to the cold tier now (waits for start-up first)."""
+        await asyncio.wait_for(self.ready.wait(), timeout)
+        return await self.dispatcher.tier_now()
+
+    async def close(self, grace: float = 30.0) -> None:
+        """Stop the loop, try to commit what is pending within ``grace`` seconds, save metadata."""
+        self.dispatcher.stop()
+        if self.ready.is_set():
+            try:
+                await asyncio.wait_for(self.dispatcher.tier_now(), grace)
+            except TimeoutError:
+                log.warning("closing with tiering unfinished after %.0f s; it resumes at the next start", grace)
+            except Exception:
+                log.exception("final tiering round failed; it resumes at the next start")
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self.ready.is_set():
+            await self.flat.save()
+        await self.root.aclose()
