@@ -192,12 +192,11 @@ class HotStore:
         if cl.files.files and cl.files.find(start) is None and start != cl.min_offset:
             start = cl.min_offset
         valid_end, records = cl.scan(start, check_crc=self.cfg.check_crc_on_recover)
-        junk = [
-            f
-            for f in cl.files.files
-            if f.file_from_offset + f.size > valid_end
-            and any(f.mm[max(0, valid_end - f.file_from_offset) :][:64])
-        ]
+        junk = []
+        for f in cl.files.files:
+            at = max(0, valid_end - f.file_from_offset)
+            if f.file_from_offset + f.size > valid_end and any(f.mm[at : at + 64]):
+                junk.append(f)
         if junk:
             log.warning(
                 "recovery: commitlog truncated at offset %d: invalid or torn data after the last "

@@ -1,0 +1,26 @@
+"""Tiering fixtures: a hot store with a posix cold tier, both under the test's tmp dir."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Coroutine
+from pathlib import Path
+from typing import Any, TypeVar
+
+from tierd import BlockingMessageStore, TierdConfig
+
+T = TypeVar("T")
+
+
+def cold_config(root: Path, backend: dict[str, Any] | None = None, **tiered: Any) -> TierdConfig:
+    return TierdConfig.from_dict({
+        "store": {"dir": str(root / "hot"), "index_slots": 64, "index_items": 4000},
+        "backend": backend or {"name": "posix", "url": str(root / "cold")},
+        "tiered": {"dispatch_interval": 3600, **tiered},
+    })
+
+
+def run(store: BlockingMessageStore, coro: Coroutine[Any, Any, T]) -> T:
+    """Run a coroutine on the store's tiering loop (where flat files live)."""
+    assert store._loop is not None
+    return asyncio.run_coroutine_threadsafe(coro, store._loop.loop).result(60)
