@@ -179,8 +179,13 @@ class BlockingMessageStore(_StoreCore):
         store.put(Message(topic="orders", body=b"..."))
     """
 
-    def __init__(self, cfg: TierdConfig, hot: HotStore, tiering: TieringService | None = None,
-                 loop: _LoopThread | None = None) -> None:
+    def __init__(
+        self,
+        cfg: TierdConfig,
+        hot: HotStore,
+        tiering: TieringService | None = None,
+        loop: _LoopThread | None = None,
+    ) -> None:
         super().__init__(cfg, hot, tiering)
         self._loop = loop
 

@@ -3,21 +3,25 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Coroutine
-from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from tierd import BlockingMessageStore, TierdConfig
+
+if TYPE_CHECKING:
+    from collections.abc import Coroutine
+    from pathlib import Path
 
 T = TypeVar("T")
 
 
 def cold_config(root: Path, backend: dict[str, Any] | None = None, **tiered: Any) -> TierdConfig:
-    return TierdConfig.from_dict({
-        "store": {"dir": str(root / "hot"), "index_slots": 64, "index_items": 4000},
-        "backend": backend or {"name": "posix", "url": str(root / "cold")},
-        "tiered": {"dispatch_interval": 3600, **tiered},
-    })
+    return TierdConfig.from_dict(
+        {
+            "store": {"dir": str(root / "hot"), "index_slots": 64, "index_items": 4000},
+            "backend": backend or {"name": "posix", "url": str(root / "cold")},
+            "tiered": {"dispatch_interval": 3600, **tiered},
+        }
+    )
 
 
 def run(store: BlockingMessageStore, coro: Coroutine[Any, Any, T]) -> T:

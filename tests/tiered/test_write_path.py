@@ -1,6 +1,6 @@
 """Tiered write path, spec style: produce → expect offloaded → expect cold bytes.
 
-    hot commitlog ──dispatcher──▶ flat commitlog (PHYSICALOFFSET rewritten) + flat consume queue
+hot commitlog ──dispatcher──▶ flat commitlog (PHYSICALOFFSET rewritten) + flat consume queue
 """
 
 from __future__ import annotations
@@ -9,17 +9,19 @@ import asyncio
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pytest
 
-from tierd import BlockingMessageStore, Message, TierdConfig
+from tierd import BlockingMessageStore, Message
 from tierd.local.codec import decode_record
-from tierd.tiered.flatmessage import FlatMessageFile
 from tierd.tiered.metadata import MetadataStore
 
 from .conftest import cold_config, run
+
+if TYPE_CHECKING:
+    from tierd.tiered.flatmessage import FlatMessageFile
 
 
 def cold_records(store: BlockingMessageStore, topic: str, qid: int) -> list[tuple[int, bytes]]:
@@ -38,9 +40,19 @@ def cold_records(store: BlockingMessageStore, topic: str, qid: int) -> list[tupl
 
 def test_every_cold_record_equals_its_hot_record_except_physical_offset(tmp_path: Path) -> None:
     with BlockingMessageStore.open(cold_config(tmp_path)) as store:
-        res = store.put_batch([Message(topic="orders", body=os.urandom(700 + i), keys=[f"o-{i}"], tags="t",
-                                       queue_id=i % 3, born_host="[2001:db8::9]:77" if i % 5 == 0 else None)
-                               for i in range(600)])
+        res = store.put_batch(
+            [
+                Message(
+                    topic="orders",
+                    body=os.urandom(700 + i),
+                    keys=[f"o-{i}"],
+                    tags="t",
+                    queue_id=i % 3,
+                    born_host="[2001:db8::9]:77" if i % 5 == 0 else None,
+                )
+                for i in range(600)
+            ]
+        )
         assert store.tier_now() == 600
         hot_by_queue: dict[int, dict[int, int]] = {}
         for r in res:
@@ -51,7 +63,8 @@ def test_every_cold_record_equals_its_hot_record_except_physical_offset(tmp_path
             flat = 0
             for qoff, raw in cold:
                 hot_raw = store.hot.commitlog.read_bytes(offsets[qoff], len(raw))
-                assert raw[:28] == hot_raw[:28] and raw[36:] == hot_raw[36:]  # all but PHYSICALOFFSET
+                assert raw[:28] == hot_raw[:28]
+                assert raw[36:] == hot_raw[36:]
                 m = decode_record(raw)
                 assert m.commitlog_offset == flat  # rewritten to the flat offset
                 assert m.queue_offset == qoff
@@ -62,7 +75,9 @@ def test_cold_consume_queue_units_point_at_flat_offsets_and_carry_tags(tmp_path:
     with BlockingMessageStore.open(cold_config(tmp_path)) as store:
         store.put_batch([Message(topic="t", body=b"x" * n, tags="A", queue_id=0) for n in (10, 20, 30)])
         store.tier_now()
-        ff = store.tiering.flat.get("t", 0)  # type: ignore[union-attr]
+        assert store.tiering is not None
+        ff = store.tiering.flat.get("t", 0)
+        assert ff is not None
         units = run(store, ff.read_units(0, 3))
         sizes = units["size"].tolist()
         assert units["offset"].tolist() == [0, sizes[0], sizes[0] + sizes[1]]
@@ -85,8 +100,9 @@ def _round(store: BlockingMessageStore) -> int:
         ({"group_commit_size": 5_000}, 4, 1),  # size threshold (1,000-byte bodies)
     ],
 )
-def test_count_and_size_thresholds_trigger_a_commit(tmp_path: Path, tiered: dict[str, Any], hold: int,
-                                                     trigger: int) -> None:
+def test_count_and_size_thresholds_trigger_a_commit(
+    tmp_path: Path, tiered: dict[str, Any], hold: int, trigger: int
+) -> None:
     with BlockingMessageStore.open(cold_config(tmp_path, **tiered)) as store:
         store.put_batch([Message(topic="g", body=b"b" * 1000, queue_id=0)] * hold)
         assert _round(store) == 0  # held back
@@ -127,7 +143,8 @@ def test_restart_resumes_without_gap_or_duplicate_and_metadata_matches_backend(t
     for seg in (*q.commitlog, *q.consumequeue):
         files = list(cold_root.rglob(f"*{seg.base_offset:020d}"))
         files = [f for f in files if f.parent.name == seg.type]
-        assert len(files) == 1 and files[0].stat().st_size == seg.size, seg
+        assert len(files) == 1, seg
+        assert files[0].stat().st_size == seg.size, seg
     assert sum(s.sealed for s in q.commitlog) == len(q.commitlog) - 1  # all but the open one
 
 
@@ -146,12 +163,20 @@ def test_roll_forward_of_commitlog_records_the_consume_queue_missed(tmp_path: Pa
         assert hot_cq is not None
         units = hot_cq.read_units(20, 5)
         sizes = units["size"].astype(np.int64)
-        raw = b"".join(store.hot.commitlog.read_bytes(int(o), int(s)) for o, s in zip(units["offset"], sizes))
+        raw = b"".join(
+            store.hot.commitlog.read_bytes(int(o), int(s))
+            for o, s in zip(units["offset"], sizes, strict=False)
+        )
         from tierd.tiered.dispatcher import store_timestamps
 
         async def half_commit(f: FlatMessageFile) -> None:
-            await f.append_batch(raw, sizes, 20, units["tags_code"].astype(np.int64),
-                                 store_timestamps(raw, np.cumsum(sizes) - sizes))
+            await f.append_batch(
+                raw,
+                sizes,
+                20,
+                units["tags_code"].astype(np.int64),
+                store_timestamps(raw, np.cumsum(sizes) - sizes),
+            )
             await f.commitlog.commit()  # ... and the process dies before the CQ commit
 
         run(store, half_commit(ff))
@@ -160,10 +185,12 @@ def test_roll_forward_of_commitlog_records_the_consume_queue_missed(tmp_path: Pa
     with BlockingMessageStore.open(cfg) as store:
         run(store, store.tiering.ready.wait())  # type: ignore[union-attr]
         ff = store.tiering.flat.get("rf", 0)  # type: ignore[union-attr]
-        assert ff is not None and ff.max_offset == 25  # rolled forward
+        assert ff is not None
+        assert ff.max_offset == 25
         store.tier_now()
-        assert [decode_record(r).body for _, r in cold_records(store, "rf", 0)] == \
-            [b"m%d" % i for i in range(20)] + [b"n%d" % i for i in range(5)]
+        assert [decode_record(r).body for _, r in cold_records(store, "rf", 0)] == [
+            b"m%d" % i for i in range(20)
+        ] + [b"n%d" % i for i in range(5)]
 
 
 def test_corrupt_metadata_falls_back_to_backup(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
@@ -183,8 +210,9 @@ def test_corrupt_metadata_falls_back_to_backup(tmp_path: Path, caplog: pytest.Lo
 
 def test_hot_retention_waits_for_tiering(tmp_path: Path) -> None:
     cfg = cold_config(tmp_path, group_commit_count=10**6, group_commit_timeout=10**6)
-    cfg = cfg.with_overrides(store={"commitlog_file_size": 256 * 1024, "max_message_size": 64 * 1024,
-                                    "file_reserved_time": 1.0})
+    cfg = cfg.with_overrides(
+        store={"commitlog_file_size": 256 * 1024, "max_message_size": 64 * 1024, "file_reserved_time": 1.0}
+    )
     with BlockingMessageStore.open(cfg) as store:
         hot = store.hot
         hot.commitlog.clock = lambda: 1_000

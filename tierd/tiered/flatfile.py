@@ -12,6 +12,7 @@ appends and commits per queue); readers only see committed bytes.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -47,8 +48,18 @@ async def _noop(_: FlatAppendFile) -> None:
 
 
 class FlatAppendFile:
-    def __init__(self, root: DriverRoot, cluster: str, broker: str, topic: str, queue_id: int,
-                 file_type: FileType, max_size: int, *, on_change: ChangeHook = _noop) -> None:
+    def __init__(
+        self,
+        root: DriverRoot,
+        cluster: str,
+        broker: str,
+        topic: str,
+        queue_id: int,
+        file_type: FileType,
+        max_size: int,
+        *,
+        on_change: ChangeHook = _noop,
+    ) -> None:
         self.root = root
         self.cluster, self.broker, self.topic, self.queue_id = cluster, broker, topic, queue_id
         self.file_type = file_type
@@ -62,12 +73,14 @@ class FlatAppendFile:
 
     # ------------------------------------------------------------------ naming
     def path_of(self, base_offset: int) -> str:
-        return paths.segment_path("", self.cluster, self.broker, self.topic, self.queue_id, self.file_type,
-                                  base_offset)
+        return paths.segment_path(
+            "", self.cluster, self.broker, self.topic, self.queue_id, self.file_type, base_offset
+        )
 
     def _new_segment(self, base_offset: int) -> FileSegment:
-        seg = FileSegment(self.root.driver(self.path_of(base_offset)), self.file_type, base_offset,
-                          max_size=self.max_size)
+        seg = FileSegment(
+            self.root.driver(self.path_of(base_offset)), self.file_type, base_offset, max_size=self.max_size
+        )
         self._created.setdefault(base_offset, int(time.time() * 1000))
         return seg
 
@@ -94,9 +107,16 @@ class FlatAppendFile:
 
     def infos(self) -> list[SegmentInfo]:
         return [
-            SegmentInfo(self.file_type, s.base_offset, s.commit_position, s.base_offset in self._sealed_at,
-                        s.min_timestamp, s.max_timestamp, self._created.get(s.base_offset, 0),
-                        self._sealed_at.get(s.base_offset))
+            SegmentInfo(
+                self.file_type,
+                s.base_offset,
+                s.commit_position,
+                s.base_offset in self._sealed_at,
+                s.min_timestamp,
+                s.max_timestamp,
+                self._created.get(s.base_offset, 0),
+                self._sealed_at.get(s.base_offset),
+            )
             for s in self.segments
         ]
 
@@ -139,8 +159,9 @@ class FlatAppendFile:
             return
         if result is AppendResult.FILE_FULL:
             if seg.append_position == 0:
-                raise CorruptionError(f"{len(data)} bytes never fit a {self.max_size}-byte segment",
-                                      size=len(data))
+                raise CorruptionError(
+                    f"{len(data)} bytes never fit a {self.max_size}-byte segment", size=len(data)
+                )
             await self.roll()
             result = self.segments[-1].append(data, timestamp)
         elif result is AppendResult.BUFFER_FULL:
@@ -198,7 +219,10 @@ class FlatAppendFile:
         if not self.segments or offset < self.min_offset or offset >= self.commit_offset or length <= 0:
             raise SegmentReadError(
                 f"{self.path_of(max(self.min_offset, 0))}: cannot read {length} bytes at offset {offset}; "
-                f"committed range is [{self.min_offset}, {self.commit_offset})", offset=offset, length=length)
+                f"committed range is [{self.min_offset}, {self.commit_offset})",
+                offset=offset,
+                length=length,
+            )
         i = self._segment_index(offset)
         out: list[bytes] = []
         remaining = length
@@ -222,10 +246,8 @@ class FlatAppendFile:
             seg = self.segments.pop(0)
             if seg in self.unsealed_full:
                 self.unsealed_full.remove(seg)
-            try:
+            with contextlib.suppress(SegmentNotFoundError):
                 await seg.destroy()
-            except SegmentNotFoundError:
-                pass
             doomed += 1
         if doomed:
             await self.on_change(self)

@@ -15,17 +15,20 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 import numpy.typing as npt
 
-from tierd.config import TieredConfig
 from tierd.errors import CorruptionError
 from tierd.local.codec import POS_PHYSICAL_OFFSET, POS_QUEUE_OFFSET, VALID, scan_record, tags_code
 from tierd.local.codec import decode_properties as _decode_properties
 from tierd.local.consumequeue import UNIT_SIZE, decode_units, encode_units
 from tierd.tiered.flatfile import ChangeHook, FlatAppendFile, _noop
 from tierd.tiered.segment import DriverRoot, FileType
+
+if TYPE_CHECKING:
+    from tierd.config import TieredConfig
 
 log = logging.getLogger(__name__)
 _OFFSET_BYTES = np.arange(8)
@@ -47,14 +50,31 @@ class CommittedBatch:
 
 
 class FlatMessageFile:
-    def __init__(self, root: DriverRoot, cfg: TieredConfig, topic: str, queue_id: int,
-                 on_change: ChangeHook = _noop) -> None:
+    def __init__(
+        self, root: DriverRoot, cfg: TieredConfig, topic: str, queue_id: int, on_change: ChangeHook = _noop
+    ) -> None:
         self.topic, self.queue_id = topic, queue_id
-        self.commitlog = FlatAppendFile(root, cfg.cluster, cfg.broker, topic, queue_id, FileType.COMMIT_LOG,
-                                        cfg.commitlog_segment_size, on_change=on_change)
+        self.commitlog = FlatAppendFile(
+            root,
+            cfg.cluster,
+            cfg.broker,
+            topic,
+            queue_id,
+            FileType.COMMIT_LOG,
+            cfg.commitlog_segment_size,
+            on_change=on_change,
+        )
         cq_size = max(UNIT_SIZE, cfg.consumequeue_segment_size - cfg.consumequeue_segment_size % UNIT_SIZE)
-        self.consumequeue = FlatAppendFile(root, cfg.cluster, cfg.broker, topic, queue_id,
-                                           FileType.CONSUME_QUEUE, cq_size, on_change=on_change)
+        self.consumequeue = FlatAppendFile(
+            root,
+            cfg.cluster,
+            cfg.broker,
+            topic,
+            queue_id,
+            FileType.CONSUME_QUEUE,
+            cq_size,
+            on_change=on_change,
+        )
         #: Appended but not yet committed (handed to the index once committed).
         self._uncommitted: list[CommittedBatch] = []
 
@@ -87,8 +107,14 @@ class FlatMessageFile:
         await self.consumequeue.init_offset(queue_offset * UNIT_SIZE)
 
     # ------------------------------------------------------------------ append / commit
-    async def append_batch(self, records: bytes, sizes: npt.NDArray[np.int64], first_queue_offset: int,
-                           tags_codes: npt.NDArray[np.int64], store_timestamps: npt.NDArray[np.int64]) -> None:
+    async def append_batch(
+        self,
+        records: bytes,
+        sizes: npt.NDArray[np.int64],
+        first_queue_offset: int,
+        tags_codes: npt.NDArray[np.int64],
+        store_timestamps: npt.NDArray[np.int64],
+    ) -> None:
         """Append consecutive messages of this queue, starting at ``first_queue_offset``.
 
         Verifies every record carries the expected QUEUEOFFSET (a wrong message is never
@@ -97,7 +123,10 @@ class FlatMessageFile:
         if first_queue_offset != self.append_offset:
             raise CorruptionError(
                 f"{self.topic}/{self.queue_id}: batch starts at queue offset {first_queue_offset}, "
-                f"cold tier expects {self.append_offset}", expected=self.append_offset, got=first_queue_offset)
+                f"cold tier expects {self.append_offset}",
+                expected=self.append_offset,
+                got=first_queue_offset,
+            )
         n = len(sizes)
         ends = np.cumsum(sizes)
         starts = ends - sizes
@@ -109,22 +138,36 @@ class FlatMessageFile:
         if not np.array_equal(qoffs, expected):
             bad = int(np.flatnonzero(qoffs != expected)[0])
             raise CorruptionError(
-                f"{self.topic}/{self.queue_id}: record {bad} of the batch has queue offset {int(qoffs[bad])}, "
-                f"expected {int(expected[bad])}", index=bad)
+                f"{self.topic}/{self.queue_id}: record {bad} of the batch has queue offset "
+                f"{int(qoffs[bad])}, expected {int(expected[bad])}",
+                index=bad,
+            )
         flat = self.commitlog.append_offset + starts
-        buf[(starts[:, None] + POS_PHYSICAL_OFFSET + _OFFSET_BYTES).ravel()] = (
-            flat.astype(">i8").view(np.uint8))
+        buf[(starts[:, None] + POS_PHYSICAL_OFFSET + _OFFSET_BYTES).ravel()] = flat.astype(">i8").view(
+            np.uint8
+        )
         patched = buf.tobytes()
         await self._append_split(self.commitlog, patched, ends, store_timestamps)
         units = encode_units(flat, sizes, tags_codes)
-        await self._append_split(self.consumequeue, units, np.arange(1, n + 1, dtype=np.int64) * UNIT_SIZE,
-                                 store_timestamps)
-        self._uncommitted.append(CommittedBatch(self.topic, self.queue_id, first_queue_offset, flat,
-                                                sizes.astype(np.int64), store_timestamps, patched))
+        await self._append_split(
+            self.consumequeue, units, np.arange(1, n + 1, dtype=np.int64) * UNIT_SIZE, store_timestamps
+        )
+        self._uncommitted.append(
+            CommittedBatch(
+                self.topic,
+                self.queue_id,
+                first_queue_offset,
+                flat,
+                sizes.astype(np.int64),
+                store_timestamps,
+                patched,
+            )
+        )
 
     @staticmethod
-    async def _append_split(file: FlatAppendFile, data: bytes, ends: npt.NDArray[np.int64],
-                            timestamps: npt.NDArray[np.int64]) -> None:
+    async def _append_split(
+        file: FlatAppendFile, data: bytes, ends: npt.NDArray[np.int64], timestamps: npt.NDArray[np.int64]
+    ) -> None:
         """Append ``data`` (items ending at ``ends``) in runs that fit the current segment."""
         i, n = 0, len(ends)
         while i < n:
@@ -132,8 +175,10 @@ class FlatMessageFile:
             k = int(np.searchsorted(ends, rel + file.room(), side="right"))
             if k <= i:
                 if file.segments[-1].append_position == 0:
-                    raise CorruptionError(f"an item of {int(ends[i]) - rel} bytes exceeds the segment size "
-                                          f"{file.max_size}", size=int(ends[i]) - rel)
+                    raise CorruptionError(
+                        f"an item of {int(ends[i]) - rel} bytes exceeds the segment size {file.max_size}",
+                        size=int(ends[i]) - rel,
+                    )
                 await file.roll()
                 continue
             seg = file.segments[-1]
@@ -180,7 +225,10 @@ class FlatMessageFile:
         if cl_end < truth_end:
             raise CorruptionError(
                 f"{self.topic}/{self.queue_id}: consume queue references commitlog bytes up to {truth_end}, "
-                f"but the commitlog holds only {cl_end}", truth_end=truth_end, commitlog_end=cl_end)
+                f"but the commitlog holds only {cl_end}",
+                truth_end=truth_end,
+                commitlog_end=cl_end,
+            )
         added = 0
         pos = truth_end
         next_qoff = self.max_offset
@@ -193,33 +241,51 @@ class FlatMessageFile:
             stamps: list[int] = []
             while at < len(chunk):
                 status, size, view = scan_record(chunk, at, len(chunk), True)
-                if status != VALID or view is None or view.physical_offset != pos + at \
-                        or view.queue_offset != next_qoff:
+                if (
+                    status != VALID
+                    or view is None
+                    or view.physical_offset != pos + at
+                    or view.queue_offset != next_qoff
+                ):
                     break
                 offs.append(pos + at)
                 sizes.append(size)
-                tags.append(tags_code(_decode_properties(view.properties).get("TAGS")) if view.properties else 0)
+                tags.append(
+                    tags_code(_decode_properties(view.properties).get("TAGS")) if view.properties else 0
+                )
                 stamps.append(view.store_timestamp)
                 next_qoff += 1
                 at += size
             if offs:
-                units = encode_units(np.array(offs, np.int64), np.array(sizes, np.int64), np.array(tags, np.int64))
+                units = encode_units(
+                    np.array(offs, np.int64), np.array(sizes, np.int64), np.array(tags, np.int64)
+                )
                 ts = np.array(stamps, np.int64)
-                await self._append_split(cq, units, np.arange(1, len(offs) + 1, dtype=np.int64) * UNIT_SIZE, ts)
+                await self._append_split(
+                    cq, units, np.arange(1, len(offs) + 1, dtype=np.int64) * UNIT_SIZE, ts
+                )
                 added += len(offs)
             if at < len(chunk) or not offs:
                 end = pos + at
                 if end < cl_end:
                     seg = self.commitlog.segments[-1]
-                    log.warning("%s: commitlog bytes after flat offset %d are not a valid record; the next "
-                                "commit rewrites them", seg.path, end)
+                    log.warning(
+                        "%s: commitlog bytes after flat offset %d are not a valid record; the next "
+                        "commit rewrites them",
+                        seg.path,
+                        end,
+                    )
                     seg.init_position(end - seg.base_offset)
                 break
             pos += at
         if added:
             await cq.commit()
-            log.info("%s/%d: rolled %d committed commitlog records forward into the consume queue",
-                     self.topic, self.queue_id, added)
+            log.info(
+                "%s/%d: rolled %d committed commitlog records forward into the consume queue",
+                self.topic,
+                self.queue_id,
+                added,
+            )
         return added
 
     async def destroy(self) -> None:

@@ -4,25 +4,43 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import TYPE_CHECKING
 
-from tierd.config import TieredConfig
 from tierd.tiered.flatfile import FlatAppendFile, SegmentInfo
 from tierd.tiered.flatmessage import FlatMessageFile
 from tierd.tiered.metadata import MetadataStore, QueueMeta, SegmentMeta, TieredMetadata, TopicMeta
 from tierd.tiered.segment import DriverRoot, FileType
 
+if TYPE_CHECKING:
+    from tierd.config import TieredConfig
+
 log = logging.getLogger(__name__)
 
 
 def _segment_meta(info: SegmentInfo) -> SegmentMeta:
-    return SegmentMeta(type=info.file_type.name, base_offset=info.base_offset, size=info.size,  # type: ignore[arg-type]
-                       sealed=info.sealed, create_timestamp=info.created, seal_timestamp=info.sealed_at,
-                       min_timestamp=info.min_timestamp, max_timestamp=info.max_timestamp)
+    return SegmentMeta(
+        type=info.file_type.name,
+        base_offset=info.base_offset,
+        size=info.size,
+        sealed=info.sealed,
+        create_timestamp=info.created,
+        seal_timestamp=info.sealed_at,
+        min_timestamp=info.min_timestamp,
+        max_timestamp=info.max_timestamp,
+    )
 
 
 def _segment_info(meta: SegmentMeta) -> SegmentInfo:
-    return SegmentInfo(FileType[meta.type], meta.base_offset, meta.size, meta.sealed, meta.min_timestamp,
-                       meta.max_timestamp, meta.create_timestamp, meta.seal_timestamp)
+    return SegmentInfo(
+        FileType[meta.type],
+        meta.base_offset,
+        meta.size,
+        meta.sealed,
+        meta.min_timestamp,
+        meta.max_timestamp,
+        meta.create_timestamp,
+        meta.seal_timestamp,
+    )
 
 
 class FlatFileStore:
@@ -45,7 +63,9 @@ class FlatFileStore:
         """A flat file for a queue tiered for the first time, starting at ``first_queue_offset``
         (all history the hot store still has — unlike RocketMQ, which starts two minutes back)."""
         if topic not in self.topics:
-            self.topics[topic] = TopicMeta(name=topic, id=max((t.id for t in self.topics.values()), default=-1) + 1)
+            self.topics[topic] = TopicMeta(
+                name=topic, id=max((t.id for t in self.topics.values()), default=-1) + 1
+            )
         ff = self._make(topic, queue_id)
         self.files[topic, queue_id] = ff
         await ff.init_offset(first_queue_offset)
@@ -58,13 +78,22 @@ class FlatFileStore:
     def snapshot(self) -> TieredMetadata:
         queues = []
         for (topic, qid), ff in sorted(self.files.items()):
-            queues.append(QueueMeta(
-                topic=topic, queue_id=qid, min_offset=ff.min_offset, max_offset=ff.max_offset,
-                commitlog=tuple(_segment_meta(i) for i in ff.commitlog.infos()),
-                consumequeue=tuple(_segment_meta(i) for i in ff.consumequeue.infos()),
-            ))
-        return TieredMetadata(cluster=self.cfg.cluster, broker=self.cfg.broker,
-                              topics=tuple(sorted(self.topics.values(), key=lambda t: t.id)), queues=tuple(queues))
+            queues.append(
+                QueueMeta(
+                    topic=topic,
+                    queue_id=qid,
+                    min_offset=ff.min_offset,
+                    max_offset=ff.max_offset,
+                    commitlog=tuple(_segment_meta(i) for i in ff.commitlog.infos()),
+                    consumequeue=tuple(_segment_meta(i) for i in ff.consumequeue.infos()),
+                )
+            )
+        return TieredMetadata(
+            cluster=self.cfg.cluster,
+            broker=self.cfg.broker,
+            topics=tuple(sorted(self.topics.values(), key=lambda t: t.id)),
+            queues=tuple(queues),
+        )
 
     async def save(self) -> None:
         async with self._save_lock:
@@ -78,8 +107,13 @@ class FlatFileStore:
         if meta is None:
             return 0
         if (meta.cluster, meta.broker) != (self.cfg.cluster, self.cfg.broker):
-            log.warning("metadata belongs to %s/%s, configuration says %s/%s; using the configuration",
-                        meta.cluster, meta.broker, self.cfg.cluster, self.cfg.broker)
+            log.warning(
+                "metadata belongs to %s/%s, configuration says %s/%s; using the configuration",
+                meta.cluster,
+                meta.broker,
+                self.cfg.cluster,
+                self.cfg.broker,
+            )
         self.topics = {t.name: t for t in meta.topics}
         for q in meta.queues:
             ff = self._make(q.topic, q.queue_id)

@@ -61,7 +61,9 @@ class QueueMeta(_Model):
         for segs in (self.commitlog, self.consumequeue):
             bases = [s.base_offset for s in segs]
             if bases != sorted(set(bases)):
-                raise ValueError(f"segments of {self.topic}/{self.queue_id} must have increasing base offsets")
+                raise ValueError(
+                    f"segments of {self.topic}/{self.queue_id} must have increasing base offsets"
+                )
         return self
 
 
@@ -73,7 +75,7 @@ class TopicMeta(_Model):
 
 
 class TieredMetadata(_Model):
-    format_version: Literal[1] = FORMAT_VERSION
+    format_version: Literal[1] = 1
     cluster: str
     broker: str
     topics: tuple[TopicMeta, ...] = ()
@@ -103,12 +105,20 @@ class MetadataStore:
                 problems.append(f"{candidate}: {str(e).splitlines()[0]}")
                 continue
             if problems:
-                log.error("tiering metadata %s is unreadable (%s); using the backup %s", self.path,
-                          "; ".join(problems), candidate)
+                log.error(
+                    "tiering metadata %s is unreadable (%s); using the backup %s",
+                    self.path,
+                    "; ".join(problems),
+                    candidate,
+                )
             return meta
         if problems:
-            raise CorruptionError("no readable tiering metadata: " + "; ".join(problems) +
-                                  " — rebuild it from the bucket with `tierd restore`", path=str(self.path))
+            raise CorruptionError(
+                "no readable tiering metadata: "
+                + "; ".join(problems)
+                + " — rebuild it from the bucket with `tierd restore`",
+                path=str(self.path),
+            )
         return None
 
     def save(self, meta: TieredMetadata) -> None:

@@ -12,13 +12,13 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from tierd.config import TierdConfig
 from tierd.tiered.dispatcher import Dispatcher
 from tierd.tiered.flatstore import FlatFileStore
 from tierd.tiered.metadata import MetadataStore
 from tierd.tiered.registry import open_driver_factory
 
 if TYPE_CHECKING:
+    from tierd.config import TierdConfig
     from tierd.local.store import HotStore
     from tierd.tiered.segment import DriverRoot
 
@@ -50,8 +50,9 @@ class TieringService:
                 break
             except Exception as e:
                 self.start_error = e
-                log.warning("cold tier not available yet (%s); retrying in %.0f s — hot store keeps working",
-                            e, delay)
+                log.warning(
+                    "cold tier not available yet (%s); retrying in %.0f s — hot store keeps working", e, delay
+                )
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, START_RETRY_CAP)
         self.start_error = None
@@ -71,7 +72,9 @@ class TieringService:
             try:
                 await asyncio.wait_for(self.dispatcher.tier_now(), grace)
             except TimeoutError:
-                log.warning("closing with tiering unfinished after %.0f s; it resumes at the next start", grace)
+                log.warning(
+                    "closing with tiering unfinished after %.0f s; it resumes at the next start", grace
+                )
             except Exception:
                 log.exception("final tiering round failed; it resumes at the next start")
         for task in self._tasks:
