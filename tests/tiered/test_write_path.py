@@ -237,3 +237,40 @@ def test_tier_now_on_async_store(tmp_path: Path) -> None:
             assert store.tiering.flat.get("a", 0).max_offset == 7  # type: ignore[union-attr]
 
     asyncio.run(scenario())
+
+
+def test_cold_retention_expires_consume_queue_and_commitlog_together(tmp_path: Path) -> None:
+    cfg = cold_config(
+        tmp_path, commitlog_segment_size=4_000, consumequeue_segment_size=100, file_reserved_time=1.0
+    )
+    with BlockingMessageStore.open(cfg) as store:
+        assert store.tiering is not None
+        hot = store.hot
+        for t in range(6):  # six batches, an hour apart
+            hot.commitlog.clock = lambda t=t: 1_000 + t * 3_600_000
+            store.put_batch(
+                [Message(topic="ret", body=b"%d-%d" % (t, i) * 50, queue_id=0) for i in range(10)]
+            )
+            store.tier_now()
+        ff = store.tiering.flat.get("ret", 0)
+        assert ff is not None
+        cl_before, cq_before = len(ff.commitlog.segments), len(ff.consumequeue.segments)
+        # everything older than ~3 h before the newest batch expires
+        deleted = run(store, store.tiering.apply_retention(now_ms=1_000 + 6 * 3_600_000 + 1_800_000))
+        assert deleted > 0
+        assert len(ff.consumequeue.segments) < cq_before
+        assert len(ff.commitlog.segments) < cl_before
+        # the first remaining unit points into the first remaining commitlog segment
+        first = run(store, ff.read_units(ff.min_offset, 1))[0]
+        assert ff.commitlog.min_offset <= int(first["offset"]) < ff.commitlog.segments[0].commit_offset
+        # every remaining message is readable, in order, and the oldest batches are gone
+        bodies = [decode_record(raw).body for _, raw in cold_records(store, "ret", 0)]
+        assert bodies[-1] == b"5-9" * 50
+        assert all(not b.startswith(b"0-") for b in bodies)
+        # per-topic override: keep everything longer
+        run(store, store.tiering.set_reserve_hours("ret", 1000.0))
+        segments = (len(ff.commitlog.segments), len(ff.consumequeue.segments))
+        assert run(store, store.tiering.apply_retention(now_ms=1_000 + 8 * 3_600_000)) == 0
+        assert (len(ff.commitlog.segments), len(ff.consumequeue.segments)) == segments
+        with pytest.raises(ValueError, match="positive"):
+            run(store, store.tiering.set_reserve_hours("ret", -1))

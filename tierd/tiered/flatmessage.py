@@ -288,6 +288,36 @@ class FlatMessageFile:
             )
         return added
 
+    async def expire(self, expire_before_ms: int) -> tuple[int, int]:
+        """Cold retention: delete leading consume-queue segments whose newest message is older than
+        ``expire_before_ms`` (never the last segment), then the commitlog segments lying wholly
+        before the first unit still referenced. Consume queue first, so a unit never points at
+        deleted bytes (RocketMQ #9371). Returns (CQ segments, CL segments) deleted."""
+        cq = self.consumequeue
+        if cq.empty:
+            return 0, 0
+        keep_from = cq.segments[-1].base_offset
+        for seg in cq.segments[:-1]:
+            if seg.max_timestamp is None or seg.max_timestamp >= expire_before_ms:
+                keep_from = seg.base_offset
+                break
+        cq_deleted = await cq.destroy_before(keep_from)
+        cl_deleted = 0
+        if self.max_offset > self.min_offset:
+            first = (await self.read_units(self.min_offset, 1))[0]
+            cl_deleted = await self.commitlog.destroy_before(int(first["offset"]))
+        if cq_deleted or cl_deleted:
+            log.info(
+                "%s/%d: cold retention deleted %d consume-queue and %d commitlog segment(s); queue now "
+                "starts at offset %d",
+                self.topic,
+                self.queue_id,
+                cq_deleted,
+                cl_deleted,
+                self.min_offset,
+            )
+        return cq_deleted, cl_deleted
+
     async def destroy(self) -> None:
         await self.consumequeue.destroy()
         await self.commitlog.destroy()

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from tierd.errors import InvalidArgumentError, NotFoundError
 from tierd.tiered.dispatcher import Dispatcher
 from tierd.tiered.flatstore import FlatFileStore
 from tierd.tiered.metadata import MetadataStore
@@ -24,6 +26,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 START_RETRY_CAP = 30.0
+#: Cold retention runs this often (RocketMQ's tieredStoreDeleteFileInterval).
+RETENTION_INTERVAL = 3600.0
 
 
 class TieringService:
@@ -59,6 +63,47 @@ class TieringService:
         log.info("cold tier ready: %d queue(s) loaded from metadata, backend %r", n, self.root)
         self.ready.set()
         self._tasks.append(asyncio.create_task(self.dispatcher.run(), name="tierd-dispatcher"))
+        self._tasks.append(asyncio.create_task(self._maintenance(), name="tierd-tiering-maintenance"))
+
+    async def apply_retention(self, now_ms: int | None = None) -> int:
+        """Expire cold segments older than each topic's reserve time (``tiered.file_reserved_time``
+        unless set per topic). Returns segments deleted."""
+        now = int(time.time() * 1000) if now_ms is None else now_ms
+        deleted = 0
+        for (topic, _), ff in list(self.flat.files.items()):
+            meta = self.flat.topics.get(topic)
+            hours = meta.reserve_hours if meta and meta.reserve_hours else self.cfg.tiered.file_reserved_time
+            cq, cl = await ff.expire(now - int(hours * 3_600_000))
+            deleted += cq + cl
+        return deleted
+
+    async def set_reserve_hours(self, topic: str, hours: float | None) -> None:
+        """Per-topic cold retention (None: back to ``tiered.file_reserved_time``)."""
+        if hours is not None and hours <= 0:
+            raise InvalidArgumentError(f"reserve hours must be positive, got {hours!r}", hours=hours)
+        await self.ready.wait()
+        meta = self.flat.topics.get(topic)
+        if meta is None:
+            raise NotFoundError(f"topic {topic!r} has no data in the cold tier", topic=topic)
+        self.flat.topics[topic] = meta.model_copy(update={"reserve_hours": hours})
+        await self.flat.save()
+
+    async def _maintenance(self) -> None:
+        """Periodic upkeep: retry failed seals, save metadata (sizes move with every commit),
+        apply cold retention every RETENTION_INTERVAL."""
+        next_retention = time.monotonic() + RETENTION_INTERVAL
+        while True:
+            await asyncio.sleep(self.cfg.tiered.manifest_interval)
+            try:
+                for ff in list(self.flat.files.values()):
+                    await ff.commitlog.seal_pending()
+                    await ff.consumequeue.seal_pending()
+                await self.flat.save()
+                if time.monotonic() >= next_retention:
+                    next_retention = time.monotonic() + RETENTION_INTERVAL
+                    await self.apply_retention()
+            except Exception:
+                log.exception("tiering maintenance failed; retrying next interval")
 
     async def tier_now(self, timeout: float | None = None) -> int:
         """Commit everything pending to the cold tier now (waits for start-up first)."""
