@@ -6,6 +6,7 @@ hot commitlog ──dispatcher──▶ flat commitlog (PHYSICALOFFSET rewritten
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import os
 from pathlib import Path
@@ -247,7 +248,7 @@ def test_cold_retention_expires_consume_queue_and_commitlog_together(tmp_path: P
         assert store.tiering is not None
         hot = store.hot
         for t in range(6):  # six batches, an hour apart
-            hot.commitlog.clock = lambda t=t: 1_000 + t * 3_600_000
+            hot.commitlog.clock = functools.partial(int, 1_000 + t * 3_600_000)
             store.put_batch(
                 [Message(topic="ret", body=b"%d-%d" % (t, i) * 50, queue_id=0) for i in range(10)]
             )
