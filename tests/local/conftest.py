@@ -24,7 +24,9 @@ SMALL_STORE: dict[str, Any] = {
 
 def small_config(root: Path, **store: Any) -> TierdConfig:
     """Hot store only: these tests exercise it in isolation (tiering has its own suite)."""
-    return TierdConfig.from_dict({"store": {"dir": str(root), **SMALL_STORE, **store}, "tiered": {"enabled": False}})
+    return TierdConfig.from_dict(
+        {"store": {"dir": str(root), **SMALL_STORE, **store}, "tiered": {"enabled": False}}
+    )
 
 
 @pytest.fixture

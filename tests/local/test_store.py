@@ -626,3 +626,22 @@ def test_no_space_for_a_new_file_is_a_clean_store_full_error(
         r = store.put_batch([Message(topic="f", body=b"x" * 60_000, queue_id=0) for _ in range(10)])[0]
         assert r.queue_offset == 1
         assert store.get("f", 0, 1).messages[0].body == b"x" * 60_000
+
+
+def test_seeded_queue_continues_at_its_floor_across_restarts(cfg: TierdConfig) -> None:
+    with BlockingMessageStore.open(cfg) as store:
+        store.hot.seed_queue("restored", 1, 1234)
+        assert (store.min_offset("restored", 1), store.max_offset("restored", 1)) == (1234, 1234)
+    with BlockingMessageStore.open(cfg) as store:  # the floor survives a restart with no message yet
+        assert store.max_offset("restored", 1) == 1234
+        r = store.put(Message(topic="restored", body=b"next", queue_id=1))
+        assert r.queue_offset == 1234
+        assert store.get("restored", 1, 1000).status is GetStatus.OFFSET_TOO_SMALL
+    simulate_crash(Path(cfg.store.dir))
+    with BlockingMessageStore.open(cfg) as store:  # and recovery keeps units after a floor
+        assert store.min_offset("restored", 1) == 1234
+        r2 = store.put(Message(topic="restored", body=b"then", queue_id=1))
+        assert r2.queue_offset == 1235
+        assert [m.body for m in store.get("restored", 1, 1234, 10).messages] == [b"next", b"then"]
+        store.hot.seed_queue("restored", 1, 10)  # never moves a queue backwards
+        assert store.max_offset("restored", 1) == 1236

@@ -13,7 +13,11 @@ from tierd import BlockingMessageStore, Message
 
 from .conftest import cold_config
 
-SMALL: dict[str, Any] = {"commitlog_segment_size": 30_000, "consumequeue_segment_size": 400, "group_commit_count": 7}
+SMALL: dict[str, Any] = {
+    "commitlog_segment_size": 30_000,
+    "consumequeue_segment_size": 400,
+    "group_commit_count": 7,
+}
 
 
 def main() -> None:

@@ -7,18 +7,21 @@ Only the reput thread writes units; readers take whatever prefix is visible.
 
 from __future__ import annotations
 
+import os
 import threading
 from typing import TYPE_CHECKING, Final
 
 import numpy as np
 import numpy.typing as npt
 
-from tierd.local.mapped_file import MappedFileQueue
+from tierd.errors import CorruptionError
+from tierd.local.mapped_file import MappedFileQueue, fsync_dir
 
 if TYPE_CHECKING:
     from pathlib import Path
 
 UNIT_SIZE: Final = 20
+FLOOR_FILE: Final = "floor"
 UNIT_DTYPE: Final = np.dtype([("offset", ">i8"), ("size", ">i4"), ("tags_code", ">i8")])
 assert UNIT_DTYPE.itemsize == UNIT_SIZE
 
@@ -46,40 +49,69 @@ class ConsumeQueue:
         self.files = MappedFileQueue(root / topic / str(queue_id), units_per_file * UNIT_SIZE)
         #: First valid queue offset (moves up when retention deletes commitlog data).
         self.min_offset = 0
+        #: Offset this queue starts at when it did not start at 0 (a store restored from the cold
+        #: tier continues the queue where the cold tier ends). Persisted in ``{dir}/floor``.
+        self.floor = 0
         self._lock = threading.Lock()
 
     # ------------------------------------------------------------------ state
     @property
     def max_offset(self) -> int:
         """One past the last unit written: the next queue offset to be dispatched."""
-        return self.files.max_offset // UNIT_SIZE
+        return max(self.files.max_offset // UNIT_SIZE, self.floor)
+
+    @property
+    def _floor_path(self) -> Path:
+        return self.files.directory / FLOOR_FILE
 
     def load(self) -> None:
         self.files.load()
+        if self._floor_path.exists():
+            self.floor = int(self._floor_path.read_text().strip())
         if self.files.files:
             self.min_offset = self.files.min_offset // UNIT_SIZE
+        self.min_offset = max(self.min_offset, self.floor)
+
+    def set_floor(self, queue_offset: int) -> None:
+        """Make an empty queue start at ``queue_offset`` (durably: temp file, fsync, rename)."""
+        if self.files.max_offset // UNIT_SIZE > queue_offset:
+            raise CorruptionError(f"{self.topic}/{self.queue_id} already holds offsets beyond {queue_offset}")
+        self.files.directory.mkdir(parents=True, exist_ok=True)
+        tmp = self._floor_path.with_suffix(".tmp")
+        with tmp.open("w") as fh:
+            fh.write(f"{queue_offset}\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, self._floor_path)
+        fsync_dir(self.files.directory)
+        self.floor = queue_offset
+        self.min_offset = max(self.min_offset, queue_offset)
 
     def recover(self) -> int:
         """Find the end of valid units (size > 0) and truncate after it. Return the commitlog
         offset one past the last unit's record (0 when empty) — where re-dispatch may resume."""
         files = list(self.files)
         end_phys = 0
-        valid_end = files[0].file_from_offset if files else 0
+        start = max(self.floor * UNIT_SIZE, files[0].file_from_offset) if files else self.floor * UNIT_SIZE
+        valid_end = start
         for f in files[-3:] if len(files) > 3 else files:
-            units = decode_units(f.view[: f.size])
+            if f.file_from_offset + f.size <= start:
+                continue
+            begin = max(start, f.file_from_offset) - f.file_from_offset
+            units = decode_units(f.view[begin : f.size])
             sizes = units["size"]
             bad = np.flatnonzero((sizes <= 0) | (units["offset"] < 0))
             n = int(bad[0]) if len(bad) else len(units)
             if n:
                 last = units[n - 1]
                 end_phys = int(last["offset"]) + int(last["size"])
-            valid_end = f.file_from_offset + n * UNIT_SIZE
+            valid_end = f.file_from_offset + begin + n * UNIT_SIZE
             if n < len(units):
                 break
         self.files.truncate(valid_end)
-        if files and not self.files.files:
-            # Keep an (empty) file at the end position so the queue's offsets do not restart at 0.
-            self.files.new_file(valid_end)
+        if files and not self.files.files and valid_end // UNIT_SIZE > self.floor:
+            # Everything was torn: remember where the queue stands so its offsets never restart.
+            self.set_floor(valid_end // UNIT_SIZE)
         for f in self.files:
             f.wrote = f.flushed = min(f.size, max(0, valid_end - f.file_from_offset))
         return end_phys
@@ -92,6 +124,8 @@ class ConsumeQueue:
         data = memoryview(units)
         if not self.files.files:
             self.min_offset = queue_offset
+            if queue_offset > self.floor:
+                self.set_floor(queue_offset)  # a queue starting mid-file: remember where
         while data:
             f = self.files.find(pos) or self.files.writable_file(pos)
             if not f.file_from_offset <= pos < f.file_from_offset + f.size:

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Literal, overload
 
 from tierd.errors import (
     ConfigError,
+    CorruptionError,
     CorruptRecordError,
     InvalidArgumentError,
     StoreClosedError,
@@ -270,6 +271,20 @@ class HotStore:
                     cq.load()
                     self.cqs[topic, queue_id] = cq
         return cq
+
+    def seed_queue(self, topic: str, queue_id: int, offset: int) -> None:
+        """Make an empty queue continue at ``offset`` (after a restore from the cold tier, new
+        messages must not reuse offsets the cold tier already holds)."""
+        check_topic(topic)
+        with self.commitlog.lock:
+            key = (topic, queue_id)
+            if self.commitlog.queue_offsets.get(key, 0) >= offset:
+                return
+            cq = self._queue_for(topic, queue_id)
+            if cq.max_offset > 0 and cq.max_offset != self.commitlog.queue_offsets.get(key, 0):
+                raise CorruptionError(f"{topic}/{queue_id} is being written; cannot move its start")
+            cq.set_floor(offset)
+            self.commitlog.queue_offsets[key] = offset
 
     def topics(self) -> dict[str, list[int]]:
         out: dict[str, list[int]] = {}
