@@ -48,8 +48,7 @@ def test_shipped_local_profile_loads() -> None:
 def test_toml_then_environment(tmp_path: Path) -> None:
     path = tmp_path / "c.toml"
     path.write_text(
-        '[store]\nflush = "sync"\ndefault_queues = 8\n'
-        '[backend]\nstorage_options = {region_name = "eu"}\n'
+        '[store]\nflush = "sync"\ndefault_queues = 8\n[backend]\nstorage_options = {region_name = "eu"}\n'
     )
     cfg = TierdConfig.load(
         path,

@@ -342,14 +342,21 @@ def reference_markdown() -> str:
         "",
     ]
     for name, section in SECTIONS.items():
-        lines += [f"## [{name}]", "", (section.__doc__ or "").strip(), "",
-                  "| key | default | meaning | RocketMQ name | env override |", "|---|---|---|---|---|"]
+        lines += [
+            f"## [{name}]",
+            "",
+            (section.__doc__ or "").strip(),
+            "",
+            "| key | default | meaning | RocketMQ name | env override |",
+            "|---|---|---|---|---|",
+        ]
         for key, field in section.model_fields.items():
             default = field.get_default(call_default_factory=True)
             shown = f"`{default}`" if default not in (None, {}) else "(none)"
             extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
             rmq = f"`{extra['rocketmq']}`" if "rocketmq" in extra else ""
-            lines.append(f"| `{key}` | {shown} | {field.description} | {rmq} | "
-                         f"`TIERD_{name.upper()}__{key.upper()}` |")
+            lines.append(
+                f"| `{key}` | {shown} | {field.description} | {rmq} | `TIERD_{name.upper()}__{key.upper()}` |"
+            )
         lines.append("")
     return "\n".join(lines)

@@ -1,0 +1,503 @@
+"""The chunk scheme (FORMATS §2.3) shared by drivers for stores without append (S3, fsspec).
+
+An open segment at key ``K`` is a set of immutable objects ``K.chunks/{position:020d}``; chunk
+``p`` holds the segment's bytes ``[p, p + len)``. A sealed segment is the single object ``K``.
+The rules that keep this safe, each enforced here once for every chunked driver:
+
+* **Only ever append a new chunk at the current end.** A write computes the current end from
+  the layout; bytes of the write that are already stored are compared (a mismatch is
+  :class:`~tierd.errors.CorruptionError`), and only the remainder becomes a new chunk whose key
+  is the old end. No key is written twice, except the empty marker chunk ``…/00000000000000000000``
+  that :meth:`create` puts down, which the first write replaces. Backends with conditional PUTs
+  make each chunk PUT ``If-None-Match: *`` (the marker replacement ``If-Match: <etag>``), so a
+  late or duplicated request can never clobber a chunk.
+* **Readers trust nothing they cannot check.** The chunks must tile ``[0, size)`` exactly, in
+  order: a gap or an overlap is reported as corruption, never papered over. A name under
+  ``K.chunks/`` that is not a 20-digit position is corruption too.
+* **The sealed object wins.** Once ``K`` exists, the segment is sealed, its size is ``K``'s size
+  and leftover chunks (a crash between composing and deleting them) are ignored by readers and
+  removed by the next :meth:`seal` after verifying them against ``K``.
+* **Seal = compose, verify, then delete.** Composition is backend-specific (S3 copies parts on
+  the server); verification re-reads ``K`` and compares the size and the CRC32C of every
+  chunk's range with the chunk; the chunks are deleted only after that and after checking that
+  the chunk set did not change meanwhile.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import re
+from abc import abstractmethod
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import google_crc32c
+
+from tierd.errors import (
+    BackendError,
+    CorruptionError,
+    InvalidRangeError,
+    SegmentNotFoundError,
+    SegmentReadError,
+    SegmentSealedError,
+)
+from tierd.tiered.segment import ByteRange, DriverRoot, SegmentDriver
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator, Sequence
+
+__all__ = [
+    "CHUNK_DIR_SUFFIX",
+    "Chunk",
+    "ChunkConflictError",
+    "ChunkedDriver",
+    "Layout",
+    "Listing",
+    "ObjectInfo",
+    "chunk_key",
+    "crc32c",
+]
+
+CHUNK_DIR_SUFFIX = ".chunks/"
+_CHUNK_NAME = re.compile(r"[0-9]{20}")
+#: Bounded fan-out for reads that span several chunks.
+_READ_CONCURRENCY = 8
+#: Piece size when streaming a composed object for verification.
+VERIFY_PIECE = 8 * 1024 * 1024
+
+
+def chunk_key(key: str, position: int) -> str:
+    """Object key of the chunk starting at ``position`` of the segment at ``key``."""
+    return f"{key}{CHUNK_DIR_SUFFIX}{position:020d}"
+
+
+def crc32c(data: bytes | memoryview, crc: int = 0) -> int:
+    """CRC32C of ``data`` continuing from ``crc`` (google_crc32c's C implementation; it takes
+    ``bytes`` only, hence the copy of a memoryview)."""
+    return int(google_crc32c.extend(crc, data if isinstance(data, bytes) else bytes(data)))
+
+
+class ChunkConflictError(BackendError):
+    """A conditional chunk PUT found the key already taken (another request got there first).
+    Handled inside :class:`ChunkedDriver.write` by re-reading the layout; it escapes only when a
+    second writer keeps racing this one."""
+
+    code = "chunk_conflict"
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectInfo:
+    """One listed object: key, size and ETag (if the backend has one)."""
+
+    key: str
+    size: int
+    etag: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Listing:
+    """Raw view of everything stored for one segment, before validation."""
+
+    sealed: ObjectInfo | None
+    chunks: tuple[ObjectInfo, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Chunk:
+    """A validated chunk: bytes ``[position, position + length)`` of the segment."""
+
+    position: int
+    length: int
+    key: str
+    etag: str | None = None
+
+    @property
+    def end(self) -> int:
+        return self.position + self.length
+
+
+@dataclass(frozen=True, slots=True)
+class Layout:
+    """A validated listing: sealed object size, or contiguous chunks."""
+
+    sealed_size: int | None
+    chunks: tuple[Chunk, ...] = ()
+    positions: tuple[int, ...] = field(default=(), repr=False)
+
+    @property
+    def exists(self) -> bool:
+        return self.sealed_size is not None or bool(self.chunks)
+
+    @property
+    def sealed(self) -> bool:
+        return self.sealed_size is not None
+
+    @property
+    def size(self) -> int:
+        if self.sealed_size is not None:
+            return self.sealed_size
+        return self.chunks[-1].end if self.chunks else 0
+
+    def with_chunk(self, chunk: Chunk) -> Layout:
+        """This layout plus ``chunk`` appended at the end (replacing an empty chunk at the same
+        position — the create marker)."""
+        chunks = (*tuple(c for c in self.chunks if c.position != chunk.position), chunk)
+        return Layout(None, chunks, tuple(c.position for c in chunks))
+
+    @classmethod
+    def build(cls, key: str, listing: Listing) -> Layout:
+        """Validate ``listing``: parse chunk names, sort, and require an exact tiling of
+        ``[0, size)`` (gaps and overlaps are corruption). Chunks are not validated once the
+        sealed object exists: they are leftovers that only :meth:`ChunkedDriver.seal` reads."""
+        if listing.sealed is not None:
+            return cls(listing.sealed.size)
+        prefix = key + CHUNK_DIR_SUFFIX
+        parsed: list[Chunk] = []
+        for obj in listing.chunks:
+            name = obj.key[len(prefix) :]
+            if not obj.key.startswith(prefix) or not _CHUNK_NAME.fullmatch(name):
+                raise CorruptionError(
+                    f"unexpected object {obj.key!r} among the chunks of segment {key!r}", key=obj.key
+                )
+            parsed.append(Chunk(int(name), obj.size, obj.key, obj.etag))
+        parsed.sort(key=lambda c: c.position)
+        expected = 0
+        for c in parsed:
+            if c.position != expected:
+                kind = "gap" if c.position > expected else "overlap"
+                raise CorruptionError(
+                    f"segment {key!r}: chunk at {c.position} does not follow the previous chunk "
+                    f"ending at {expected} ({kind}); chunks must tile the segment exactly",
+                    key=key,
+                    position=c.position,
+                    expected=expected,
+                )
+            expected = c.end
+        chunks = tuple(parsed)
+        return cls(None, chunks, tuple(c.position for c in chunks))
+
+
+class ChunkedDriver(SegmentDriver):
+    """:class:`SegmentDriver` over immutable objects; subclasses supply the object primitives.
+
+    The layout (chunk table) is cached per driver instance after the driver's own scans and
+    writes, so a commit costs one PUT; :meth:`size`, :meth:`exists` and :meth:`is_sealed` always
+    rescan, as the contract demands, and a read past the cached end rescans too.
+    """
+
+    supports_append = False
+    needs_seal = True
+
+    def __init__(self, root: DriverRoot, path: str, key: str) -> None:
+        super().__init__(root, path)
+        #: Backend key of the sealed object; chunks live under ``key + ".chunks/"``.
+        self.key = key
+        self._layout: Layout | None = None
+        #: CRC32C of the whole sealed object, set by :meth:`seal` when it verified one.
+        self.sealed_crc32c: int | None = None
+
+    def __getstate__(self) -> dict[str, object]:
+        state = dict(self.__dict__)
+        state["_layout"] = None
+        return state
+
+    # ------------------------------------------------------------------ primitives
+    @abstractmethod
+    async def _list(self) -> Listing:
+        """Everything stored for this segment: the sealed object (if any) and every object under
+        ``key + ".chunks/"`` — never siblings that merely share the prefix. Not cached."""
+
+    @abstractmethod
+    async def _put_chunk(self, position: int, data: bytes, replace: Chunk | None) -> Chunk:
+        """Store ``data`` as the chunk at ``position``. ``replace`` is the empty marker chunk
+        being replaced, else the key must be new; raise :class:`ChunkConflictError` if the
+        backend reports that condition violated."""
+
+    @abstractmethod
+    async def _put_object(self, key: str, data: bytes) -> None:
+        """Store a small whole object (the empty sealed object)."""
+
+    @abstractmethod
+    async def _get(self, key: str, start: int, end: int) -> bytes:
+        """Bytes ``[start, end)`` of object ``key``; :class:`SegmentNotFoundError` if it is gone."""
+
+    @abstractmethod
+    async def _iter_object(self, key: str) -> AsyncIterator[bytes]:
+        """Stream the whole object ``key`` in pieces (for verification)."""
+        yield b""  # pragma: no cover — abstract
+
+    @abstractmethod
+    async def _delete_keys(self, keys: Sequence[str]) -> None:
+        """Delete objects; missing ones are fine."""
+
+    @abstractmethod
+    async def _compose(self, layout: Layout) -> None:
+        """Build the sealed object ``key`` from ``layout.chunks`` and verify it
+        (:meth:`_verify`); on any failure leave no object at ``key`` and raise."""
+
+    async def _chunk_crcs(self, chunks: Sequence[Chunk]) -> list[int]:
+        """CRC32C of each chunk. Default downloads them; S3 reads the CRC stored at write time."""
+        return [crc32c(await self._get(c.key, 0, c.length)) if c.length else 0 for c in chunks]
+
+    # ------------------------------------------------------------------ helpers
+    async def _refresh(self) -> Layout:
+        return (await self._scan())[1]
+
+    async def _scan(self) -> tuple[Listing, Layout]:
+        self._layout = None
+        listing = await self._list()
+        layout = Layout.build(self.key, listing)
+        self._layout = layout
+        return listing, layout
+
+    def _missing(self) -> SegmentNotFoundError:
+        return SegmentNotFoundError(
+            f"segment {self.path!r} does not exist at {self.root.url}", path=self.path
+        )
+
+    async def _read_layout(self, layout: Layout, start: int, length: int) -> bytes:
+        end = start + length
+        if layout.sealed:
+            data = await self._get(self.key, start, end)
+        else:
+            first = bisect.bisect_right(layout.positions, start) - 1
+            pieces: list[tuple[str, int, int]] = []
+            for c in layout.chunks[max(first, 0) :]:
+                if c.position >= end:
+                    break
+                lo, hi = max(start, c.position), min(end, c.end)
+                if hi > lo:
+                    pieces.append((c.key, lo - c.position, hi - c.position))
+            sem = asyncio.Semaphore(_READ_CONCURRENCY)
+
+            async def fetch(piece: tuple[str, int, int]) -> bytes:
+                async with sem:
+                    return await self._get(*piece)
+
+            if len(pieces) == 1:
+                data = await self._get(*pieces[0])
+            else:
+                data = b"".join(await asyncio.gather(*(fetch(p) for p in pieces)))
+        if len(data) != length:
+            raise CorruptionError(
+                f"segment {self.path!r}: read of {length} bytes at {start} returned {len(data)}",
+                path=self.path,
+                start=start,
+                length=length,
+            )
+        return data
+
+    async def _verify(
+        self, key: str, chunks: Sequence[Chunk], crcs: Sequence[int], expected_size: int
+    ) -> int:
+        """Stream the composed object ``key`` and check its size and each chunk's CRC32C against
+        ``crcs``; return the CRC32C of the whole object."""
+        total = 0
+        whole = 0
+        idx = 0
+        # Running CRC of the current chunk's range and how many of its bytes were seen.
+        cur = 0
+        seen = 0
+        live = [(c, crc) for c, crc in zip(chunks, crcs, strict=True) if c.length]
+        async for piece in self._iter_object(key):
+            view = memoryview(piece)
+            whole = crc32c(view, whole)
+            total += len(view)
+            while view:
+                if idx >= len(live):
+                    raise CorruptionError(
+                        f"sealed object of segment {self.path!r} is longer than its {expected_size} bytes",
+                        path=self.path,
+                    )
+                chunk, want = live[idx]
+                take = min(len(view), chunk.length - seen)
+                cur = crc32c(view[:take], cur)
+                seen += take
+                view = view[take:]
+                if seen == chunk.length:
+                    if cur != want:
+                        raise CorruptionError(
+                            f"sealed object of segment {self.path!r}: CRC32C of bytes "
+                            f"[{chunk.position}, {chunk.end}) is {cur:08x}, chunk has {want:08x}",
+                            path=self.path,
+                            position=chunk.position,
+                        )
+                    idx, cur, seen = idx + 1, 0, 0
+        if total != expected_size or idx != len(live):
+            raise CorruptionError(
+                f"sealed object of segment {self.path!r} has {total} bytes, chunks hold {expected_size}",
+                path=self.path,
+                size=total,
+                expected=expected_size,
+            )
+        return whole
+
+    # ------------------------------------------------------------------ the contract
+    async def size(self) -> int:
+        # docstring inherited
+        layout = await self._refresh()
+        if not layout.exists:
+            raise self._missing()
+        return layout.size
+
+    async def exists(self) -> bool:
+        # docstring inherited
+        return (await self._refresh()).exists
+
+    async def is_sealed(self) -> bool:
+        # docstring inherited
+        layout = await self._refresh()
+        if not layout.exists:
+            raise self._missing()
+        return layout.sealed
+
+    async def create(self) -> None:
+        # docstring inherited
+        layout = await self._refresh()
+        if layout.exists:
+            return
+        try:
+            chunk = await self._put_chunk(0, b"", None)
+        except ChunkConflictError:
+            self._layout = None  # someone created it meanwhile: fine, it exists
+            return
+        except BaseException:
+            self._layout = None
+            raise
+        self._layout = layout.with_chunk(chunk)
+
+    async def delete(self) -> None:
+        # docstring inherited
+        self._layout = None
+        listing = await self._list()
+        keys = [c.key for c in listing.chunks]
+        if listing.sealed is not None:
+            keys.append(listing.sealed.key)
+        if keys:
+            await self._delete_keys(keys)
+
+    async def read(self, byte_range: ByteRange) -> bytes:
+        # docstring inherited
+        cached = self._layout
+        layout = cached if cached is not None else await self._refresh()
+        if cached is not None and (byte_range.end > layout.size or not layout.exists):
+            layout = await self._refresh()  # the cache only ever lags behind: look again
+        if not layout.exists:
+            raise self._missing()
+        if byte_range.end > layout.size:
+            raise SegmentReadError(
+                f"cannot read [{byte_range.start}, {byte_range.end}) of segment {self.path!r}: "
+                f"it holds {layout.size} bytes",
+                path=self.path,
+                start=byte_range.start,
+                length=byte_range.length,
+                size=layout.size,
+            )
+        try:
+            return await self._read_layout(layout, byte_range.start, byte_range.length)
+        except SegmentNotFoundError:
+            # A chunk vanished: the segment was sealed (or deleted) since we looked. Look again once.
+            layout = await self._refresh()
+            if not layout.exists:
+                raise self._missing() from None
+            if byte_range.end > layout.size:
+                raise SegmentReadError(
+                    f"segment {self.path!r} shrank to {layout.size} bytes while reading", path=self.path
+                ) from None
+            return await self._read_layout(layout, byte_range.start, byte_range.length)
+
+    async def write(self, position: int, data: bytes) -> None:
+        # docstring inherited
+        if position < 0:
+            raise InvalidRangeError(f"write position must be >= 0, got {position}", position=position)
+        if not data:
+            raise InvalidRangeError("write needs at least one byte, got empty data", position=position)
+        data = bytes(data)
+        for _ in range(3):
+            cached = self._layout
+            layout = cached if cached is not None else await self._refresh()
+            if cached is not None and (position != layout.size or not layout.exists):
+                # Anything but a plain append from a warm cache is decided on fresh facts.
+                layout = await self._refresh()
+            if not layout.exists and position != 0:
+                raise self._missing()
+            if layout.sealed:
+                raise SegmentSealedError(
+                    f"segment {self.path!r} is sealed; writes are refused", path=self.path
+                )
+            end = layout.size
+            if position > end:
+                raise InvalidRangeError(
+                    f"write at {position} would leave a hole: segment {self.path!r} holds {end} bytes",
+                    path=self.path,
+                    position=position,
+                    size=end,
+                )
+            overlap = min(end, position + len(data)) - position
+            if overlap > 0:
+                stored = await self._read_layout(layout, position, overlap)
+                if stored != data[:overlap]:
+                    raise CorruptionError(
+                        f"write at {position} of segment {self.path!r} conflicts with the {overlap} "
+                        "bytes already stored there",
+                        path=self.path,
+                        position=position,
+                    )
+            tail = data[overlap:]
+            if not tail:
+                return
+            last = layout.chunks[-1] if layout.chunks else None
+            marker = last if last is not None and last.length == 0 and last.position == end else None
+            try:
+                chunk = await self._put_chunk(end, tail, marker)
+            except ChunkConflictError:
+                self._layout = None
+                continue
+            except BaseException:
+                self._layout = None
+                raise
+            self._layout = layout.with_chunk(chunk)
+            return
+        raise BackendError(
+            f"segment {self.path!r}: chunk writes keep conflicting; is another process writing it?",
+            path=self.path,
+        )
+
+    async def seal(self) -> None:
+        # docstring inherited
+        listing, layout = await self._scan()
+        if not layout.exists:
+            raise self._missing()
+        listing_chunks = {c.key for c in layout.chunks}
+        if layout.sealed:
+            if not listing.chunks:
+                return
+            # Leftovers of an interrupted seal: check them against the sealed object first.
+            leftovers = Layout.build(self.key, Listing(None, listing.chunks))
+            if leftovers.size != layout.size:
+                raise CorruptionError(
+                    f"segment {self.path!r}: sealed object has {layout.size} bytes but leftover "
+                    f"chunks hold {leftovers.size}; refusing to delete them",
+                    path=self.path,
+                )
+            self.sealed_crc32c = await self._verify(
+                self.key, leftovers.chunks, await self._chunk_crcs(leftovers.chunks), leftovers.size
+            )
+            await self._delete_keys([c.key for c in leftovers.chunks])
+            return
+        if layout.size == 0:
+            await self._put_object(self.key, b"")
+            self.sealed_crc32c = 0
+        else:
+            await self._compose(layout)
+        after = await self._list()
+        if {c.key for c in after.chunks} != listing_chunks:
+            raise CorruptionError(
+                f"segment {self.path!r}: its chunks changed while it was being sealed; "
+                "another writer is active — chunks kept",
+                path=self.path,
+            )
+        if after.chunks:
+            await self._delete_keys([c.key for c in after.chunks])
+        self._layout = Layout(layout.size)

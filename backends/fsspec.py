@@ -1,0 +1,210 @@
+"""``fsspec`` driver: segments on any fsspec filesystem (``memory://``, ``file://``, ``gcs://``,
+``abfs://``, ...), with the same chunk scheme as the S3 driver.
+
+Portable means lowest common denominator: no server-side copy (sealing downloads the chunks and
+writes the sealed object from the client, as a temporary ``{key}.sealing`` that is verified and
+then moved into place), no conditional writes (chunk keys are still never reused by this
+driver; the single-writer rule of the contract carries the rest), and durability is whatever the
+filesystem gives (use the ``posix`` driver for local disks: it fsyncs). Listing caches are
+invalidated before every listing, and the filesystem is created with ``skip_instance_cache``.
+
+Filesystem calls are blocking in fsspec's sync API (async implementations run them on fsspec's
+own I/O thread), so every call goes through ``asyncio.to_thread``.
+
+Configuration: ``[backend] name = "fsspec"``, ``url = "memory://bucket/prefix"`` (any fsspec
+URL); ``storage_options`` go to the filesystem class.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from fsspec.core import url_to_fs
+
+from backends._chunks import (
+    VERIFY_PIECE,
+    Chunk,
+    ChunkedDriver,
+    Layout,
+    Listing,
+    ObjectInfo,
+    chunk_key,
+    crc32c,
+)
+from tierd.errors import BackendError, CorruptionError, SegmentNotFoundError, TierdError
+from tierd.tiered.segment import DriverRoot
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+
+    import fsspec
+
+__all__ = ["FsspecDriver", "FsspecRoot"]
+
+_T = TypeVar("_T")
+
+
+class FsspecRoot(DriverRoot):
+    """An fsspec URL; the filesystem object is made on first use and dropped when pickled."""
+
+    def __init__(self, url: str, storage_options: Mapping[str, Any] | None = None) -> None:
+        super().__init__(url, storage_options)
+        self._fs: fsspec.AbstractFileSystem | None = None
+        self._base: str | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_fs"] = None
+        state["_base"] = None
+        return state
+
+    def filesystem(self) -> tuple[fsspec.AbstractFileSystem, str]:
+        """The filesystem and the root path inside it (no trailing slash)."""
+        if self._fs is None or self._base is None:
+            options = dict(self.storage_options)
+            options.setdefault("skip_instance_cache", True)
+            try:
+                fs, base = url_to_fs(self.url, **options)
+            except (ImportError, ValueError) as e:
+                raise BackendError(
+                    f"cannot open backend.url {self.url!r} with fsspec: {e} (is the filesystem's "
+                    "package installed and are backend.storage_options right?)",
+                    url=self.url,
+                ) from e
+            self._fs, self._base = fs, str(base).rstrip("/")
+        return self._fs, self._base
+
+    def key_for(self, path: str) -> str:
+        """Filesystem path of the segment at ``path``."""
+        _, base = self.filesystem()
+        return f"{base}/{path}" if base else path
+
+    def driver(self, path: str) -> FsspecDriver:
+        # docstring inherited
+        return FsspecDriver(self, path)
+
+
+class FsspecDriver(ChunkedDriver):
+    """Chunked segment on an fsspec filesystem (see module doc)."""
+
+    supports_append = False
+    needs_seal = True
+    root: FsspecRoot
+
+    def __init__(self, root: FsspecRoot, path: str) -> None:
+        super().__init__(root, path, root.key_for(path))
+
+    @classmethod
+    def open_root(cls, url: str, storage_options: Mapping[str, Any] | None = None) -> FsspecRoot:
+        # docstring inherited
+        return FsspecRoot(url, storage_options)
+
+    @property
+    def _fs(self) -> fsspec.AbstractFileSystem:
+        return self.root.filesystem()[0]
+
+    async def _call(self, op: str, key: str, fn: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
+        try:
+            return await asyncio.to_thread(fn, *args, **kwargs)
+        except TierdError:
+            raise
+        except FileNotFoundError as e:
+            raise SegmentNotFoundError(f"{key} does not exist", key=key) from e
+        except Exception as e:
+            raise BackendError(f"fsspec {op} of {key!r} failed: {type(e).__name__}: {e}", key=key) from e
+
+    # ------------------------------------------------------------------ primitives
+    def _list_sync(self) -> Listing:
+        fs = self._fs
+        chunk_dir = self.key + ".chunks"
+        fs.invalidate_cache(fs._parent(self.key))
+        fs.invalidate_cache(chunk_dir)
+        sealed: ObjectInfo | None = None
+        try:
+            info = fs.info(self.key)
+        except FileNotFoundError:
+            info = None
+        if info is not None and info.get("type") == "file":
+            sealed = ObjectInfo(self.key, int(info["size"]))
+        chunks: list[ObjectInfo] = []
+        try:
+            entries = fs.ls(chunk_dir, detail=True)
+        except FileNotFoundError:
+            entries = []
+        prefix = chunk_dir + "/"
+        for e in entries:
+            name = str(e["name"]).rstrip("/").rsplit("/", 1)[-1]
+            # A non-file entry gets a trailing slash, which the name check reports as corruption.
+            suffix = "" if e.get("type") == "file" else "/"
+            chunks.append(ObjectInfo(prefix + name + suffix, int(e.get("size") or 0)))
+        return Listing(sealed, tuple(chunks))
+
+    async def _list(self) -> Listing:
+        return await self._call("list", self.key, self._list_sync)
+
+    def _pipe(self, key: str, data: bytes) -> None:
+        fs = self._fs
+        fs.makedirs(fs._parent(key), exist_ok=True)
+        fs.pipe_file(key, data)
+
+    async def _put_chunk(self, position: int, data: bytes, replace: Chunk | None) -> Chunk:
+        key = chunk_key(self.key, position)
+        await self._call("put", key, self._pipe, key, data)
+        return Chunk(position, len(data), key)
+
+    async def _put_object(self, key: str, data: bytes) -> None:
+        await self._call("put", key, self._pipe, key, data)
+
+    async def _get(self, key: str, start: int, end: int) -> bytes:
+        if end <= start:
+            return b""
+        data = await self._call("read", key, self._fs.cat_file, key, start=start, end=end)
+        return bytes(data)
+
+    async def _iter_object(self, key: str) -> AsyncIterator[bytes]:
+        info = await self._call("stat", key, self._fs.info, key)
+        size = int(info["size"])
+        for start in range(0, size, VERIFY_PIECE):
+            yield await self._get(key, start, min(size, start + VERIFY_PIECE))
+
+    def _delete_sync(self, keys: Sequence[str]) -> None:
+        fs = self._fs
+        for k in [*keys, self.key + ".sealing"]:
+            with contextlib.suppress(FileNotFoundError):
+                fs.rm_file(k)
+        # Local filesystems keep the emptied chunk directory around; others have none.
+        with contextlib.suppress(OSError, NotImplementedError):
+            if fs.exists(self.key + ".chunks") and not fs.ls(self.key + ".chunks"):
+                fs.rmdir(self.key + ".chunks")
+
+    async def _delete_keys(self, keys: Sequence[str]) -> None:
+        await self._call("delete", self.key, self._delete_sync, keys)
+
+    def _concat_sync(self, chunks: Sequence[Chunk], target: str) -> list[int]:
+        fs = self._fs
+        fs.makedirs(fs._parent(target), exist_ok=True)
+        crcs: list[int] = []
+        with fs.open(target, "wb") as out:
+            for c in chunks:
+                data = fs.cat_file(c.key) if c.length else b""
+                if len(data) != c.length:
+                    raise CorruptionError(
+                        f"chunk {c.key!r} holds {len(data)} bytes, listing said {c.length}", key=c.key
+                    )
+                crcs.append(crc32c(data) if data else 0)
+                out.write(data)
+        return crcs
+
+    async def _compose(self, layout: Layout) -> None:
+        tmp = self.key + ".sealing"
+        fs = self._fs
+        try:
+            crcs = await self._call("compose", tmp, self._concat_sync, layout.chunks, tmp)
+            self.sealed_crc32c = await self._verify(tmp, layout.chunks, crcs, layout.size)
+            await self._call("rename", tmp, fs.mv, tmp, self.key)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await asyncio.to_thread(fs.rm_file, tmp)
+            raise

@@ -1,0 +1,161 @@
+"""``memory`` driver: segments in a process-wide dictionary, for tests and demos.
+
+Data lives in a module-level table of *namespaces* keyed by the root's name, so two roots (or
+two unpickled copies of one) with the same name see the same segments — that is what lets tests
+reach the data behind the driver's back (:func:`namespace`). Nothing survives the process.
+
+Configuration: ``[backend] name = "memory"``, ``url = "memory://NAME"`` (or just ``NAME``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from tierd.errors import (
+    CorruptionError,
+    InvalidArgumentError,
+    InvalidRangeError,
+    SegmentNotFoundError,
+    SegmentReadError,
+    SegmentSealedError,
+)
+from tierd.tiered.segment import ByteRange, DriverRoot, SegmentDriver
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+__all__ = ["MemoryDriver", "MemoryRoot", "StoredSegment", "drop_namespace", "namespace"]
+
+
+@dataclass
+class StoredSegment:
+    """What the memory backend holds for one segment."""
+
+    data: bytearray = field(default_factory=bytearray)
+    sealed: bool = False
+
+
+_NAMESPACES: dict[str, dict[str, StoredSegment]] = {}
+
+
+def namespace(name: str) -> dict[str, StoredSegment]:
+    """The live table of segments (path → :class:`StoredSegment`) of root ``name`` (backdoor)."""
+    return _NAMESPACES.setdefault(name, {})
+
+
+def drop_namespace(name: str) -> None:
+    """Forget every segment of root ``name`` (tests free memory with it)."""
+    _NAMESPACES.pop(name, None)
+
+
+class MemoryRoot(DriverRoot):
+    """A named namespace in the process-wide table."""
+
+    def __init__(self, url: str, storage_options: Mapping[str, Any] | None = None) -> None:
+        super().__init__(url, storage_options)
+        if self.storage_options:
+            raise InvalidArgumentError(
+                f"memory driver takes no storage_options, got {sorted(self.storage_options)}",
+                options=sorted(self.storage_options),
+            )
+        #: Namespace name: the URL without ``memory://`` and surrounding slashes.
+        self.name = url.removeprefix("memory://").strip("/") or "default"
+
+    def driver(self, path: str) -> MemoryDriver:
+        # docstring inherited
+        return MemoryDriver(self, path)
+
+
+class MemoryDriver(SegmentDriver):
+    """A segment as a ``bytearray`` in the namespace of its root."""
+
+    supports_append = True
+    needs_seal = False
+    root: MemoryRoot
+
+    def __init__(self, root: MemoryRoot, path: str) -> None:
+        super().__init__(root, path)
+
+    @classmethod
+    def open_root(cls, url: str, storage_options: Mapping[str, Any] | None = None) -> MemoryRoot:
+        # docstring inherited
+        return MemoryRoot(url, storage_options)
+
+    def _get(self) -> StoredSegment:
+        seg = namespace(self.root.name).get(self.path)
+        if seg is None:
+            raise SegmentNotFoundError(f"segment {self.path!r} does not exist in memory://{self.root.name}")
+        return seg
+
+    async def size(self) -> int:
+        # docstring inherited
+        return len(self._get().data)
+
+    async def exists(self) -> bool:
+        # docstring inherited
+        return self.path in namespace(self.root.name)
+
+    async def create(self) -> None:
+        # docstring inherited
+        namespace(self.root.name).setdefault(self.path, StoredSegment())
+
+    async def delete(self) -> None:
+        # docstring inherited
+        namespace(self.root.name).pop(self.path, None)
+
+    async def read(self, byte_range: ByteRange) -> bytes:
+        # docstring inherited
+        data = self._get().data
+        if byte_range.end > len(data):
+            raise SegmentReadError(
+                f"cannot read [{byte_range.start}, {byte_range.end}) of segment {self.path!r}: "
+                f"it holds {len(data)} bytes",
+                path=self.path,
+                start=byte_range.start,
+                length=byte_range.length,
+                size=len(data),
+            )
+        return bytes(data[byte_range.start : byte_range.end])
+
+    async def write(self, position: int, data: bytes) -> None:
+        # docstring inherited
+        if position < 0:
+            raise InvalidRangeError(f"write position must be >= 0, got {position}", position=position)
+        if not data:
+            raise InvalidRangeError("write needs at least one byte, got empty data", position=position)
+        table = namespace(self.root.name)
+        seg = table.get(self.path)
+        if seg is None:
+            if position != 0:
+                raise SegmentNotFoundError(
+                    f"segment {self.path!r} does not exist in memory://{self.root.name}"
+                )
+            seg = table.setdefault(self.path, StoredSegment())
+        if seg.sealed:
+            raise SegmentSealedError(f"segment {self.path!r} is sealed; writes are refused", path=self.path)
+        end = len(seg.data)
+        if position > end:
+            raise InvalidRangeError(
+                f"write at {position} would leave a hole: segment {self.path!r} holds {end} bytes",
+                path=self.path,
+                position=position,
+                size=end,
+            )
+        overlap = min(end, position + len(data)) - position
+        if overlap > 0 and seg.data[position : position + overlap] != data[:overlap]:
+            raise CorruptionError(
+                f"write at {position} of segment {self.path!r} conflicts with the {overlap} bytes "
+                "already there",
+                path=self.path,
+                position=position,
+            )
+        seg.data += data[overlap:]
+
+    async def seal(self) -> None:
+        # docstring inherited
+        self._get().sealed = True
+
+    async def is_sealed(self) -> bool:
+        # docstring inherited
+        return self._get().sealed

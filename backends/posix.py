@@ -1,0 +1,314 @@
+"""``posix`` driver: one segment = one file under a local (or mounted) directory.
+
+Writes are positional (``os.pwrite``) and fsynced before they return; creating a file also
+fsyncs its directory (and every directory created on the way), so a segment that ``write``
+reported is still there after a power cut. Sealing clears the file's write permission bits —
+the driver checks them itself before every write, so the seal holds even for root, and it
+survives restarts without a second marker file. Blocking calls run in a worker thread
+(``asyncio.to_thread``) so that an fsync never stalls the event loop.
+
+Configuration: ``[backend] name = "posix"``, ``url = "/abs/dir"`` (or ``file:///abs/dir``; a
+relative path is resolved against the working directory when the root is made). The only
+storage option is ``fsync`` (default true; false is for throwaway test data).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import os
+import stat
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from tierd.errors import (
+    BackendError,
+    CorruptionError,
+    InvalidArgumentError,
+    InvalidRangeError,
+    SegmentNotFoundError,
+    SegmentReadError,
+    SegmentSealedError,
+    TierdError,
+)
+from tierd.tiered.segment import ByteRange, DriverRoot, SegmentDriver
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+__all__ = ["PosixDriver", "PosixRoot"]
+
+_WRITABLE = stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH
+_OPEN_MODE = 0o644
+_SEALED_MODE = 0o444
+
+
+class PosixRoot(DriverRoot):
+    """A directory holding segments as files (created on first write)."""
+
+    def __init__(self, url: str, storage_options: Mapping[str, Any] | None = None) -> None:
+        super().__init__(url, storage_options)
+        unknown = set(self.storage_options) - {"fsync"}
+        if unknown:
+            raise InvalidArgumentError(
+                f"posix driver storage_options accept only 'fsync', got {sorted(unknown)}",
+                options=sorted(unknown),
+            )
+        raw = url.removeprefix("file://") if url.startswith("file://") else url
+        if not raw:
+            raise InvalidArgumentError(
+                "backend.url for the posix driver must be a directory, got ''", url=url
+            )
+        #: Absolute directory under which segment paths are resolved.
+        self.directory = Path(raw).expanduser().absolute()
+        self.fsync = bool(self.storage_options.get("fsync", True))
+
+    def driver(self, path: str) -> PosixDriver:
+        # docstring inherited
+        return PosixDriver(self, path)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _pread_exact(fd: int, length: int, offset: int) -> bytes:
+    chunks: list[bytes] = []
+    while length:
+        piece = os.pread(fd, length, offset)
+        if not piece:
+            break
+        chunks.append(piece)
+        length -= len(piece)
+        offset += len(piece)
+    return b"".join(chunks)
+
+
+def _pwrite_all(fd: int, data: memoryview, offset: int) -> None:
+    while data:
+        written = os.pwrite(fd, data, offset)
+        data = data[written:]
+        offset += written
+
+
+class PosixDriver(SegmentDriver):
+    """One file per segment (see module doc)."""
+
+    supports_append = True
+    needs_seal = False
+    root: PosixRoot
+
+    def __init__(self, root: PosixRoot, path: str) -> None:
+        super().__init__(root, path)
+        self.file = root.directory.joinpath(*self.path.split("/"))
+
+    @classmethod
+    def open_root(cls, url: str, storage_options: Mapping[str, Any] | None = None) -> PosixRoot:
+        # docstring inherited
+        return PosixRoot(url, storage_options)
+
+    # ------------------------------------------------------------------ sync helpers
+    def _missing(self) -> SegmentNotFoundError:
+        return SegmentNotFoundError(
+            f"segment {self.path!r} does not exist under {self.root.directory}", path=self.path
+        )
+
+    def _os_error(self, op: str, err: OSError) -> BackendError:
+        return BackendError(
+            f"posix {op} of {self.file} failed: {err.strerror or err}", path=self.path, errno=err.errno
+        )
+
+    def _stat(self) -> os.stat_result:
+        try:
+            st = os.stat(self.file)
+        except FileNotFoundError:
+            raise self._missing() from None
+        except NotADirectoryError:
+            raise self._missing() from None
+        if not stat.S_ISREG(st.st_mode):
+            raise self._missing()
+        return st
+
+    def _make_parents(self) -> None:
+        """Create missing parent directories, fsyncing each new directory's parent."""
+        missing: list[Path] = []
+        d = self.file.parent
+        while not d.exists():
+            missing.append(d)
+            d = d.parent
+        for new in reversed(missing):
+            try:
+                new.mkdir()
+            except FileExistsError:
+                continue
+            if self.root.fsync:
+                _fsync_dir(new.parent)
+
+    def _sealed(self) -> SegmentSealedError:
+        return SegmentSealedError(f"segment {self.path!r} is sealed; writes are refused", path=self.path)
+
+    def _open_rw(self) -> int:
+        """Open the existing file read-write. Without root, a sealed (0444) file cannot be opened
+        for writing at all; report that as the seal it is, not as a permission problem."""
+        try:
+            return os.open(self.file, os.O_RDWR | os.O_CLOEXEC)
+        except PermissionError:
+            if not os.stat(self.file).st_mode & _WRITABLE:
+                raise self._sealed() from None
+            raise
+
+    def _create_file(self) -> int:
+        """Open the file for writing, creating it (durably) if missing."""
+        try:
+            return self._open_rw()
+        except FileNotFoundError:
+            pass
+        self._make_parents()
+        try:
+            fd = os.open(self.file, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, _OPEN_MODE)
+        except FileExistsError:
+            return self._open_rw()
+        # Undo the umask: cleared write bits mean "sealed" to this driver.
+        os.fchmod(fd, _OPEN_MODE)
+        if self.root.fsync:
+            os.fsync(fd)
+            _fsync_dir(self.file.parent)
+        return fd
+
+    def _create_sync(self) -> None:
+        if self.file.is_file():
+            return
+        os.close(self._create_file())
+
+    def _write_sync(self, position: int, data: bytes) -> None:
+        if position == 0:
+            fd = self._create_file()
+        else:
+            try:
+                fd = self._open_rw()
+            except (FileNotFoundError, NotADirectoryError):
+                raise self._missing() from None
+        try:
+            st = os.fstat(fd)
+            if not st.st_mode & _WRITABLE:
+                raise self._sealed()
+            end = st.st_size
+            if position > end:
+                raise InvalidRangeError(
+                    f"write at {position} would leave a hole: segment {self.path!r} holds {end} bytes",
+                    path=self.path,
+                    position=position,
+                    size=end,
+                )
+            overlap = min(end, position + len(data)) - position
+            if overlap > 0 and _pread_exact(fd, overlap, position) != data[:overlap]:
+                raise CorruptionError(
+                    f"write at {position} of segment {self.path!r} conflicts with the {overlap} bytes "
+                    "already stored there",
+                    path=self.path,
+                    position=position,
+                )
+            if overlap < len(data):
+                _pwrite_all(fd, memoryview(data)[overlap:], end)
+                if self.root.fsync:
+                    os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def _read_sync(self, rng: ByteRange) -> bytes:
+        try:
+            fd = os.open(self.file, os.O_RDONLY | os.O_CLOEXEC)
+        except (FileNotFoundError, NotADirectoryError):
+            raise self._missing() from None
+        try:
+            size = os.fstat(fd).st_size
+            if rng.end > size:
+                raise SegmentReadError(
+                    f"cannot read [{rng.start}, {rng.end}) of segment {self.path!r}: it holds {size} bytes",
+                    path=self.path,
+                    start=rng.start,
+                    length=rng.length,
+                    size=size,
+                )
+            data = _pread_exact(fd, rng.length, rng.start)
+        finally:
+            os.close(fd)
+        if len(data) != rng.length:
+            raise CorruptionError(
+                f"segment {self.path!r} shrank while reading [{rng.start}, {rng.end})", path=self.path
+            )
+        return data
+
+    def _seal_sync(self) -> None:
+        try:
+            fd = os.open(self.file, os.O_RDONLY | os.O_CLOEXEC)
+        except (FileNotFoundError, NotADirectoryError):
+            raise self._missing() from None
+        try:
+            os.fchmod(fd, _SEALED_MODE)
+            if self.root.fsync:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def _delete_sync(self) -> None:
+        try:
+            os.unlink(self.file)
+        except (FileNotFoundError, NotADirectoryError):
+            return
+        if self.root.fsync:
+            _fsync_dir(self.file.parent)
+
+    async def _run(self, op: str, fn: Any, *args: Any) -> Any:
+        try:
+            return await asyncio.to_thread(fn, *args)
+        except OSError as e:
+            if isinstance(e, TierdError):  # ours (several derive from OSError): already typed
+                raise
+            if e.errno == errno.ENOENT:
+                raise self._missing() from e
+            raise self._os_error(op, e) from e
+
+    # ------------------------------------------------------------------ the contract
+    async def size(self) -> int:
+        # docstring inherited
+        st: os.stat_result = await self._run("stat", self._stat)
+        return st.st_size
+
+    async def exists(self) -> bool:
+        # docstring inherited
+        return bool(await self._run("stat", self.file.is_file))
+
+    async def create(self) -> None:
+        # docstring inherited
+        await self._run("create", self._create_sync)
+
+    async def delete(self) -> None:
+        # docstring inherited
+        await self._run("delete", self._delete_sync)
+
+    async def read(self, byte_range: ByteRange) -> bytes:
+        # docstring inherited
+        data: bytes = await self._run("read", self._read_sync, byte_range)
+        return data
+
+    async def write(self, position: int, data: bytes) -> None:
+        # docstring inherited
+        if position < 0:
+            raise InvalidRangeError(f"write position must be >= 0, got {position}", position=position)
+        if not data:
+            raise InvalidRangeError("write needs at least one byte, got empty data", position=position)
+        await self._run("write", self._write_sync, position, bytes(data))
+
+    async def seal(self) -> None:
+        # docstring inherited
+        await self._run("seal", self._seal_sync)
+
+    async def is_sealed(self) -> bool:
+        # docstring inherited
+        st: os.stat_result = await self._run("stat", self._stat)
+        return not st.st_mode & _WRITABLE

@@ -1,0 +1,641 @@
+"""The segment driver contract and the append/commit logic built once on top of it.
+
+A *segment* is one backend file of the cold tier: a slice of a flat commitlog, consume queue or
+index, named by its base offset (see :mod:`tierd.tiered.paths`). Two layers live here:
+
+* :class:`SegmentDriver` — the small async ABC a backend implements for ONE segment (seven
+  methods, two capability flags). Its docstrings are the contract; ``tierd.testing.segment``
+  ships the conformance suite that checks it.
+* :class:`FileSegment` — RocketMQ's FileSegment: append buffer, append vs commit position,
+  timestamps, one driver write per commit, and reconciliation with the backend after a failed
+  commit. Drivers never see buffering or retries; FileSegment never sees backend details.
+
+Drivers are made by a :class:`DriverRoot` — one per backend location (a directory, a bucket
+prefix, a memory namespace) — which owns whatever is expensive to share (an S3 client). Roots
+and drivers pickle to plain data (URL, options, path) and reconnect lazily after unpickling, so
+Spark can ship them to workers.
+
+Concurrency model (drivers and FileSegment alike): everything runs on ONE asyncio event loop.
+Any number of reads of a segment may run concurrently, but at most one *mutating* call
+(``create``, ``write``, ``seal``, ``delete``) per segment may be in flight at a time;
+:class:`FileSegment` guarantees this by refusing a second concurrent commit with
+:class:`~tierd.errors.ConcurrentCommitError`. Nothing here is thread-safe; different segments
+are independent.
+"""
+
+from __future__ import annotations
+
+import enum
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from tierd.errors import (
+    ConcurrentCommitError,
+    CorruptionError,
+    InvalidArgumentError,
+    InvalidRangeError,
+    SegmentNotFoundError,
+    SegmentReadError,
+    StoreClosedError,
+)
+
+if TYPE_CHECKING:
+    from types import TracebackType
+    from typing import Self
+
+__all__ = [
+    "MAX_POSITION",
+    "AppendResult",
+    "ByteRange",
+    "DriverRoot",
+    "FileSegment",
+    "FileType",
+    "SegmentDriver",
+    "Transform",
+    "validate_segment_path",
+]
+
+#: Largest byte position or length tierd accepts (Java's ``Long.MAX_VALUE``, like RocketMQ).
+MAX_POSITION = 2**63 - 1
+
+
+class FileType(enum.IntEnum):
+    """What a segment holds; the value is RocketMQ's ``FileSegmentType`` code."""
+
+    COMMIT_LOG = 0
+    CONSUME_QUEUE = 1
+    INDEX = 2
+
+    @classmethod
+    def from_code(cls, code: int) -> FileType:
+        """Decode a stored code; unknown codes read as COMMIT_LOG, as RocketMQ does."""
+        try:
+            return cls(code)
+        except ValueError:
+            return cls.COMMIT_LOG
+
+
+@dataclass(frozen=True, slots=True)
+class ByteRange:
+    """``length`` bytes starting at byte ``start`` of a segment (end exclusive).
+
+    Validated on construction so that a bad range fails where it is made, with a typed
+    :class:`~tierd.errors.InvalidRangeError`: ``start >= 0``, ``length >= 1`` and
+    ``start + length <= MAX_POSITION``. Whether the range lies inside a segment is the reader's
+    business (:class:`~tierd.errors.SegmentReadError`).
+    """
+
+    start: int
+    length: int
+
+    def __post_init__(self) -> None:
+        if self.start < 0:
+            raise InvalidRangeError(
+                f"byte range start must be >= 0, got {self.start}", start=self.start, length=self.length
+            )
+        if self.length <= 0:
+            raise InvalidRangeError(
+                f"byte range length must be >= 1, got {self.length}", start=self.start, length=self.length
+            )
+        if self.start + self.length > MAX_POSITION:
+            raise InvalidRangeError(
+                f"byte range {self.start}+{self.length} overflows the largest position {MAX_POSITION}",
+                start=self.start,
+                length=self.length,
+            )
+
+    @property
+    def end(self) -> int:
+        """First byte position after the range."""
+        return self.start + self.length
+
+
+def validate_segment_path(path: str) -> str:
+    """Check a driver path: relative, ``/``-separated, no empty, ``.`` or ``..`` components.
+
+    Paths are logical (see :func:`tierd.tiered.paths.segment_path`); each driver maps them under
+    its root. Refusing ``..`` and absolute paths keeps a segment from escaping its root.
+    """
+    if not isinstance(path, str) or not path:
+        raise InvalidArgumentError(f"segment path must be a non-empty string, got {path!r}", path=path)
+    if path.startswith("/") or "\\" in path or "\x00" in path:
+        raise InvalidArgumentError(
+            f"segment path must be relative and use '/' separators, got {path!r}", path=path
+        )
+    for part in path.split("/"):
+        if part in ("", ".", ".."):
+            raise InvalidArgumentError(
+                f"segment path {path!r} has an empty, '.' or '..' component", path=path
+            )
+    return path
+
+
+class DriverRoot(ABC):
+    """One backend location that makes :class:`SegmentDriver` instances for paths under it.
+
+    A root owns the resources its drivers share (an S3 client, a filesystem object) and releases
+    them in :meth:`aclose`; a closed root reconnects lazily when used again. Roots are cheap to
+    construct (no I/O) and must pickle to plain data: ``url``, ``storage_options`` and whatever
+    the subclass needs, never a live client. ``repr`` shows the URL only, because storage
+    options may hold secrets.
+
+    Use as ``async with root:`` to close it on exit.
+    """
+
+    def __init__(self, url: str, storage_options: Mapping[str, Any] | None = None) -> None:
+        self.url = url
+        self.storage_options: dict[str, Any] = dict(storage_options or {})
+
+    @abstractmethod
+    def driver(self, path: str) -> SegmentDriver:
+        """A driver for the segment at ``path`` (relative to the root; see
+        :func:`validate_segment_path`). No I/O happens here."""
+
+    async def aclose(self) -> None:  # noqa: B027 — optional hook, empty on purpose
+        """Release shared resources (network clients). Idempotent. Default: nothing to release."""
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.aclose()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.url!r})"
+
+
+class SegmentDriver(ABC):
+    """Async access to ONE segment on one backend: the contract every tierd driver implements.
+
+    Ten members: eight abstract coroutines (:meth:`size`, :meth:`exists`, :meth:`create`,
+    :meth:`delete`, :meth:`read`, :meth:`write`, :meth:`seal`, :meth:`is_sealed`) and two
+    capability flags (:attr:`supports_append`, :attr:`needs_seal`). Everything else (buffering,
+    retries, offsets) belongs to :class:`FileSegment`.
+
+    **Model.** A segment is a byte string that only grows at its end, plus a *sealed* bit. Bytes
+    once written never change; sealing freezes the length. A segment that does not exist is
+    distinct from an empty one: every method except :meth:`exists`, :meth:`create`,
+    :meth:`delete` and ``write(0, ...)`` raises :class:`~tierd.errors.SegmentNotFoundError` for a
+    missing segment. No method signals failure with a sentinel (``-1``, ``False``, ``None``):
+    failures are typed exceptions from :mod:`tierd.errors` — backend faults are
+    :class:`~tierd.errors.BackendError` (retryable), data that contradicts the model (gaps,
+    overlaps, conflicting rewrites) is :class:`~tierd.errors.CorruptionError`.
+
+    **Truth.** :meth:`size` and :meth:`exists` report the backend's state *now*, not a cache; a
+    driver may cache for its own reads and writes only what it can revalidate.
+
+    **Concurrency.** One event loop; concurrent reads are allowed; at most one mutating call
+    (``create``/``write``/``seal``/``delete``) per segment at a time, across all processes.
+    :class:`FileSegment` serialises commits, and the tiering layer owns each segment from one
+    process.
+
+    **Constructing.** Drivers are made by their :class:`DriverRoot` (``root.driver(path)``);
+    registered drivers implement the classmethod :meth:`open_root` that the registry calls with
+    the ``[backend]`` URL and storage options. Drivers pickle together with their root.
+
+    Note for implementers: docstrings in drivers say ``# docstring inherited``; the contract is
+    here. Run ``tierd.testing.segment.SegmentDriverTests`` against your driver.
+    """
+
+    #: True when the backend extends one file in place (posix, memory). False for immutable
+    #: object stores, where each write becomes a chunk object (``needs_seal`` is then True).
+    supports_append: bool
+    #: True when :meth:`seal` does real work worth scheduling (composing chunks into one
+    #: object: O(segment size)); False when sealing only flips a flag.
+    needs_seal: bool
+
+    def __init__(self, root: DriverRoot, path: str) -> None:
+        self.root = root
+        self.path = validate_segment_path(path)
+
+    @classmethod
+    def open_root(cls, url: str, storage_options: Mapping[str, Any] | None = None) -> DriverRoot:
+        """Make the root this driver class is registered for, from ``[backend] url`` and
+        ``storage_options``. Registered drivers override this; wrappers (e.g. the fault
+        injector) do not, and cannot be selected by name."""
+        raise TypeError(f"{cls.__name__} cannot be opened from a URL; wrap a driver made by a root instead")
+
+    # ------------------------------------------------------------------ the contract
+    @abstractmethod
+    async def size(self) -> int:
+        """Number of bytes the backend holds for this segment right now.
+
+        Raises :class:`~tierd.errors.SegmentNotFoundError` if the segment does not exist and
+        :class:`~tierd.errors.CorruptionError` if its stored form is inconsistent (for chunked
+        drivers: a gap or overlap between chunks). This is the value :class:`FileSegment`
+        trusts when it reconciles after a failed commit, so it must not come from a cache.
+        """
+
+    @abstractmethod
+    async def exists(self) -> bool:
+        """True if the segment exists (empty, open or sealed). Answers a question, so it returns
+        False rather than raising for a missing segment."""
+
+    @abstractmethod
+    async def create(self) -> None:
+        """Create the segment empty if it does not exist; a no-op if it exists (never truncates,
+        allowed on a sealed segment). Durable on return."""
+
+    @abstractmethod
+    async def delete(self) -> None:
+        """Remove the segment and everything stored for it (chunks, temporary objects).
+        Idempotent: deleting a missing segment is a no-op. Allowed on sealed segments."""
+
+    @abstractmethod
+    async def read(self, byte_range: ByteRange) -> bytes:
+        """Return exactly ``byte_range.length`` bytes starting at ``byte_range.start``.
+
+        The whole range must lie inside the bytes the segment holds: ``byte_range.end > size``
+        raises :class:`~tierd.errors.SegmentReadError` (no short reads; clamping is the caller's
+        choice). Raises :class:`~tierd.errors.SegmentNotFoundError` for a missing segment. A read
+        sees every write that returned before the read started.
+        """
+
+    @abstractmethod
+    async def write(self, position: int, data: bytes) -> None:
+        """Make the segment hold ``data`` at ``[position, position + len(data))``.
+
+        Checked in this order; when a check fails nothing is written:
+
+        1. ``position >= 0`` and ``data`` non-empty, else
+           :class:`~tierd.errors.InvalidRangeError`.
+        2. The segment exists, or ``position == 0`` (then the write creates it), else
+           :class:`~tierd.errors.SegmentNotFoundError`.
+        3. It is not sealed, else :class:`~tierd.errors.SegmentSealedError`.
+        4. No hole: ``position <= size``, else :class:`~tierd.errors.InvalidRangeError` with
+           ``detail["size"]`` the current size.
+        5. Bytes already stored in ``[position, min(size, position + len(data)))`` equal the
+           corresponding prefix of ``data``, else :class:`~tierd.errors.CorruptionError`.
+
+        Effect: the part of ``data`` beyond the current end is appended. Hence rewriting bytes
+        that are already there is a no-op (**idempotent**), and repeating a write whose
+        acknowledgement was lost, or which landed only partly, completes it without duplicating
+        anything.
+
+        On return the new bytes are durable and visible to :meth:`size` and :meth:`read` of any
+        driver for this path. If the call raises, some prefix (possibly empty, possibly all) of
+        the new bytes may have landed, and nothing else; :meth:`size` tells how much.
+        """
+
+    @abstractmethod
+    async def seal(self) -> None:
+        """Make the segment immutable: afterwards :meth:`write` raises
+        :class:`~tierd.errors.SegmentSealedError`; :meth:`size` and :meth:`read` are unchanged.
+
+        Idempotent. Raises :class:`~tierd.errors.SegmentNotFoundError` for a missing segment.
+        Chunked drivers compose their chunks into one object here and verify it before removing
+        the chunks; if ``seal`` raises, the segment still reads the same bytes and ``seal`` may
+        simply be called again.
+        """
+
+    @abstractmethod
+    async def is_sealed(self) -> bool:
+        """True once :meth:`seal` has completed. Raises
+        :class:`~tierd.errors.SegmentNotFoundError` for a missing segment."""
+
+    # ------------------------------------------------------------------ conveniences
+    async def read_all(self) -> bytes:
+        """All bytes of the segment (``b""`` when empty). Convenience for small segments and tests:
+        two calls (size, read), not atomic against a concurrent writer."""
+        size = await self.size()
+        if size == 0:
+            return b""
+        return await self.read(ByteRange(0, size))
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.root.url!r}, {self.path!r})"
+
+
+class AppendResult(enum.Enum):
+    """Outcome of :meth:`FileSegment.append` (RocketMQ's ``AppendResult``)."""
+
+    SUCCESS = "success"
+    #: The bytes would not fit below ``max_size``: roll to a new segment.
+    FILE_FULL = "file_full"
+    #: ``max_buffer_count`` appends are waiting for a commit: commit first (back-pressure).
+    BUFFER_FULL = "buffer_full"
+    #: The segment was closed or sealed.
+    FILE_CLOSED = "file_closed"
+
+
+#: ``transform(position, data) -> data`` rewrites bytes at upload time; same length required.
+Transform = Callable[[int, bytes], bytes]
+
+
+class FileSegment:
+    """A segment being filled: append buffer on top of a :class:`SegmentDriver`.
+
+    Positions are byte positions inside the segment; offsets are ``base_offset + position``.
+    ``commit_position`` counts bytes durably on the backend, ``append_position`` bytes accepted
+    (committed + in flight + buffered). Only committed bytes are readable.
+
+    **Commit.** :meth:`commit` sends every byte not yet committed in ONE ``driver.write`` at
+    ``commit_position``. If it fails, the bytes stay queued and the segment is marked *suspect*;
+    the next :meth:`commit` first reconciles with the backend's real size (``driver.size()``):
+    bytes that actually landed are dropped from the queue (never sent twice), a partial write is
+    completed by writing the rest at the backend's end, and a backend that is *shorter* than
+    what was acknowledged before, or longer than anything sent, is reported as
+    :class:`~tierd.errors.CorruptionError`. Then it writes what remains, including bytes appended
+    meanwhile. Retry timing (backoff, jitter) is the caller's: ``commit`` is always safe to call
+    again after it raised. A second ``commit`` (or ``seal``/``destroy``) while one is in flight
+    raises :class:`~tierd.errors.ConcurrentCommitError` — it never waits and never returns a
+    sentinel.
+
+    **Transform.** ``transform(position, data)`` (optional) rewrites bytes as they leave the
+    append buffer for upload — the flat commitlog rewrites each record's PHYSICALOFFSET there.
+    It is called exactly once per byte, with ``data`` a whole number of appended buffers
+    starting at ``position``, and must return bytes of the same length. Bytes re-sent after a
+    failure are the already transformed ones.
+    """
+
+    def __init__(
+        self,
+        driver: SegmentDriver,
+        file_type: FileType,
+        base_offset: int,
+        *,
+        max_size: int,
+        max_buffer_count: int = 10_000,
+        transform: Transform | None = None,
+    ) -> None:
+        if base_offset < 0:
+            raise InvalidArgumentError(
+                f"base_offset must be >= 0, got {base_offset}", base_offset=base_offset
+            )
+        if max_size <= 0:
+            raise InvalidArgumentError(f"max_size must be >= 1, got {max_size}", max_size=max_size)
+        if max_buffer_count <= 0:
+            raise InvalidArgumentError(
+                f"max_buffer_count must be >= 1, got {max_buffer_count}", max_buffer_count=max_buffer_count
+            )
+        self.driver = driver
+        self.file_type = file_type
+        self.base_offset = base_offset
+        self.max_size = max_size
+        self.max_buffer_count = max_buffer_count
+        self._transform = transform
+        self._commit_position = 0
+        self._buffers: list[bytes] = []
+        self._buffered_bytes = 0
+        # Transformed bytes handed to a commit and not yet confirmed; they start at commit_position.
+        self._pending = b""
+        self._pending_count = 0
+        self._suspect = False
+        self._busy = False
+        self._closed = False
+        self._sealed = False
+        self.min_timestamp: int | None = None
+        self.max_timestamp: int | None = None
+
+    # ------------------------------------------------------------------ positions
+    @property
+    def path(self) -> str:
+        """The driver's segment path."""
+        return self.driver.path
+
+    @property
+    def commit_position(self) -> int:
+        """Bytes durably stored on the backend (as far as this segment knows)."""
+        return self._commit_position
+
+    @property
+    def append_position(self) -> int:
+        """Bytes accepted: committed, in flight and buffered."""
+        return self._commit_position + len(self._pending) + self._buffered_bytes
+
+    @property
+    def commit_offset(self) -> int:
+        """``base_offset + commit_position``."""
+        return self.base_offset + self._commit_position
+
+    @property
+    def append_offset(self) -> int:
+        """``base_offset + append_position``."""
+        return self.base_offset + self.append_position
+
+    @property
+    def needs_commit(self) -> bool:
+        """True while some accepted bytes are not yet committed."""
+        return self.append_position > self._commit_position
+
+    @property
+    def buffered_count(self) -> int:
+        """Appends not yet committed (the BUFFER_FULL measure)."""
+        return len(self._buffers) + self._pending_count
+
+    @property
+    def closed(self) -> bool:
+        """True after :meth:`close`, :meth:`seal` or :meth:`destroy`."""
+        return self._closed
+
+    @property
+    def sealed(self) -> bool:
+        """True after a successful :meth:`seal`."""
+        return self._sealed
+
+    def init_position(self, position: int) -> None:
+        """Set both positions (recovery: the backend already holds ``position`` bytes).
+
+        Only allowed while nothing is buffered, since buffered bytes were positioned against the
+        old value.
+        """
+        if position < 0:
+            raise InvalidArgumentError(f"position must be >= 0, got {position}", position=position)
+        if self.needs_commit:
+            raise InvalidArgumentError(
+                "init_position with uncommitted bytes buffered would misplace them",
+                position=position,
+                append_position=self.append_position,
+            )
+        self._commit_position = position
+        self._suspect = False
+
+    async def load_position(self) -> int:
+        """Recovery helper: set both positions from the backend's size (0 if the segment does
+        not exist yet) and return it."""
+        try:
+            size = await self.driver.size()
+        except SegmentNotFoundError:
+            size = 0
+        self.init_position(size)
+        return size
+
+    # ------------------------------------------------------------------ append / commit
+    def append(self, data: bytes, timestamp: int) -> AppendResult:
+        """Queue ``data`` (a whole record or batch) for the next commit.
+
+        Checks, in RocketMQ's order: closed → FILE_CLOSED; ``append_position + len(data) >
+        max_size`` → FILE_FULL; ``max_buffer_count`` appends waiting → BUFFER_FULL. On SUCCESS
+        the append position advances and ``timestamp`` (store time, ms) widens the min/max.
+        """
+        if self._closed:
+            return AppendResult.FILE_CLOSED
+        if self.append_position + len(data) > self.max_size:
+            return AppendResult.FILE_FULL
+        if self.buffered_count >= self.max_buffer_count:
+            return AppendResult.BUFFER_FULL
+        if not data:
+            return AppendResult.SUCCESS
+        self._buffers.append(bytes(data))
+        self._buffered_bytes += len(data)
+        if self.min_timestamp is None or timestamp < self.min_timestamp:
+            self.min_timestamp = timestamp
+        if self.max_timestamp is None or timestamp > self.max_timestamp:
+            self.max_timestamp = timestamp
+        return AppendResult.SUCCESS
+
+    async def commit(self) -> int:
+        """Upload everything not yet committed in one driver write; return by how many bytes
+        ``commit_position`` advanced during this call (0 when there was nothing to do).
+
+        Raises :class:`~tierd.errors.StoreClosedError` on a closed segment,
+        :class:`~tierd.errors.ConcurrentCommitError` if a commit is in flight, and whatever the
+        driver raised (the bytes stay queued; call again later).
+        """
+        if self._closed:
+            raise StoreClosedError(f"segment {self.path} is closed", path=self.path)
+        self._enter()
+        try:
+            return await self._commit_locked()
+        finally:
+            self._busy = False
+
+    def _enter(self) -> None:
+        if self._busy:
+            raise ConcurrentCommitError(
+                f"a commit of segment {self.path} is already in flight; commits are serialised",
+                path=self.path,
+            )
+        self._busy = True
+
+    async def _commit_locked(self) -> int:
+        before = self._commit_position
+        if self._suspect:
+            await self._reconcile()
+        if self._buffers:
+            joined = b"".join(self._buffers)
+            start = self._commit_position + len(self._pending)
+            out = joined if self._transform is None else self._transform(start, joined)
+            if len(out) != len(joined):
+                raise InvalidArgumentError(
+                    f"transform changed the length of {len(joined)} bytes at position {start} to {len(out)}",
+                    position=start,
+                )
+            self._pending = self._pending + out if self._pending else bytes(out)
+            self._pending_count += len(self._buffers)
+            self._buffers = []
+            self._buffered_bytes = 0
+        if self._pending:
+            try:
+                await self.driver.write(self._commit_position, self._pending)
+            except BaseException:
+                # Cancellation included: we cannot know what landed, so ask the backend next time.
+                self._suspect = True
+                raise
+            self._commit_position += len(self._pending)
+            self._pending = b""
+            self._pending_count = 0
+        return self._commit_position - before
+
+    async def _reconcile(self) -> None:
+        """Align ``commit_position`` with the backend after a failed write (see class doc)."""
+        try:
+            size = await self.driver.size()
+        except SegmentNotFoundError:
+            size = 0
+        low = self._commit_position
+        high = low + len(self._pending)
+        if size < low:
+            raise CorruptionError(
+                f"segment {self.path} holds {size} bytes but {low} were acknowledged before: "
+                "the backend lost committed data",
+                path=self.path,
+                size=size,
+                commit_position=low,
+            )
+        if size > high:
+            raise CorruptionError(
+                f"segment {self.path} holds {size} bytes but only {high} were ever sent: "
+                "another writer touched it",
+                path=self.path,
+                size=size,
+                sent=high,
+            )
+        landed = size - low
+        if landed:
+            self._pending = self._pending[landed:]
+            if not self._pending:
+                self._pending_count = 0
+        self._commit_position = size
+        self._suspect = False
+
+    # ------------------------------------------------------------------ read / lifecycle
+    async def read(self, position: int, length: int) -> bytes:
+        """Read committed bytes: ``length`` is clamped to the commit position, like RocketMQ;
+        ``position < 0``, ``position >= commit_position`` or ``length <= 0`` raise
+        :class:`~tierd.errors.SegmentReadError`."""
+        if position < 0 or length <= 0 or position >= self._commit_position:
+            raise SegmentReadError(
+                f"cannot read {length} bytes at position {position} of segment {self.path}: "
+                f"readable range is [0, {self._commit_position})",
+                path=self.path,
+                position=position,
+                length=length,
+                commit_position=self._commit_position,
+            )
+        length = min(length, self._commit_position - position)
+        return await self.driver.read(ByteRange(position, length))
+
+    async def seal(self) -> None:
+        """Commit what is queued, then seal the backend segment; the segment is closed after.
+
+        Raises :class:`~tierd.errors.StoreClosedError` if it was closed with bytes still
+        queued (they would be lost), and whatever commit or ``driver.seal`` raised (call again).
+        """
+        if self._sealed:
+            return
+        if self.needs_commit:
+            if self._closed:
+                raise StoreClosedError(
+                    f"segment {self.path} was closed with {self.append_position - self._commit_position} "
+                    "uncommitted bytes; they cannot be sealed",
+                    path=self.path,
+                )
+            await self.commit()
+        self._enter()
+        try:
+            if self._commit_position == 0:
+                await self.driver.create()
+            await self.driver.seal()
+        finally:
+            self._busy = False
+        self._sealed = True
+        self._closed = True
+
+    def close(self) -> None:
+        """Refuse further appends and commits. Reads still work. Bytes still queued are dropped,
+        so commit first."""
+        self._closed = True
+
+    async def destroy(self) -> None:
+        """Close the segment and delete it from the backend (idempotent)."""
+        self._enter()
+        try:
+            self._closed = True
+            self._buffers = []
+            self._buffered_bytes = 0
+            self._pending = b""
+            self._pending_count = 0
+            await self.driver.delete()
+        finally:
+            self._busy = False
+
+    def __repr__(self) -> str:
+        return (
+            f"FileSegment({self.path!r}, {self.file_type.name}, base={self.base_offset}, "
+            f"commit={self._commit_position}, append={self.append_position})"
+        )
