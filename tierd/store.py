@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 from tierd.errors import InvalidArgumentError, StoreClosedError
 from tierd.local.store import HotStore, PutBatchResult
 from tierd.message import GetResult, Message, MessageExt, PutResult, ReadPolicy
+from tierd.tiered.restore import Progress, RestoreReport
+from tierd.tiered.restore import restore as restore_from_bucket
 from tierd.tiered.service import TieringService
 
 if TYPE_CHECKING:
@@ -126,6 +128,11 @@ class MessageStore(_StoreCore):
     ) -> list[MessageExt]:
         return self._query(topic, key, max_count, begin, end)
 
+    @staticmethod
+    async def restore(cfg: TierdConfig, progress: Progress | None = None) -> RestoreReport:
+        """Rebuild an empty store directory's tiering metadata from the bucket's manifests."""
+        return await restore_from_bucket(cfg, progress=progress)
+
     async def tier_now(self) -> int:
         """Commit everything pending to the cold tier now; returns messages committed."""
         if self.tiering is None:
@@ -200,6 +207,11 @@ class BlockingMessageStore(_StoreCore):
             loop.stop()
             raise
         return cls(cfg, inner.hot, inner.tiering, loop)
+
+    @staticmethod
+    def restore(cfg: TierdConfig, progress: Progress | None = None) -> RestoreReport:
+        """Rebuild an empty store directory's tiering metadata from the bucket's manifests."""
+        return asyncio.run(restore_from_bucket(cfg, progress=progress))
 
     def tier_now(self) -> int:
         """Commit everything pending to the cold tier now; returns messages committed."""

@@ -18,6 +18,8 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
+import google_crc32c
+
 from tierd.errors import CorruptionError, SegmentNotFoundError, SegmentReadError
 from tierd.tiered import paths
 from tierd.tiered.segment import AppendResult, DriverRoot, FileSegment, FileType
@@ -41,6 +43,10 @@ class SegmentInfo:
     max_timestamp: int | None
     created: int
     sealed_at: int | None
+    #: Queue offset of the segment's first item (commitlog: first record; consume queue: base / 20).
+    first_item: int | None = None
+    #: CRC32C (hex) of a sealed segment's content.
+    crc32c: str | None = None
 
 
 async def _noop(_: FlatAppendFile) -> None:
@@ -68,6 +74,11 @@ class FlatAppendFile:
         self.segments: list[FileSegment] = []
         self._created: dict[int, int] = {}
         self._sealed_at: dict[int, int] = {}
+        self.first_item: dict[int, int] = {}
+        self.crc32c: dict[int, str] = {}
+        #: Running CRC32C of everything appended to a segment in this process (None: unknown,
+        #: e.g. after a restart — then computed by reading the segment back at seal time).
+        self._running_crc: dict[int, int | None] = {}
         #: Sealed-but-not-yet-composed segments (a failed seal is retried, never blocks appends).
         self.unsealed_full: list[FileSegment] = []
 
@@ -77,11 +88,12 @@ class FlatAppendFile:
             "", self.cluster, self.broker, self.topic, self.queue_id, self.file_type, base_offset
         )
 
-    def _new_segment(self, base_offset: int) -> FileSegment:
+    def _new_segment(self, base_offset: int, *, fresh: bool = True) -> FileSegment:
         seg = FileSegment(
             self.root.driver(self.path_of(base_offset)), self.file_type, base_offset, max_size=self.max_size
         )
         self._created.setdefault(base_offset, int(time.time() * 1000))
+        self._running_crc[base_offset] = 0 if fresh else None
         return seg
 
     # ------------------------------------------------------------------ state
@@ -116,6 +128,8 @@ class FlatAppendFile:
                 s.max_timestamp,
                 self._created.get(s.base_offset, 0),
                 self._sealed_at.get(s.base_offset),
+                self.first_item.get(s.base_offset),
+                self.crc32c.get(s.base_offset),
             )
             for s in self.segments
         ]
@@ -134,10 +148,14 @@ class FlatAppendFile:
         landed without being acknowledged)."""
         self.segments = []
         for i, info in enumerate(sorted(infos, key=lambda x: x.base_offset)):
-            seg = self._new_segment(info.base_offset)
+            seg = self._new_segment(info.base_offset, fresh=False)
             self._created[info.base_offset] = info.created
             if info.sealed_at is not None:
                 self._sealed_at[info.base_offset] = info.sealed_at
+            if info.first_item is not None:
+                self.first_item[info.base_offset] = info.first_item
+            if info.crc32c is not None:
+                self.crc32c[info.base_offset] = info.crc32c
             seg.min_timestamp, seg.max_timestamp = info.min_timestamp, info.max_timestamp
             last = i == len(infos) - 1
             if last:
@@ -150,25 +168,31 @@ class FlatAppendFile:
             self.segments.append(seg)
 
     # ------------------------------------------------------------------ writes
-    async def append(self, data: bytes, timestamp: int) -> None:
+    async def append(self, data: bytes, timestamp: int, first_item: int | None = None) -> None:
         """Append ``data`` (whole records or units) to the last segment, rolling first if it is
-        full. Raises if ``data`` cannot fit even an empty segment."""
+        full. ``first_item`` is the queue offset of the first item in ``data``. Raises if
+        ``data`` cannot fit even an empty segment."""
         seg = self.segments[-1]
         result = seg.append(data, timestamp)
-        if result is AppendResult.SUCCESS:
-            return
         if result is AppendResult.FILE_FULL:
             if seg.append_position == 0:
                 raise CorruptionError(
                     f"{len(data)} bytes never fit a {self.max_size}-byte segment", size=len(data)
                 )
             await self.roll()
-            result = self.segments[-1].append(data, timestamp)
+            seg = self.segments[-1]
+            result = seg.append(data, timestamp)
         elif result is AppendResult.BUFFER_FULL:
             await self.commit()
             result = seg.append(data, timestamp)
         if result is not AppendResult.SUCCESS:
-            raise CorruptionError(f"append to {self.segments[-1].path} failed: {result.name}")
+            raise CorruptionError(f"append to {seg.path} failed: {result.name}")
+        base = seg.base_offset
+        if first_item is not None and base not in self.first_item:
+            self.first_item[base] = first_item
+        crc = self._running_crc.get(base)
+        if crc is not None:
+            self._running_crc[base] = google_crc32c.extend(crc, data)
 
     def room(self) -> int:
         """Bytes the last segment still accepts."""
@@ -191,12 +215,26 @@ class FlatAppendFile:
         for seg in list(self.unsealed_full):
             try:
                 await seg.seal()
+                if seg.base_offset not in self.crc32c:
+                    self.crc32c[seg.base_offset] = await self._content_crc(seg)
             except Exception as e:  # retried on the next roll or maintenance round
                 log.warning("sealing %s failed, will retry: %s", seg.path, e)
                 return
             self.unsealed_full.remove(seg)
             self._sealed_at[seg.base_offset] = int(time.time() * 1000)
             await self.on_change(self)
+
+    async def _content_crc(self, seg: FileSegment) -> str:
+        """CRC32C of a segment's committed bytes: the running value when this process wrote all
+        of it, else read back in 16 MiB pieces."""
+        crc = self._running_crc.get(seg.base_offset)
+        if crc is None:
+            crc, pos = 0, 0
+            while pos < seg.commit_position:
+                piece = await seg.read(pos, 16 * 1024 * 1024)
+                crc = google_crc32c.extend(crc, piece)
+                pos += len(piece)
+        return f"{crc:08x}"
 
     async def commit(self) -> int:
         """Commit the last segment (earlier ones were committed before rolling)."""

@@ -147,10 +147,14 @@ class FlatMessageFile:
             np.uint8
         )
         patched = buf.tobytes()
-        await self._append_split(self.commitlog, patched, ends, store_timestamps)
+        await self._append_split(self.commitlog, patched, ends, store_timestamps, first_queue_offset)
         units = encode_units(flat, sizes, tags_codes)
         await self._append_split(
-            self.consumequeue, units, np.arange(1, n + 1, dtype=np.int64) * UNIT_SIZE, store_timestamps
+            self.consumequeue,
+            units,
+            np.arange(1, n + 1, dtype=np.int64) * UNIT_SIZE,
+            store_timestamps,
+            first_queue_offset,
         )
         self._uncommitted.append(
             CommittedBatch(
@@ -166,9 +170,14 @@ class FlatMessageFile:
 
     @staticmethod
     async def _append_split(
-        file: FlatAppendFile, data: bytes, ends: npt.NDArray[np.int64], timestamps: npt.NDArray[np.int64]
+        file: FlatAppendFile,
+        data: bytes,
+        ends: npt.NDArray[np.int64],
+        timestamps: npt.NDArray[np.int64],
+        first_queue_offset: int,
     ) -> None:
-        """Append ``data`` (items ending at ``ends``) in runs that fit the current segment."""
+        """Append ``data`` (items ending at ``ends``, the first being queue offset
+        ``first_queue_offset``) in runs that fit the current segment."""
         i, n = 0, len(ends)
         while i < n:
             rel = int(ends[i - 1]) if i else 0
@@ -182,7 +191,9 @@ class FlatMessageFile:
                 await file.roll()
                 continue
             seg = file.segments[-1]
-            await file.append(data[rel : int(ends[k - 1])], int(timestamps[i:k].min()))
+            await file.append(
+                data[rel : int(ends[k - 1])], int(timestamps[i:k].min()), first_queue_offset + i
+            )
             top = int(timestamps[i:k].max())
             if seg.max_timestamp is None or top > seg.max_timestamp:
                 seg.max_timestamp = top
@@ -262,7 +273,11 @@ class FlatMessageFile:
                 )
                 ts = np.array(stamps, np.int64)
                 await self._append_split(
-                    cq, units, np.arange(1, len(offs) + 1, dtype=np.int64) * UNIT_SIZE, ts
+                    cq,
+                    units,
+                    np.arange(1, len(offs) + 1, dtype=np.int64) * UNIT_SIZE,
+                    ts,
+                    next_qoff - len(offs),
                 )
                 added += len(offs)
             if at < len(chunk) or not offs:

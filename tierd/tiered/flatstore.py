@@ -12,6 +12,8 @@ from tierd.tiered.metadata import MetadataStore, QueueMeta, SegmentMeta, TieredM
 from tierd.tiered.segment import DriverRoot, FileType
 
 if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
+
     from tierd.config import TieredConfig
 
 log = logging.getLogger(__name__)
@@ -27,6 +29,8 @@ def _segment_meta(info: SegmentInfo) -> SegmentMeta:
         seal_timestamp=info.sealed_at,
         min_timestamp=info.min_timestamp,
         max_timestamp=info.max_timestamp,
+        first_queue_offset=info.first_item,
+        crc32c=info.crc32c,
     )
 
 
@@ -40,6 +44,8 @@ def _segment_info(meta: SegmentMeta) -> SegmentInfo:
         meta.max_timestamp,
         meta.create_timestamp,
         meta.seal_timestamp,
+        meta.first_queue_offset,
+        meta.crc32c,
     )
 
 
@@ -51,6 +57,9 @@ class FlatFileStore:
         self.files: dict[tuple[str, int], FlatMessageFile] = {}
         self.topics: dict[str, TopicMeta] = {}
         self._save_lock = asyncio.Lock()
+        #: Called after metadata was saved for a structural change (segment created, sealed,
+        #: deleted) — the tiering service writes bucket manifests there.
+        self.after_change: Callable[[], Awaitable[None]] | None = None
 
     # ------------------------------------------------------------------ access
     def get(self, topic: str, queue_id: int) -> FlatMessageFile | None:
@@ -73,6 +82,8 @@ class FlatFileStore:
 
     async def _changed(self, _: FlatAppendFile) -> None:
         await self.save()
+        if self.after_change is not None:
+            await self.after_change()
 
     # ------------------------------------------------------------------ persistence
     def snapshot(self) -> TieredMetadata:

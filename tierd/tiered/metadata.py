@@ -46,6 +46,10 @@ class SegmentMeta(_Model):
     seal_timestamp: int | None = None
     min_timestamp: int | None = None
     max_timestamp: int | None = None
+    #: Queue offset of the first message in the segment (None: not known yet).
+    first_queue_offset: int | None = None
+    #: CRC32C (8 hex digits) of a sealed segment's content.
+    crc32c: str | None = None
 
 
 class QueueMeta(_Model):

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 from tierd.errors import InvalidArgumentError, NotFoundError
 from tierd.tiered.dispatcher import Dispatcher
 from tierd.tiered.flatstore import FlatFileStore
+from tierd.tiered.manifest import ManifestWriter
 from tierd.tiered.metadata import MetadataStore
 from tierd.tiered.registry import open_driver_factory
 
@@ -38,6 +39,7 @@ class TieringService:
         self.metadata = MetadataStore(Path(cfg.store.dir))
         self.flat = FlatFileStore(self.root, cfg.tiered, self.metadata)
         self.dispatcher = Dispatcher(hot, self.flat, cfg.tiered)
+        self.manifests = ManifestWriter(self.root, self.flat)
         self.ready = asyncio.Event()
         self.start_error: Exception | None = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -60,6 +62,8 @@ class TieringService:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, START_RETRY_CAP)
         self.start_error = None
+        self.flat.after_change = self._write_manifests
+        await self._write_manifests()
         log.info("cold tier ready: %d queue(s) loaded from metadata, backend %r", n, self.root)
         self.ready.set()
         self._tasks.append(asyncio.create_task(self.dispatcher.run(), name="tierd-dispatcher"))
@@ -99,6 +103,7 @@ class TieringService:
                     await ff.commitlog.seal_pending()
                     await ff.consumequeue.seal_pending()
                 await self.flat.save()
+                await self._write_manifests()
                 if time.monotonic() >= next_retention:
                     next_retention = time.monotonic() + RETENTION_INTERVAL
                     await self.apply_retention()
@@ -106,9 +111,18 @@ class TieringService:
                 log.exception("tiering maintenance failed; retrying next interval")
 
     async def tier_now(self, timeout: float | None = None) -> int:
-        """Commit everything pending to the cold tier now (waits for start-up first)."""
+        """Commit everything pending to the cold tier now (waits for start-up first), then bring
+        the bucket manifests up to date."""
         await asyncio.wait_for(self.ready.wait(), timeout)
-        return await self.dispatcher.tier_now()
+        n = await self.dispatcher.tier_now()
+        await self._write_manifests()
+        return n
+
+    async def _write_manifests(self) -> None:
+        try:
+            await self.manifests.write_changed()
+        except Exception:  # manifests are rewritten next time; data is safe without them
+            log.exception("writing bucket manifests failed; retrying at the next interval")
 
     async def close(self, grace: float = 30.0) -> None:
         """Stop the loop, try to commit what is pending within ``grace`` seconds, save metadata."""
@@ -127,4 +141,5 @@ class TieringService:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         if self.ready.is_set():
             await self.flat.save()
+            await self._write_manifests()
         await self.root.aclose()

@@ -1,0 +1,241 @@
+"""Bucket manifests (FORMATS §2.5): make the cold tier self-describing.
+
+* Queue manifest ``{cluster_dir}/{broker}/{topic}/{queueId}/MANIFEST.json``: every segment of
+  the queue with base offset, size, sealed flag, min/max store timestamp, first/last queue offset,
+  message count and (sealed) CRC32C.
+* Broker manifest ``{cluster_dir}/{broker}/MANIFEST.json``: topics with ids, reserve hours and
+  queue ids; index segments.
+
+Both are JSON with kebab-case keys and ``"format-version": 1``, replaced atomically with one
+whole-object write. Spark and ``restore`` read the bucket through them alone; the sizes of open
+segments are "at least" values (the backend may have grown since), and readers trust only what
+a manifest lists.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING, Literal, TypeVar
+
+from pydantic import Field, ValidationError
+
+from tierd.errors import CorruptionError, NotFoundError, SegmentNotFoundError
+from tierd.local.codec import POS_QUEUE_OFFSET
+from tierd.local.consumequeue import UNIT_SIZE
+from tierd.tiered.metadata import SegmentType, _Model
+from tierd.tiered.paths import cluster_dir
+
+if TYPE_CHECKING:
+    from tierd.tiered.flatfile import FlatAppendFile
+    from tierd.tiered.flatmessage import FlatMessageFile
+    from tierd.tiered.flatstore import FlatFileStore
+    from tierd.tiered.segment import DriverRoot
+
+log = logging.getLogger(__name__)
+MANIFEST_NAME = "MANIFEST.json"
+M = TypeVar("M", bound="_Model")
+
+
+class ManifestSegment(_Model):
+    type: SegmentType
+    base_offset: int = Field(ge=0)
+    size: int = Field(ge=0)
+    sealed: bool
+    min_store_timestamp: int | None = None
+    max_store_timestamp: int | None = None
+    first_queue_offset: int | None = None
+    last_queue_offset: int | None = None
+    message_count: int = Field(ge=0)
+    crc32c: str | None = None
+
+
+class QueueManifest(_Model):
+    format_version: Literal[1] = 1
+    cluster: str
+    broker: str
+    topic: str
+    queue_id: int = Field(ge=0)
+    #: Readable queue offsets [min_offset, max_offset) when the manifest was written.
+    min_offset: int
+    max_offset: int
+    segments: tuple[ManifestSegment, ...]
+    written_at: int
+
+
+class TopicEntry(_Model):
+    name: str
+    id: int = Field(ge=0)
+    reserve_hours: float | None = None
+    queues: tuple[int, ...]
+
+
+class BrokerManifest(_Model):
+    format_version: Literal[1] = 1
+    cluster: str
+    broker: str
+    topics: tuple[TopicEntry, ...]
+    index_segments: tuple[ManifestSegment, ...] = ()
+    written_at: int
+
+
+def broker_manifest_path(cluster: str, broker: str) -> str:
+    return f"{cluster_dir(cluster)}/{broker}/{MANIFEST_NAME}"
+
+
+def queue_manifest_path(cluster: str, broker: str, topic: str, queue_id: int) -> str:
+    return f"{cluster_dir(cluster)}/{broker}/{topic}/{queue_id}/{MANIFEST_NAME}"
+
+
+async def _first_queue_offset(file: FlatAppendFile, index: int) -> int | None:
+    """Queue offset of a commitlog segment's first record: tracked at append, else read from the
+    record's QUEUEOFFSET field (one 8-byte ranged read) and remembered."""
+    seg = file.segments[index]
+    known = file.first_item.get(seg.base_offset)
+    if known is not None or seg.commit_position < POS_QUEUE_OFFSET + 8:
+        return known
+    raw = await seg.read(POS_QUEUE_OFFSET, 8)
+    file.first_item[seg.base_offset] = int.from_bytes(raw, "big", signed=True)
+    return file.first_item[seg.base_offset]
+
+
+async def build_queue_manifest(ff: FlatMessageFile, cluster: str, broker: str) -> QueueManifest:
+    """The manifest of one queue as of its committed state."""
+    segments: list[ManifestSegment] = []
+    end = ff.max_offset  # one past the last committed message
+    cl = ff.commitlog
+    firsts = [await _first_queue_offset(cl, i) for i in range(len(cl.segments))]
+    for i, info in enumerate(cl.infos()):
+        first = firsts[i]
+        nxt = next((f for f in firsts[i + 1 :] if f is not None), end)
+        count = max(0, min(nxt, end) - first) if first is not None and info.size else 0
+        segments.append(
+            ManifestSegment(
+                type="COMMIT_LOG",
+                base_offset=info.base_offset,
+                size=info.size,
+                sealed=info.sealed,
+                min_store_timestamp=info.min_timestamp,
+                max_store_timestamp=info.max_timestamp,
+                first_queue_offset=first if count else None,
+                last_queue_offset=first + count - 1 if count and first is not None else None,
+                message_count=count,
+                crc32c=info.crc32c if info.sealed else None,
+            )
+        )
+    for info in ff.consumequeue.infos():
+        first = info.base_offset // UNIT_SIZE
+        count = info.size // UNIT_SIZE
+        segments.append(
+            ManifestSegment(
+                type="CONSUME_QUEUE",
+                base_offset=info.base_offset,
+                size=count * UNIT_SIZE,
+                sealed=info.sealed,
+                min_store_timestamp=info.min_timestamp,
+                max_store_timestamp=info.max_timestamp,
+                first_queue_offset=first if count else None,
+                last_queue_offset=first + count - 1 if count else None,
+                message_count=count,
+                crc32c=info.crc32c if info.sealed else None,
+            )
+        )
+    return QueueManifest(
+        cluster=cluster,
+        broker=broker,
+        topic=ff.topic,
+        queue_id=ff.queue_id,
+        min_offset=ff.min_offset,
+        max_offset=ff.max_offset,
+        segments=tuple(segments),
+        written_at=int(time.time() * 1000),
+    )
+
+
+def build_broker_manifest(flat: FlatFileStore) -> BrokerManifest:
+    queues: dict[str, list[int]] = {}
+    for topic, qid in flat.files:
+        queues.setdefault(topic, []).append(qid)
+    topics = tuple(
+        TopicEntry(
+            name=t.name, id=t.id, reserve_hours=t.reserve_hours, queues=tuple(sorted(queues.get(t.name, [])))
+        )
+        for t in sorted(flat.topics.values(), key=lambda t: t.id)
+    )
+    return BrokerManifest(
+        cluster=flat.cfg.cluster, broker=flat.cfg.broker, topics=topics, written_at=int(time.time() * 1000)
+    )
+
+
+def _dump(model: _Model) -> bytes:
+    return model.model_dump_json(by_alias=True, indent=1).encode()
+
+
+class ManifestWriter:
+    """Writes queue manifests for queues whose segments changed, and the broker manifest."""
+
+    def __init__(self, root: DriverRoot, flat: FlatFileStore) -> None:
+        self.root = root
+        self.flat = flat
+        self._written: dict[tuple[str, int], tuple[int, int, int]] = {}
+        self._broker_written: tuple[tuple[str, tuple[int, ...]], ...] | None = None
+        self.writes = 0
+
+    def _state(self, ff: FlatMessageFile) -> tuple[int, int, int]:
+        sealed = sum(i.sealed for i in ff.commitlog.infos()) + sum(i.sealed for i in ff.consumequeue.infos())
+        return (ff.min_offset, ff.max_offset, sealed)
+
+    async def write_changed(self) -> int:
+        """Write the manifest of every queue whose offsets or sealed segments changed since its
+        last write, then the broker manifest if the set of queues changed. Returns objects written."""
+        cfg = self.flat.cfg
+        n = 0
+        for key, ff in sorted(self.flat.files.items()):
+            state = self._state(ff)
+            if self._written.get(key) == state:
+                continue
+            manifest = await build_queue_manifest(ff, cfg.cluster, cfg.broker)
+            await self.root.put_object(queue_manifest_path(cfg.cluster, cfg.broker, *key), _dump(manifest))
+            self._written[key] = state
+            n += 1
+        broker = build_broker_manifest(self.flat)
+        shape = tuple((t.name, t.queues) for t in broker.topics)
+        if shape != self._broker_written:
+            await self.root.put_object(broker_manifest_path(cfg.cluster, cfg.broker), _dump(broker))
+            self._broker_written = shape
+            n += 1
+        self.writes += n
+        return n
+
+
+async def read_broker_manifest(root: DriverRoot, cluster: str, broker: str) -> BrokerManifest:
+    path = broker_manifest_path(cluster, broker)
+    try:
+        raw = await root.get_object(path)
+    except SegmentNotFoundError as e:
+        raise NotFoundError(
+            f"no tierd manifest at {root.url}/{path}: is this the bucket tierd wrote, and are "
+            f"tiered.cluster ({cluster!r}) and tiered.broker ({broker!r}) the ones it used?",
+            path=path,
+        ) from e
+    return _parse(BrokerManifest, raw, path)
+
+
+async def read_queue_manifest(
+    root: DriverRoot, cluster: str, broker: str, topic: str, queue_id: int
+) -> QueueManifest:
+    path = queue_manifest_path(cluster, broker, topic, queue_id)
+    try:
+        raw = await root.get_object(path)
+    except SegmentNotFoundError as e:
+        raise NotFoundError(
+            f"the broker manifest lists {topic}/{queue_id} but {path} is missing", path=path
+        ) from e
+    return _parse(QueueManifest, raw, path)
+
+
+def _parse(cls: type[M], raw: bytes, path: str) -> M:
+    try:
+        return cls.model_validate_json(raw)
+    except ValidationError as e:
+        raise CorruptionError(f"manifest {path} is not valid: {str(e).splitlines()[0]}", path=path) from e

@@ -1,0 +1,135 @@
+"""Rebuild a store directory's tiering metadata from the bucket alone (beyond RocketMQ: history
+is not bound to one broker's disk).
+
+Reads the broker manifest, then every queue manifest, writes ``tieredStoreMetadata.json``, and
+makes each hot queue continue where the cold tier ends (so new messages never reuse an offset the
+bucket already holds). Records committed after a manifest was written are picked up when the
+store opens: the last segment of every file is reconciled with the backend and rolled forward.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from tierd.errors import InvalidArgumentError
+from tierd.local.store import HotStore
+from tierd.tiered.manifest import ManifestSegment, read_broker_manifest, read_queue_manifest
+from tierd.tiered.metadata import MetadataStore, QueueMeta, SegmentMeta, TieredMetadata, TopicMeta
+from tierd.tiered.registry import open_driver_factory
+
+if TYPE_CHECKING:
+    from tierd.config import TierdConfig
+    from tierd.tiered.segment import DriverRoot
+
+log = logging.getLogger(__name__)
+#: ``progress(done, total, what)`` — the CLI turns it into a progress bar.
+Progress = Callable[[int, int, str], None]
+
+
+@dataclass(frozen=True, slots=True)
+class RestoreReport:
+    topics: int
+    queues: int
+    segments: int
+    messages: int
+    bytes: int
+
+
+def _segment(s: ManifestSegment) -> SegmentMeta:
+    return SegmentMeta(
+        type=s.type,
+        base_offset=s.base_offset,
+        size=s.size,
+        sealed=s.sealed,
+        create_timestamp=0,
+        seal_timestamp=0 if s.sealed else None,
+        min_timestamp=s.min_store_timestamp,
+        max_timestamp=s.max_store_timestamp,
+        first_queue_offset=s.first_queue_offset,
+        crc32c=s.crc32c,
+    )
+
+
+def _check_empty(store_dir: Path) -> None:
+    meta = MetadataStore(store_dir)
+    commitlog = store_dir / "commitlog"
+    if meta.path.exists() or meta.backup.exists() or (commitlog.exists() and any(commitlog.iterdir())):
+        raise InvalidArgumentError(
+            f"restore needs an empty store directory, but {store_dir} already holds a store; "
+            "point store.dir at a new directory",
+            path=str(store_dir),
+        )
+
+
+async def restore(
+    cfg: TierdConfig, *, root: DriverRoot | None = None, progress: Progress | None = None
+) -> RestoreReport:
+    store_dir = Path(cfg.store.dir)
+    _check_empty(store_dir)
+    own_root = root is None
+    root = root if root is not None else open_driver_factory(cfg.backend)
+    try:
+        broker = await read_broker_manifest(root, cfg.tiered.cluster, cfg.tiered.broker)
+        total = sum(len(t.queues) for t in broker.topics)
+        queues: list[QueueMeta] = []
+        segments = messages = size = 0
+        for t in broker.topics:
+            for qid in t.queues:
+                qm = await read_queue_manifest(root, cfg.tiered.cluster, cfg.tiered.broker, t.name, qid)
+                cl = tuple(_segment(s) for s in qm.segments if s.type == "COMMIT_LOG")
+                cq = tuple(_segment(s) for s in qm.segments if s.type == "CONSUME_QUEUE")
+                queues.append(
+                    QueueMeta(
+                        topic=t.name,
+                        queue_id=qid,
+                        min_offset=qm.min_offset,
+                        max_offset=qm.max_offset,
+                        commitlog=cl,
+                        consumequeue=cq,
+                    )
+                )
+                segments += len(qm.segments)
+                messages += max(0, qm.max_offset - qm.min_offset)
+                size += sum(s.size for s in qm.segments if s.type == "COMMIT_LOG")
+                log.info(
+                    "restore: %s/%d offsets %d..%d, %d segment(s)",
+                    t.name,
+                    qid,
+                    qm.min_offset,
+                    qm.max_offset,
+                    len(qm.segments),
+                )
+                if progress is not None:
+                    progress(len(queues), total, f"{t.name}/{qid}")
+    finally:
+        if own_root:
+            await root.aclose()
+    meta = TieredMetadata(
+        cluster=cfg.tiered.cluster,
+        broker=cfg.tiered.broker,
+        topics=tuple(TopicMeta(name=t.name, id=t.id, reserve_hours=t.reserve_hours) for t in broker.topics),
+        queues=tuple(queues),
+        index=(),
+    )
+    store_dir.mkdir(parents=True, exist_ok=True)
+    MetadataStore(store_dir).save(meta)
+    hot = HotStore.open(cfg.store)
+    try:
+        for q in queues:
+            hot.seed_queue(q.topic, q.queue_id, q.max_offset)
+    finally:
+        hot.close()
+    report = RestoreReport(len(broker.topics), len(queues), segments, messages, size)
+    log.info(
+        "restore: %d topic(s), %d queue(s), %d segment(s), %d message(s) from %r",
+        report.topics,
+        report.queues,
+        report.segments,
+        report.messages,
+        root,
+    )
+    return report
