@@ -275,3 +275,28 @@ def test_cold_retention_expires_consume_queue_and_commitlog_together(tmp_path: P
         assert (len(ff.commitlog.segments), len(ff.consumequeue.segments)) == segments
         with pytest.raises(ValueError, match="positive"):
             run(store, store.tiering.set_reserve_hours("ret", -1))
+
+
+def test_disk_nearly_full_and_tiering_behind_refuses_writes_until_tiered(tmp_path: Path) -> None:
+    from tierd.errors import StoreFullError
+
+    cfg = cold_config(tmp_path, group_commit_count=10**6, group_commit_timeout=10**6)
+    cfg = cfg.with_overrides(
+        store={"commitlog_file_size": 256 * 1024, "max_message_size": 64 * 1024, "disk_max_used_ratio": 0.5}
+    )
+    with BlockingMessageStore.open(cfg) as store:
+        hot = store.hot
+        assert store.tiering is not None
+        store.tiering.dispatcher.clock = lambda: hot.commitlog.last_store_timestamp / 1000
+        store.put_batch([Message(topic="d", body=b"z" * 1000, queue_id=0) for _ in range(600)])
+        assert _round(store) == 0  # tiering is behind: nothing is cold
+        full = True
+        hot.disk_usage = lambda path: 0.9 if full else 0.1
+        hot.apply_retention()
+        with pytest.raises(StoreFullError, match="not yet moved to the cold tier"):
+            store.put(Message(topic="d", body=b"refused"))
+        store.tier_now()  # now everything is cold: retention may free space
+        assert hot.apply_retention() >= 1
+        full = False
+        hot.apply_retention()
+        store.put(Message(topic="d", body=b"accepted"))
