@@ -188,6 +188,15 @@ class TieredConfig(_Section):
         description="Bytes prefetched on a cache miss.",
         json_schema_extra=_rmq("readAheadMessageSizeThreshold"),
     )
+    memory_ratio: float = Field(
+        0.4,
+        gt=0,
+        le=1,
+        description="NOT_IN_MEM policy: the share of physical "
+        "memory assumed to cache the newest hot commitlog bytes; older offsets "
+        "are read from the cold tier.",
+        json_schema_extra=_rmq("accessMessageInMemoryMaxRatio"),
+    )
     cache_max_bytes: int = Field(256 * MiB, ge=0, description="Read-ahead cache bound in bytes.")
     cache_expire: float = Field(
         15.0,

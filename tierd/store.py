@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 from tierd.errors import InvalidArgumentError, StoreClosedError
 from tierd.local.store import HotStore, PutBatchResult
 from tierd.message import GetResult, Message, MessageExt, PutResult, ReadPolicy
+from tierd.router import TierRouter
 from tierd.tiered.restore import Progress, RestoreReport
 from tierd.tiered.restore import restore as restore_from_bucket
 from tierd.tiered.service import TieringService
@@ -56,6 +57,7 @@ class _StoreCore:
         self.hot = hot
         #: The cold tier (None when ``tiered.enabled`` is false).
         self.tiering = tiering
+        self.router = TierRouter(cfg, hot, tiering)
 
     def _hot(self) -> HotStore:
         if self.hot.closed:
@@ -64,10 +66,11 @@ class _StoreCore:
 
     def _get(
         self, topic: str, queue_id: int, offset: int, max_count: int, policy: ReadPolicy | str | None
-    ) -> GetResult:
-        _policy(policy, self.config.tiered.storage_level)
-        r = self._hot().get(topic, queue_id, offset, max_count)
-        return GetResult(r.status, r.messages, r.next_offset, r.min_offset, r.max_offset, "hot")
+    ) -> Coroutine[Any, Any, GetResult]:
+        self._hot()
+        return self.router.get(
+            topic, queue_id, offset, max_count, _policy(policy, self.config.tiered.storage_level)
+        )
 
     def _query(self, topic: str, key: str, max_count: int, begin: int, end: int) -> list[MessageExt]:
         if not isinstance(max_count, int) or max_count < 1:
@@ -76,18 +79,24 @@ class _StoreCore:
             raise InvalidArgumentError(f"begin ({begin}) must not be after end ({end})")
         return self._hot().query(topic, key, max_count, begin, end)
 
-    # Cheap, synchronous reads shared verbatim by both facades.
+    # Cheap, synchronous reads shared verbatim by both facades (both tiers).
     def min_offset(self, topic: str, queue_id: int) -> int:
-        return self._hot().min_offset(topic, queue_id)
+        self._hot()
+        return self.router.min_offset(topic, queue_id)
 
     def max_offset(self, topic: str, queue_id: int) -> int:
-        return self._hot().max_offset(topic, queue_id)
+        self._hot()
+        return self.router.max_offset(topic, queue_id)
 
-    def earliest_time(self, topic: str, queue_id: int) -> int:
-        return self._hot().earliest_time(topic, queue_id)
+    def _offset_for_time(
+        self, topic: str, queue_id: int, timestamp: int, boundary: str
+    ) -> Coroutine[Any, Any, int]:
+        self._hot()
+        return self.router.offset_for_time(topic, queue_id, timestamp, _boundary(boundary) == "upper")
 
-    def offset_for_time(self, topic: str, queue_id: int, timestamp: int, boundary: str = "lower") -> int:
-        return self._hot().offset_for_time(topic, queue_id, timestamp, _boundary(boundary))
+    def _earliest_time(self, topic: str, queue_id: int) -> Coroutine[Any, Any, int]:
+        self._hot()
+        return self.router.earliest_time(topic, queue_id)
 
     def topics(self) -> dict[str, list[int]]:
         return self._hot().topics()
@@ -121,7 +130,16 @@ class MessageStore(_StoreCore):
         max_count: int = 32,
         policy: ReadPolicy | str | None = None,
     ) -> GetResult:
-        return self._get(topic, queue_id, offset, max_count, policy)
+        return await self._get(topic, queue_id, offset, max_count, policy)
+
+    async def offset_for_time(
+        self, topic: str, queue_id: int, timestamp: int, boundary: str = "lower"
+    ) -> int:
+        """First offset stored at/after ``timestamp`` (``upper``: last of those stored exactly then)."""
+        return await self._offset_for_time(topic, queue_id, timestamp, boundary)
+
+    async def earliest_time(self, topic: str, queue_id: int) -> int:
+        return await self._earliest_time(topic, queue_id)
 
     async def query(
         self, topic: str, key: str, max_count: int = 32, begin: int = 0, end: int = MAX_TIMESTAMP
@@ -143,7 +161,7 @@ class MessageStore(_StoreCore):
     async def close(self) -> None:
         if self.tiering is not None:
             await self.tiering.close(self.config.server.shutdown_grace)
-            self.tiering = None
+            self.tiering = self.router.tiering = None
         await asyncio.to_thread(self.hot.close)
 
     async def __aenter__(self) -> MessageStore:
@@ -240,7 +258,26 @@ class BlockingMessageStore(_StoreCore):
         max_count: int = 32,
         policy: ReadPolicy | str | None = None,
     ) -> GetResult:
-        return self._get(topic, queue_id, offset, max_count, policy)
+        return self._run(self._get(topic, queue_id, offset, max_count, policy))
+
+    def offset_for_time(self, topic: str, queue_id: int, timestamp: int, boundary: str = "lower") -> int:
+        """First offset stored at/after ``timestamp`` (``upper``: last of those stored exactly then)."""
+        return self._run(self._offset_for_time(topic, queue_id, timestamp, boundary))
+
+    def earliest_time(self, topic: str, queue_id: int) -> int:
+        return self._run(self._earliest_time(topic, queue_id))
+
+    def _run(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Run a read on the tiering loop; without a cold tier the coroutine never suspends, so
+        it is driven to completion right here (no loop round trip on the hot path)."""
+        if self._loop is not None:
+            return self._loop.run(coro)
+        try:
+            coro.send(None)
+        except StopIteration as done:
+            return done.value  # type: ignore[no-any-return]
+        coro.close()
+        raise RuntimeError("a read without a cold tier tried to suspend")
 
     def query(
         self, topic: str, key: str, max_count: int = 32, begin: int = 0, end: int = MAX_TIMESTAMP
@@ -250,7 +287,7 @@ class BlockingMessageStore(_StoreCore):
     def close(self) -> None:
         if self.tiering is not None and self._loop is not None:
             self._loop.run(self.tiering.close(self.config.server.shutdown_grace))
-            self.tiering = None
+            self.tiering = self.router.tiering = None
         if self._loop is not None:
             self._loop.stop()
             self._loop = None

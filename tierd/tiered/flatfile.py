@@ -107,6 +107,11 @@ class FlatAppendFile:
 
     @property
     def commit_offset(self) -> int:
+        """End of the committed prefix: the first segment still holding uncommitted bytes bounds
+        it (a rolled segment may still be waiting for its commit)."""
+        for seg in self.segments:
+            if seg.needs_commit:
+                return seg.commit_offset
         return self.segments[-1].commit_offset if self.segments else -1
 
     @property
@@ -115,7 +120,7 @@ class FlatAppendFile:
 
     @property
     def needs_commit(self) -> bool:
-        return any(s.needs_commit for s in self.segments[-2:])
+        return any(s.needs_commit for s in self.segments[-3:])
 
     def infos(self) -> list[SegmentInfo]:
         return [
@@ -200,16 +205,13 @@ class FlatAppendFile:
         return self.max_size - seg.append_position
 
     async def roll(self) -> None:
-        """Commit the last segment, start a new one at the append offset (metadata first), then
-        seal the old one. A failed seal is retried later by :meth:`seal_pending`."""
+        """Start a new segment at the append offset (metadata saved first). The old segment's
+        buffered bytes are committed by the next :meth:`commit`, which then seals it — so an
+        append never fails halfway because a commit did (a batch is appended whole or not at
+        all, and a failed commit is retried as a unit)."""
         old = self.segments[-1]
-        await old.commit()
-        new = self._new_segment(old.append_offset)
-        old.close()
-        self.unsealed_full.append(old)
-        self.segments.append(new)
+        self.segments.append(self._new_segment(old.append_offset))
         await self.on_change(self)
-        await self.seal_pending()
 
     async def seal_pending(self) -> None:
         for seg in list(self.unsealed_full):
@@ -237,8 +239,19 @@ class FlatAppendFile:
         return f"{crc:08x}"
 
     async def commit(self) -> int:
-        """Commit the last segment (earlier ones were committed before rolling)."""
-        return await self.segments[-1].commit() if self.segments else 0
+        """Commit every segment with buffered bytes, oldest first; then close and seal the full
+        ones. Returns bytes committed. Raises on failure (bytes stay buffered; call again)."""
+        done = 0
+        for seg in self.segments:
+            if seg.needs_commit:
+                done += await seg.commit()
+        rolled = [s for s in self.segments[:-1] if not s.closed]
+        for seg in rolled:
+            seg.close()
+            self.unsealed_full.append(seg)
+        if rolled:
+            await self.seal_pending()
+        return done
 
     # ------------------------------------------------------------------ reads
     def _segment_index(self, offset: int) -> int:

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 from tierd.errors import InvalidArgumentError
 from tierd.local.store import HotStore
+from tierd.tiered.flatstore import FlatFileStore
 from tierd.tiered.manifest import ManifestSegment, read_broker_manifest, read_queue_manifest
 from tierd.tiered.metadata import MetadataStore, QueueMeta, SegmentMeta, TieredMetadata, TopicMeta
 from tierd.tiered.registry import open_driver_factory
@@ -76,7 +77,7 @@ async def restore(
         broker = await read_broker_manifest(root, cfg.tiered.cluster, cfg.tiered.broker)
         total = sum(len(t.queues) for t in broker.topics)
         queues: list[QueueMeta] = []
-        segments = messages = size = 0
+        segments = 0
         for t in broker.topics:
             for qid in t.queues:
                 qm = await read_queue_manifest(root, cfg.tiered.cluster, cfg.tiered.broker, t.name, qid)
@@ -93,43 +94,53 @@ async def restore(
                     )
                 )
                 segments += len(qm.segments)
-                messages += max(0, qm.max_offset - qm.min_offset)
-                size += sum(s.size for s in qm.segments if s.type == "COMMIT_LOG")
-                log.info(
-                    "restore: %s/%d offsets %d..%d, %d segment(s)",
-                    t.name,
-                    qid,
-                    qm.min_offset,
-                    qm.max_offset,
-                    len(qm.segments),
-                )
                 if progress is not None:
                     progress(len(queues), total, f"{t.name}/{qid}")
+        meta = TieredMetadata(
+            cluster=cfg.tiered.cluster,
+            broker=cfg.tiered.broker,
+            topics=tuple(
+                TopicMeta(name=t.name, id=t.id, reserve_hours=t.reserve_hours) for t in broker.topics
+            ),
+            queues=tuple(queues),
+            index=(),
+        )
+        store_dir.mkdir(parents=True, exist_ok=True)
+        metadata = MetadataStore(store_dir)
+        metadata.save(meta)
+        # Reconcile with the backend now: records committed after the last manifest write are
+        # rolled forward, so the hot queues below continue after *them*.
+        flat = FlatFileStore(root, cfg.tiered, metadata)
+        await flat.load()
+        ends = {
+            key: (ff.min_offset, ff.max_offset, ff.commitlog.commit_offset - max(ff.commitlog.min_offset, 0))
+            for key, ff in flat.files.items()
+        }
     finally:
         if own_root:
             await root.aclose()
-    meta = TieredMetadata(
-        cluster=cfg.tiered.cluster,
-        broker=cfg.tiered.broker,
-        topics=tuple(TopicMeta(name=t.name, id=t.id, reserve_hours=t.reserve_hours) for t in broker.topics),
-        queues=tuple(queues),
-        index=(),
-    )
-    store_dir.mkdir(parents=True, exist_ok=True)
-    MetadataStore(store_dir).save(meta)
     hot = HotStore.open(cfg.store)
     try:
-        for q in queues:
-            hot.seed_queue(q.topic, q.queue_id, q.max_offset)
+        for (topic, qid), (_, end, _) in ends.items():
+            hot.seed_queue(topic, qid, end)
     finally:
         hot.close()
-    report = RestoreReport(len(broker.topics), len(queues), segments, messages, size)
+    report = RestoreReport(
+        len(broker.topics),
+        len(queues),
+        segments,
+        sum(hi - lo for lo, hi, _ in ends.values()),
+        sum(b for _, _, b in ends.values()),
+    )
+    for (topic, qid), (lo, hi, _) in sorted(ends.items()):
+        log.info("restore: %s/%d offsets %d..%d", topic, qid, lo, hi)
     log.info(
-        "restore: %d topic(s), %d queue(s), %d segment(s), %d message(s) from %r",
+        "restore: %d topic(s), %d queue(s), %d segment(s), %d message(s), %d bytes from %r",
         report.topics,
         report.queues,
         report.segments,
         report.messages,
+        report.bytes,
         root,
     )
     return report

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from tierd.errors import InvalidArgumentError, NotFoundError
+from tierd.errors import InvalidArgumentError, NotFoundError, TierdError
 from tierd.tiered.dispatcher import Dispatcher
 from tierd.tiered.flatstore import FlatFileStore
 from tierd.tiered.manifest import ManifestWriter
@@ -62,6 +62,7 @@ class TieringService:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, START_RETRY_CAP)
         self.start_error = None
+        self._align_hot_queues()
         self.flat.after_change = self._write_manifests
         await self._write_manifests()
         log.info("cold tier ready: %d queue(s) loaded from metadata, backend %r", n, self.root)
@@ -109,6 +110,14 @@ class TieringService:
                     await self.apply_retention()
             except Exception:
                 log.exception("tiering maintenance failed; retrying next interval")
+
+    def _align_hot_queues(self) -> None:
+        """Safety net: a hot queue must never hand out an offset the cold tier already holds."""
+        for (topic, qid), ff in self.flat.files.items():
+            try:
+                self.hot.seed_queue(topic, qid, ff.max_offset)
+            except TierdError as e:
+                log.error("hot queue %s/%d is behind its cold tier (%d): %s", topic, qid, ff.max_offset, e)
 
     async def tier_now(self, timeout: float | None = None) -> int:
         """Commit everything pending to the cold tier now (waits for start-up first), then bring

@@ -1,0 +1,170 @@
+"""Read routing across the two tiers (DESIGN "Read path", docs/reading.md).
+
+Statuses are computed over the *merged* offset range of both tiers (the cold tier usually reaches
+further back, the hot tier further forward). Which tier serves a read follows the read policy;
+offsets not yet committed cold are always served hot, and a cold read error falls back to the hot
+store when it still has the offset (counted in :attr:`TierRouter.fallbacks`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import TYPE_CHECKING
+
+from tierd.errors import InvalidArgumentError, TierdError
+from tierd.local.store import MAX_GET_COUNT
+from tierd.local.validation import check_queue, check_topic
+from tierd.message import GetResult, GetStatus, ReadPolicy
+from tierd.tiered.fetcher import ColdFetcher
+
+if TYPE_CHECKING:
+    from tierd.config import TierdConfig
+    from tierd.local.store import HotStore
+    from tierd.tiered.flatmessage import FlatMessageFile
+    from tierd.tiered.service import TieringService
+
+log = logging.getLogger(__name__)
+
+
+def _physical_memory() -> int:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):  # pragma: no cover - non-POSIX
+        return 8 << 30
+
+
+class TierRouter:
+    def __init__(self, cfg: TierdConfig, hot: HotStore, tiering: TieringService | None) -> None:
+        self.cfg = cfg
+        self.hot = hot
+        self.tiering = tiering
+        self.fetcher = ColdFetcher(cfg.tiered)
+        #: NOT_IN_MEM: commitlog bytes behind the write position assumed to be in page cache.
+        self.hot_window_bytes = int(_physical_memory() * cfg.tiered.memory_ratio)
+        self.fallbacks = 0
+        self.reads = {"hot": 0, "cold": 0}
+
+    def cold_file(self, topic: str, queue_id: int) -> FlatMessageFile | None:
+        t = self.tiering
+        if t is None or not t.ready.is_set():
+            return None
+        ff = t.flat.get(topic, queue_id)
+        return ff if ff is not None and ff.max_offset > ff.min_offset else None
+
+    def bounds(self, topic: str, queue_id: int) -> tuple[bool, int, int]:
+        """(queue known?, min offset, max offset) over both tiers."""
+        cq = self.hot._visible_queue(topic, queue_id)
+        ff = self.cold_file(topic, queue_id)
+        if cq is None and ff is None:
+            return False, 0, 0
+        los = [cq.min_offset] if cq is not None and cq.max_offset > cq.min_offset else []
+        his = [cq.max_offset] if cq is not None else []
+        if ff is not None:
+            los.append(ff.min_offset)
+            his.append(ff.max_offset)
+        hi = max(his)
+        return True, (min(los) if los else hi), hi
+
+    def _serve_cold(self, policy: ReadPolicy, topic: str, queue_id: int, offset: int) -> bool:
+        ff = self.cold_file(topic, queue_id)
+        if policy is ReadPolicy.DISABLE or ff is None or not ff.min_offset <= offset < ff.max_offset:
+            return False
+        if policy is ReadPolicy.FORCE:
+            return True
+        cq = self.hot.queue(topic, queue_id)
+        in_hot = cq is not None and cq.min_offset <= offset < cq.max_offset
+        if not in_hot:
+            return True
+        if policy is ReadPolicy.NOT_IN_MEM:
+            unit = cq.read_units(offset, 1) if cq is not None else ()
+            if len(unit):
+                behind = self.hot.commitlog.max_offset - int(unit["offset"][0])
+                return behind > self.hot_window_bytes
+        return False
+
+    async def get(
+        self, topic: str, queue_id: int, offset: int, max_count: int, policy: ReadPolicy
+    ) -> GetResult:
+        check_topic(topic)
+        check_queue(queue_id, self.cfg.store.max_queues)
+        if not isinstance(offset, int) or isinstance(offset, bool) or offset < 0:
+            raise InvalidArgumentError(f"offset must be a non-negative integer, got {offset!r}")
+        if not isinstance(max_count, int) or isinstance(max_count, bool) or max_count < 1:
+            raise InvalidArgumentError(f"max_count must be a positive integer, got {max_count!r}")
+        max_count = min(max_count, MAX_GET_COUNT)
+        known, lo, hi = self.bounds(topic, queue_id)
+        if not known:
+            return GetResult(GetStatus.NO_MATCHED_LOGIC_QUEUE, (), 0, 0, 0, "hot")
+        if hi == 0:
+            return GetResult(GetStatus.NO_MESSAGE_IN_QUEUE, (), 0, lo, hi, "hot")
+        if offset < lo:
+            return GetResult(GetStatus.OFFSET_TOO_SMALL, (), lo, lo, hi, "hot")
+        if offset == hi:
+            return GetResult(GetStatus.OFFSET_OVERFLOW_ONE, (), offset, lo, hi, "hot")
+        if offset > hi:
+            return GetResult(GetStatus.OFFSET_OVERFLOW_BADLY, (), hi, lo, hi, "hot")
+        if self._serve_cold(policy, topic, queue_id, offset):
+            ff = self.cold_file(topic, queue_id)
+            assert ff is not None
+            try:
+                msgs = await self.fetcher.read(ff, offset, max_count)
+            except TierdError as e:
+                self.fallbacks += 1
+                cq = self.hot.queue(topic, queue_id)
+                if cq is None or not cq.min_offset <= offset < cq.max_offset:
+                    log.error(
+                        "cold read of %s/%d at %d failed and the hot store no longer has it: %s",
+                        topic,
+                        queue_id,
+                        offset,
+                        e,
+                    )
+                    return GetResult(GetStatus.OFFSET_FOUND_NULL, (), offset + 1, lo, hi, "cold")
+                log.warning(
+                    "cold read of %s/%d at %d failed (%s); served from the hot store",
+                    topic,
+                    queue_id,
+                    offset,
+                    e,
+                )
+            else:
+                self.reads["cold"] += 1
+                return GetResult(GetStatus.FOUND, tuple(msgs), offset + len(msgs), lo, hi, "cold")
+        self.reads["hot"] += 1
+        r = self.hot.get(topic, queue_id, offset, max_count)
+        return GetResult(r.status, r.messages, r.next_offset, lo, hi, "hot")
+
+    def min_offset(self, topic: str, queue_id: int) -> int:
+        return self.bounds(topic, queue_id)[1]
+
+    def max_offset(self, topic: str, queue_id: int) -> int:
+        return self.bounds(topic, queue_id)[2]
+
+    async def store_time(self, topic: str, queue_id: int, offset: int) -> int:
+        """Store timestamp of the message at ``offset`` from whichever tier has it (-1: none)."""
+        ts = self.hot.store_time(topic, queue_id, offset)
+        if ts >= 0:
+            return ts
+        ff = self.cold_file(topic, queue_id)
+        if ff is None or not ff.min_offset <= offset < ff.max_offset:
+            return -1
+        return (await self.fetcher.read(ff, offset, 1))[0].store_timestamp
+
+    async def earliest_time(self, topic: str, queue_id: int) -> int:
+        return await self.store_time(topic, queue_id, self.min_offset(topic, queue_id))
+
+    async def offset_for_time(self, topic: str, queue_id: int, timestamp: int, upper: bool) -> int:
+        """Binary search over the merged range (cold part through cached batches)."""
+        _, lo, hi = self.bounds(topic, queue_id)
+        first, last = lo, hi
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if await self.store_time(topic, queue_id, mid) < timestamp:
+                lo = mid + 1
+            else:
+                hi = mid
+        if upper and lo < last and await self.store_time(topic, queue_id, lo) == timestamp:
+            while lo + 1 < last and await self.store_time(topic, queue_id, lo + 1) == timestamp:
+                lo += 1
+        return max(lo, first)

@@ -1,0 +1,222 @@
+"""Cold reads: one consume-queue range read, one commitlog range read, and a read-ahead cache.
+
+A miss at queue offset ``o`` loads a *batch*: up to ``read_ahead_count`` units from ``o`` (never
+past the committed end), then ONE ranged read of the flat commitlog covering them, cut at
+``read_ahead_size`` bytes but always at least one message. Messages are decoded lazily from the
+batch bytes, each CRC-checked and cross-checked against its unit — a corrupt record is an error,
+never data.
+
+The :class:`ReadAheadCache` holds batches, bounded in **bytes** (``cache_max_bytes``) with idle
+expiry (``cache_expire``); concurrent readers of the same batch share one backend read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import logging
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import numpy as np
+import numpy.typing as npt
+
+from tierd.errors import CorruptionError, CorruptRecordError
+from tierd.local.codec import decode_record
+
+if TYPE_CHECKING:
+    from tierd.config import TieredConfig
+    from tierd.message import MessageExt
+    from tierd.tiered.flatmessage import FlatMessageFile
+
+log = logging.getLogger(__name__)
+QueueKey = tuple[str, int]
+
+
+@dataclass(slots=True)
+class ColdBatch:
+    """Consecutive messages of one queue as read from the cold tier."""
+
+    topic: str
+    queue_id: int
+    first: int  # queue offset of the first message
+    flat_offsets: npt.NDArray[np.int64]
+    sizes: npt.NDArray[np.int64]
+    data: bytes  # commitlog bytes from flat_offsets[0]
+    last_access: float = field(default=0.0)
+
+    @property
+    def end(self) -> int:
+        return self.first + len(self.sizes)
+
+    @property
+    def nbytes(self) -> int:
+        return len(self.data) + self.sizes.nbytes * 2
+
+    def message(self, queue_offset: int) -> MessageExt:
+        i = queue_offset - self.first
+        at = int(self.flat_offsets[i] - self.flat_offsets[0])
+        size = int(self.sizes[i])
+        try:
+            msg = decode_record(self.data, at, limit=at + size, check_crc=True)
+        except CorruptRecordError as e:
+            raise CorruptRecordError(
+                f"cold record {self.topic}/{self.queue_id} offset {queue_offset} (flat commitlog offset "
+                f"{int(self.flat_offsets[i])}) is corrupt: {e}",
+                topic=self.topic,
+                queue_id=self.queue_id,
+                queue_offset=queue_offset,
+            ) from e
+        if (
+            msg.queue_offset != queue_offset
+            or msg.size != size
+            or msg.topic != self.topic
+            or msg.queue_id != self.queue_id
+        ):
+            raise CorruptRecordError(
+                f"cold record at flat offset {int(self.flat_offsets[i])} is {msg.topic}/{msg.queue_id} offset "
+                f"{msg.queue_offset}, but the consume queue says {self.topic}/{self.queue_id} offset {queue_offset}",
+                queue_offset=queue_offset,
+            )
+        return msg
+
+
+@dataclass(slots=True)
+class CacheStats:
+    hits: int = 0
+    misses: int = 0
+    backend_reads: int = 0
+    evictions: int = 0
+
+
+class ReadAheadCache:
+    """Batches by (queue, first offset), LRU within a byte budget, idle expiry."""
+
+    def __init__(self, max_bytes: int, expire_seconds: float) -> None:
+        self.max_bytes = max_bytes
+        self.expire = expire_seconds
+        self._batches: OrderedDict[tuple[str, int, int], ColdBatch] = OrderedDict()
+        self._starts: dict[QueueKey, list[int]] = {}
+        self._inflight: dict[tuple[str, int, int], asyncio.Future[ColdBatch]] = {}
+        self.bytes = 0
+        self.stats = CacheStats()
+
+    def find(self, key: QueueKey, offset: int) -> ColdBatch | None:
+        starts = self._starts.get(key)
+        if not starts:
+            return None
+        i = bisect.bisect_right(starts, offset) - 1
+        if i < 0:
+            return None
+        batch = self._batches.get((*key, starts[i]))
+        if batch is None or offset >= batch.end:
+            return None
+        batch.last_access = time.monotonic()
+        self._batches.move_to_end((*key, starts[i]))
+        return batch
+
+    def put(self, batch: ColdBatch) -> None:
+        if batch.nbytes > self.max_bytes:
+            return  # larger than the whole budget: serve it, do not keep it
+        k = (batch.topic, batch.queue_id, batch.first)
+        if k in self._batches:
+            return
+        batch.last_access = time.monotonic()
+        self._batches[k] = batch
+        bisect.insort(self._starts.setdefault((batch.topic, batch.queue_id), []), batch.first)
+        self.bytes += batch.nbytes
+        self._shrink()
+
+    def _drop(self, k: tuple[str, int, int]) -> None:
+        batch = self._batches.pop(k)
+        self.bytes -= batch.nbytes
+        starts = self._starts[(k[0], k[1])]
+        starts.remove(k[2])
+        if not starts:
+            del self._starts[(k[0], k[1])]
+        self.stats.evictions += 1
+
+    def _shrink(self) -> None:
+        now = time.monotonic()
+        for k in [k for k, b in self._batches.items() if now - b.last_access > self.expire]:
+            self._drop(k)
+        while self.bytes > self.max_bytes and self._batches:
+            self._drop(next(iter(self._batches)))
+
+    def invalidate(self, key: QueueKey) -> None:
+        for first in list(self._starts.get(key, [])):
+            self._drop((*key, first))
+
+
+class ColdFetcher:
+    def __init__(self, cfg: TieredConfig) -> None:
+        self.cfg = cfg
+        self.cache = ReadAheadCache(cfg.cache_max_bytes, cfg.cache_expire)
+
+    async def read(self, ff: FlatMessageFile, offset: int, max_count: int) -> list[MessageExt]:
+        """Messages from ``offset`` (which must be committed cold), at most ``max_count``; fewer
+        at the committed end or where the batch ends (the caller continues from there)."""
+        key = (ff.topic, ff.queue_id)
+        out: list[MessageExt] = []
+        while len(out) < max_count and offset < ff.max_offset:
+            batch = self.cache.find(key, offset)
+            if batch is None:
+                self.cache.stats.misses += 1
+                batch = await self._load_shared(ff, offset)
+            else:
+                self.cache.stats.hits += 1
+            stop = min(batch.end, offset + max_count - len(out))
+            out.extend(batch.message(o) for o in range(offset, stop))
+            offset = stop
+        return out
+
+    async def _load_shared(self, ff: FlatMessageFile, offset: int) -> ColdBatch:
+        k = (ff.topic, ff.queue_id, offset)
+        fut = self._inflight.get(k)
+        if fut is not None:
+            return await asyncio.shield(fut)
+        fut = asyncio.get_running_loop().create_future()
+        self._inflight[k] = fut
+        try:
+            batch = await self._load(ff, offset)
+        except BaseException as e:
+            fut.set_exception(e)
+            fut.exception()  # mark retrieved: the waiters re-raise it
+            raise
+        finally:
+            self._inflight.pop(k, None)
+        fut.set_result(batch)
+        self.cache.put(batch)
+        return batch
+
+    @property
+    def _inflight(self) -> dict[tuple[str, int, int], asyncio.Future[ColdBatch]]:
+        return self.cache._inflight
+
+    async def _load(self, ff: FlatMessageFile, offset: int) -> ColdBatch:
+        count = min(self.cfg.read_ahead_count, ff.max_offset - offset)
+        units = await ff.read_units(offset, count)
+        self.cache.stats.backend_reads += 1
+        if not len(units):
+            raise CorruptionError(f"cold consume queue {ff.topic}/{ff.queue_id} returned no unit at {offset}")
+        flat = units["offset"].astype(np.int64)
+        sizes = units["size"].astype(np.int64)
+        ends = flat + sizes - flat[0]
+        n = max(1, int(np.searchsorted(ends, self.cfg.read_ahead_size, side="right")))
+        if np.any(flat[1:n] != flat[: n - 1] + sizes[: n - 1]):
+            raise CorruptionError(
+                f"cold consume queue {ff.topic}/{ff.queue_id} units from {offset} are not "
+                "contiguous in the commitlog",
+                offset=offset,
+            )
+        length = int(ends[n - 1])
+        data = await ff.read_commitlog(int(flat[0]), length)
+        self.cache.stats.backend_reads += 1
+        if len(data) != length:
+            raise CorruptionError(
+                f"short cold commitlog read for {ff.topic}/{ff.queue_id}: wanted {length} "
+                f"bytes at {int(flat[0])}, got {len(data)}"
+            )
+        return ColdBatch(ff.topic, ff.queue_id, offset, flat[:n], sizes[:n], data)
