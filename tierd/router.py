@@ -76,8 +76,8 @@ class TierRouter:
         in_hot = cq is not None and cq.min_offset <= offset < cq.max_offset
         if not in_hot:
             return True
-        if policy is ReadPolicy.NOT_IN_MEM:
-            unit = cq.read_units(offset, 1) if cq is not None else ()
+        if policy is ReadPolicy.NOT_IN_MEM and cq is not None:
+            unit = cq.read_units(offset, 1)
             if len(unit):
                 behind = self.hot.commitlog.max_offset - int(unit["offset"][0])
                 return behind > self.hot_window_bytes

@@ -6,7 +6,7 @@ store A ──tier──▶ bucket (segments + MANIFEST.json) ──restore─�
 from __future__ import annotations
 
 import json
-from pathlib import Path
+from typing import TYPE_CHECKING
 
 import google_crc32c
 import pytest
@@ -19,6 +19,9 @@ from tierd.tiered.metadata import MetadataStore
 
 from .conftest import cold_config, run
 from .test_write_path import cold_records
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 SMALL = {"commitlog_segment_size": 6_000, "consumequeue_segment_size": 200}
 
@@ -50,7 +53,8 @@ def test_manifests_describe_every_queue_and_sealed_checksums_match(tmp_path: Pat
             qm = QueueManifest.model_validate_json(path.read_bytes())
             cls = [s for s in qm.segments if s.type == "COMMIT_LOG"]
             cqs = [s for s in qm.segments if s.type == "CONSUME_QUEUE"]
-            assert len(cls) > 1 and len(cqs) > 1  # segments rolled and were sealed
+            assert len(cls) > 1  # segments rolled and were sealed
+            assert len(cqs) > 1
             assert sum(s.message_count for s in cls) == qm.max_offset - qm.min_offset
             assert sum(s.message_count for s in cqs) == qm.max_offset - qm.min_offset
             expected_first = qm.min_offset

@@ -143,7 +143,7 @@ class Dispatcher:
                 return await self._dispatch_queue(key, force)
             except TierdError as e:
                 # An expected, explained condition: one line, no traceback.
-                log.error("tiering %s/%d: %s", key[0], key[1], e)  # noqa: TRY400
+                log.error("tiering %s/%d: %s", key[0], key[1], e)
                 return 0
 
     # ------------------------------------------------------------------ one queue

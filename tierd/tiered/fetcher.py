@@ -76,8 +76,9 @@ class ColdBatch:
             or msg.queue_id != self.queue_id
         ):
             raise CorruptRecordError(
-                f"cold record at flat offset {int(self.flat_offsets[i])} is {msg.topic}/{msg.queue_id} offset "
-                f"{msg.queue_offset}, but the consume queue says {self.topic}/{self.queue_id} offset {queue_offset}",
+                f"cold record at flat offset {int(self.flat_offsets[i])} is {msg.topic}/{msg.queue_id} "
+                f"offset {msg.queue_offset}, but the consume queue says {self.topic}/{self.queue_id} "
+                f"offset {queue_offset}",
                 queue_offset=queue_offset,
             )
         return msg
