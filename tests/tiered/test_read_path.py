@@ -1,0 +1,198 @@
+"""Reads across tiers: statuses, policies, the cold fetcher and its read-ahead cache.
+
+offsets:  0 ........ cold_max ........ hot_max
+cold:     [=======================)
+hot:                 [=============================)   (after hot retention)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from pathlib import Path
+
+import pytest
+
+from tierd import BlockingMessageStore, GetStatus, Message, MessageStore, ReadPolicy
+from tierd.tiered.fetcher import ColdFetcher
+
+from .conftest import cold_config, run
+
+BODY = 1000
+
+
+def _store_with_history(tmp_path: Path, **tiered: object) -> BlockingMessageStore:
+    """600 messages in queue h/0: 0..399 cold, 0..599 hot, then hot retention drops its oldest
+    files so the hot tier starts well after 0."""
+    cfg = cold_config(tmp_path, commitlog_segment_size=150_000, **tiered)  # several cold segments
+    cfg = cfg.with_overrides(
+        store={"commitlog_file_size": 256 * 1024, "max_message_size": 64 * 1024, "file_reserved_time": 1.0}
+    )
+    store = BlockingMessageStore.open(cfg)
+    hot = store.hot
+    hot.commitlog.clock = functools.partial(int, 1_000)
+    store.put_batch([Message(topic="h", body=b"%04d" % i * (BODY // 4), queue_id=0) for i in range(400)])
+    store.tier_now()
+    hot.commitlog.clock = functools.partial(int, 2_000)
+    assert store.tiering is not None
+    store.tiering.dispatcher.stop()  # keep 400..599 hot only
+    store.put_batch([Message(topic="h", body=b"%04d" % i * (BODY // 4), queue_id=0) for i in range(400, 600)])
+    store.hot.wait_dispatched(10)
+    assert hot.apply_retention(now_ms=10**12) >= 1
+    return store
+
+
+def _body(i: int) -> bytes:
+    return b"%04d" % i * (BODY // 4)
+
+
+def test_status_table_over_both_tiers(tmp_path: Path) -> None:
+    with _store_with_history(tmp_path) as store:
+        hot_min = store.hot.min_offset("h", 0)
+        assert 0 < hot_min < 400
+        assert (store.min_offset("h", 0), store.max_offset("h", 0)) == (0, 600)
+        r = store.get("h", 0, 0, 5)  # only the cold tier has it
+        assert (r.status, r.source, [m.body for m in r.messages]) == (
+            GetStatus.FOUND,
+            "cold",
+            [_body(i) for i in range(5)],
+        )
+        assert (r.next_offset, r.min_offset, r.max_offset) == (5, 0, 600)
+        r = store.get("h", 0, 599, 5)
+        assert (r.status, r.source, r.messages[0].body, r.next_offset) == (
+            GetStatus.FOUND,
+            "hot",
+            _body(599),
+            600,
+        )
+        assert store.get("h", 0, 600).status is GetStatus.OFFSET_OVERFLOW_ONE
+        r = store.get("h", 0, 700)
+        assert (r.status, r.next_offset) == (GetStatus.OFFSET_OVERFLOW_BADLY, 600)
+        assert store.get("nope", 0, 0).status is GetStatus.NO_MATCHED_LOGIC_QUEUE
+
+
+@pytest.mark.parametrize(
+    ("policy", "offset", "source"),
+    [
+        (ReadPolicy.DISABLE, 450, "hot"),  # hot only
+        (ReadPolicy.NOT_IN_DISK, 450, "hot"),  # hot has it, not cold
+        (ReadPolicy.NOT_IN_DISK, 10, "cold"),  # hot no longer has it
+        (ReadPolicy.FORCE, 10, "cold"),
+        (ReadPolicy.FORCE, 399, "cold"),  # both have it: forced cold
+        (ReadPolicy.FORCE, 450, "hot"),  # not committed cold yet: always hot
+        (ReadPolicy.NOT_IN_MEM, 10, "cold"),
+    ],
+)
+def test_policy_by_location(tmp_path: Path, policy: ReadPolicy, offset: int, source: str) -> None:
+    with _store_with_history(tmp_path) as store:
+        r = store.get("h", 0, offset, 3, policy=policy)
+        assert r.status is GetStatus.FOUND
+        assert r.source == source
+        assert [m.body for m in r.messages] == [_body(i) for i in range(offset, offset + len(r.messages))]
+        assert r.messages[0].queue_offset == offset
+
+
+def test_disable_policy_reports_hot_range_only_data(tmp_path: Path) -> None:
+    with _store_with_history(tmp_path) as store:
+        r = store.get("h", 0, 10, 3, policy="DISABLE")
+        assert r.source == "hot"
+        assert r.messages == ()  # the hot store no longer has it; DISABLE never goes cold
+
+
+def test_not_in_mem_reads_cold_outside_the_hot_window(tmp_path: Path) -> None:
+    with _store_with_history(tmp_path) as store:
+        store.router.hot_window_bytes = 10 * BODY  # only the newest ~10 messages count as "in memory"
+        hot_min = store.hot.min_offset("h", 0)
+        assert store.get("h", 0, hot_min, 1, policy="NOT_IN_MEM").source == "cold"
+        assert store.get("h", 0, 595, 1, policy="NOT_IN_MEM").source == "hot"
+
+
+def test_reads_span_cold_segments_and_batches(tmp_path: Path) -> None:
+    with _store_with_history(tmp_path, read_ahead_count=50, read_ahead_size=20 * BODY) as store:
+        assert store.tiering is not None
+        ff = store.tiering.flat.get("h", 0)
+        assert ff is not None
+        assert len(ff.commitlog.segments) >= 2
+        seen: list[bytes] = []
+        offset = 0
+        while offset < 400:
+            r = store.get("h", 0, offset, 64, policy="FORCE")
+            assert r.source == "cold"
+            assert len(r.messages) <= 64
+            seen += [m.body for m in r.messages]
+            offset = r.next_offset
+        assert seen == [_body(i) for i in range(400)]
+
+
+def test_cold_read_error_falls_back_to_hot_or_reports_found_null(tmp_path: Path) -> None:
+    with _store_with_history(tmp_path) as store:
+        assert store.tiering is not None
+        ff = store.tiering.flat.get("h", 0)
+        assert ff is not None
+        seg = ff.commitlog.segments[-1]
+        # Corrupt the last cold commitlog segment on disk (behind the driver's back).
+        path = Path(store.config.backend.url) / seg.path
+        raw = bytearray(path.read_bytes())
+        raw[200] ^= 0xFF
+        path.chmod(0o644)
+        path.write_bytes(bytes(raw))
+        store.router.fetcher.cache.invalidate(("h", 0))
+        first_in_last = ff.commitlog.first_item[seg.base_offset]
+        r = store.get("h", 0, first_in_last, 1, policy="FORCE")  # hot still has it
+        assert (r.status, r.source, r.messages[0].body) == (GetStatus.FOUND, "hot", _body(first_in_last))
+        assert store.router.fallbacks == 1
+        # a cold-only offset with a corrupt record is never returned
+        first_seg = ff.commitlog.segments[0]
+        path0 = Path(store.config.backend.url) / first_seg.path
+        raw0 = bytearray(path0.read_bytes())
+        raw0[150] ^= 0xFF
+        path0.chmod(0o644)
+        path0.write_bytes(bytes(raw0))
+        store.router.fetcher.cache.invalidate(("h", 0))
+        r = store.get("h", 0, 0, 5)
+        assert (r.status, r.messages) == (GetStatus.OFFSET_FOUND_NULL, ())
+
+
+def test_cache_stays_within_its_byte_bound_and_concurrent_readers_share_a_read(tmp_path: Path) -> None:
+    with _store_with_history(tmp_path, cache_max_bytes=50 * BODY, read_ahead_count=16) as store:
+        assert store.tiering is not None
+        ff = store.tiering.flat.get("h", 0)
+        assert ff is not None
+        fetcher = ColdFetcher(
+            store.config.tiered.model_copy(update={"cache_max_bytes": 50 * BODY, "read_ahead_count": 16})
+        )
+        for offset in range(0, 400, 16):  # a flood of distinct offsets
+            run(store, fetcher.read(ff, offset, 1))
+            assert fetcher.cache.bytes <= 50 * BODY + 16 * 20
+        assert fetcher.cache.stats.evictions > 0
+
+        fresh = ColdFetcher(store.config.tiered)
+
+        async def many() -> list[list[bytes]]:
+            results = await asyncio.gather(*(fresh.read(ff, 100, 5) for _ in range(20)))
+            return [[m.body for m in r] for r in results]
+
+        bodies = run(store, many())
+        assert all(b == [_body(i) for i in range(100, 105)] for b in bodies)
+        assert fresh.cache.stats.backend_reads == 2  # one CQ range read + one commitlog range read
+
+
+def test_offset_for_time_and_earliest_time_across_tiers(tmp_path: Path) -> None:
+    with _store_with_history(tmp_path) as store:
+        assert store.earliest_time("h", 0) == 1_000  # from the cold tier
+        assert store.offset_for_time("h", 0, 500) == 0
+        assert store.offset_for_time("h", 0, 1_500) == 400
+        assert store.offset_for_time("h", 0, 1_000, "upper") == 399
+        assert store.offset_for_time("h", 0, 9_999) == 600
+
+
+def test_async_facade_reads_cold(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        async with MessageStore.open(cold_config(tmp_path)) as store:
+            await store.put_batch([Message(topic="a", body=b"%d" % i, queue_id=0) for i in range(10)])
+            await store.tier_now()
+            r = await store.get("a", 0, 3, 2, policy=ReadPolicy.FORCE)
+            assert (r.source, [m.body for m in r.messages]) == ("cold", [b"3", b"4"])
+            assert await store.offset_for_time("a", 0, 0) == 0
+
+    asyncio.run(scenario())
