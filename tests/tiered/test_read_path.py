@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import functools
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -21,7 +22,7 @@ from .conftest import cold_config, run
 BODY = 1000
 
 
-def _store_with_history(tmp_path: Path, **tiered: object) -> BlockingMessageStore:
+def _store_with_history(tmp_path: Path, **tiered: Any) -> BlockingMessageStore:
     """600 messages in queue h/0: 0..399 cold, 0..599 hot, then hot retention drops its oldest
     files so the hot tier starts well after 0."""
     cfg = cold_config(tmp_path, commitlog_segment_size=150_000, **tiered)  # several cold segments
