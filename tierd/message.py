@@ -54,9 +54,10 @@ class PutResult:
     msg_id: str
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class MessageExt:
-    """A stored message as read back from either tier.
+    """A stored message as read back from either tier. (Not frozen: reads build millions of
+    these, and frozen dataclasses pay an ``object.__setattr__`` per field.)
 
     ``commitlog_offset`` is the record's PHYSICALOFFSET field: the hot commitlog offset for hot
     reads, the queue's flat commitlog offset for cold reads (FORMATS §2.2). ``msg_id`` is the

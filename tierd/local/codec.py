@@ -18,9 +18,11 @@ from __future__ import annotations
 import ipaddress
 import struct
 import zlib
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import TYPE_CHECKING, Final
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, Final
 
 import numpy as np
 import numpy.typing as npt
@@ -29,7 +31,7 @@ from tierd.errors import CorruptRecordError, InvalidArgumentError
 from tierd.message import MessageExt
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping, Sequence
+    from collections.abc import Sequence
 
 MAGIC_V1: Final = 0xDAA320A7
 MAGIC_V2: Final = 0xDAA320AB
@@ -71,6 +73,7 @@ _INT = struct.Struct(">i")
 _UINT = struct.Struct(">I")
 _LONG = struct.Struct(">q")
 _SHORT = struct.Struct(">H")
+_NO_PROPERTIES: Mapping[str, str] = MappingProxyType({})
 _SIZE_MAGIC = struct.Struct(">iI")
 
 
@@ -118,6 +121,7 @@ def encode_host(host: str) -> bytes:
     return ip.packed + _INT.pack(port_num)
 
 
+@lru_cache(maxsize=4096)
 def decode_host(raw: bytes) -> str:
     ip = ipaddress.ip_address(raw[:-4])
     port = _INT.unpack(raw[-4:])[0]
@@ -126,7 +130,49 @@ def decode_host(raw: bytes) -> str:
 
 def offset_msg_id(store_host: bytes, physical_offset: int) -> str:
     """Offset message id: uppercase hex of STOREHOST bytes + the 8-byte PHYSICALOFFSET."""
-    return store_host.hex().upper() + f"{physical_offset & 0xFFFFFFFFFFFFFFFF:016X}"
+    return _host_hex(store_host) + f"{physical_offset & 0xFFFFFFFFFFFFFFFF:016X}"
+
+
+@lru_cache(maxsize=4096)
+def _host_hex(store_host: bytes) -> str:
+    return store_host.hex().upper()
+
+
+class LazyProperties(Mapping[str, str]):
+    """Message properties parsed on first access: most consumers never look at them, and
+    parsing costs as much as the rest of a record's decoding."""
+
+    __slots__ = ("_parsed", "_raw")
+
+    def __init__(self, raw: bytes) -> None:
+        self._raw = raw
+        self._parsed: dict[str, str] | None = None
+
+    def _dict(self) -> dict[str, str]:
+        if self._parsed is None:
+            self._parsed = decode_properties(self._raw)
+        return self._parsed
+
+    def __getitem__(self, key: str) -> str:
+        return self._dict()[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._dict())
+
+    def __len__(self) -> int:
+        return len(self._dict())
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self._dict().get(key, default)
+
+    def __eq__(self, other: object) -> bool:
+        return dict(self._dict()) == (dict(other) if isinstance(other, Mapping) else other)
+
+    def __hash__(self) -> int:
+        return hash(self._raw)
+
+    def __repr__(self) -> str:
+        return repr(self._dict())
 
 
 def parse_offset_msg_id(msg_id: str) -> tuple[str, int]:
@@ -304,9 +350,11 @@ def decode_record(
         raise _fail(f"body CRC mismatch (stored {crc})", pos)
     try:
         topic = bytes(buf[body_end + tlen_width : topic_end]).decode()
-        props = decode_properties(bytes(buf[topic_end + 2 : rec_end]))
+        raw_props = bytes(buf[topic_end + 2 : rec_end])
+        raw_props.decode()  # validate now; parse on first access
     except UnicodeDecodeError as e:
         raise _fail(f"topic or properties are not UTF-8 ({e.reason})", pos) from e
+    props: Mapping[str, str] = LazyProperties(raw_props) if raw_props else _NO_PROPERTIES
     store_host_b = bytes(store_host)
     return MessageExt(
         topic=topic,

@@ -25,6 +25,7 @@ import numpy.typing as npt
 
 from tierd.errors import CorruptionError, CorruptRecordError
 from tierd.local.codec import decode_record
+from tierd.local.consumequeue import UNIT_SIZE
 
 if TYPE_CHECKING:
     from tierd.config import TieredConfig
@@ -197,7 +198,8 @@ class ColdFetcher:
         return self.cache._inflight
 
     async def _load(self, ff: FlatMessageFile, offset: int) -> ColdBatch:
-        count = min(self.cfg.read_ahead_count, ff.max_offset - offset)
+        cq_end = ff.consumequeue.segment_end(offset * UNIT_SIZE) // UNIT_SIZE
+        count = min(self.cfg.read_ahead_count, ff.max_offset - offset, max(1, cq_end - offset))
         units = await ff.read_units(offset, count)
         self.cache.stats.backend_reads += 1
         if not len(units):
@@ -205,7 +207,8 @@ class ColdFetcher:
         flat = units["offset"].astype(np.int64)
         sizes = units["size"].astype(np.int64)
         ends = flat + sizes - flat[0]
-        n = max(1, int(np.searchsorted(ends, self.cfg.read_ahead_size, side="right")))
+        limit = min(self.cfg.read_ahead_size, ff.commitlog.segment_end(int(flat[0])) - int(flat[0]))
+        n = max(1, int(np.searchsorted(ends, limit, side="right")))
         if np.any(flat[1:n] != flat[: n - 1] + sizes[: n - 1]):
             raise CorruptionError(
                 f"cold consume queue {ff.topic}/{ff.queue_id} units from {offset} are not "

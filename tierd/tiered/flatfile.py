@@ -264,6 +264,12 @@ class FlatAppendFile:
                 hi = mid - 1
         return lo
 
+    def segment_end(self, offset: int) -> int:
+        """End (exclusive, committed) of the segment holding ``offset`` — readers cut batches
+        there so one batch costs one backend read per file."""
+        seg = self.segments[self._segment_index(offset)]
+        return seg.base_offset + seg.commit_position
+
     async def read(self, offset: int, length: int) -> bytes:
         """Committed bytes from ``offset``; crosses into the next segment if the range runs past
         the end of the first. Shorter than ``length`` only at the committed end."""

@@ -1,0 +1,155 @@
+"""Sequential consume of a cold queue with policy FORCE, beside raw boto3 ranged GETs, same run.
+
+Setup (not timed): ``--mib`` MiB of 1 KiB messages in one queue, tiered to a moto server
+subprocess with 64 MiB commitlog segments (most of them sealed, as old data is).
+
+* ``baseline_boto3``: ranged GETs (16 MiB) of every commitlog object of that queue, sequential.
+* ``cold_consume``: ``MessageStore.get(..., policy=FORCE)`` from offset 0 to the end, each
+  message decoded and CRC-checked; read-ahead batches of up to 16 MiB.
+Reports MB/s for both, the ratio (target ≥ 0.5) and backend GETs per read-ahead batch (target
+≤ 2: one consume-queue range, one commitlog range). Usage: ``python bench/cold_read.py [--mib 1024]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import json
+import logging
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from tierd import Message, MessageStore, ReadPolicy, TierdConfig
+from tierd.testing.s3server import start_moto
+
+MSG = 1024
+BATCH_BYTES = 16 * 1024 * 1024
+
+
+class Counter:
+    def __init__(self) -> None:
+        self.ops: collections.Counter[str] = collections.Counter()
+
+    def __call__(self, model: Any, **_: Any) -> None:
+        self.ops[model.name] += 1
+
+
+def _config(root: Path, endpoint: dict[str, Any], bucket: str) -> TierdConfig:
+    return TierdConfig.from_dict(
+        {
+            "store": {"dir": str(root / "hot"), "index_slots": 1_000_000, "index_items": 4_000_000},
+            "backend": {"name": "s3", "url": f"s3://{bucket}/bench", "storage_options": endpoint},
+            "tiered": {
+                "commitlog_segment_size": 64 << 20,
+                "consumequeue_segment_size": 2_000_000,
+                "read_ahead_count": 65536,
+                "read_ahead_size": BATCH_BYTES,
+                "cache_max_bytes": 64 << 20,
+                "dispatch_interval": 3600,
+            },
+        }
+    )
+
+
+async def _run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)
+    server = start_moto(root / "moto")
+    try:
+        client = server.boto3_client()
+        bucket = "cold-read"
+        client.create_bucket(Bucket=bucket)
+        cfg = _config(root, server.storage_options, bucket)
+        n = args.mib * 1024 * 1024 // MSG
+        body = os.urandom(MSG - 100)
+        async with MessageStore.open(cfg) as store:
+            t = time.perf_counter()
+            for i in range(0, n, 4096):
+                await store.put_batch([Message(topic="cold", body=body, queue_id=0)] * min(4096, n - i))
+            produce_s = time.perf_counter() - t
+            t = time.perf_counter()
+            await store.tier_now()
+            tier_s = time.perf_counter() - t
+            assert store.tiering is not None
+            ff = store.tiering.flat.get("cold", 0)
+            assert ff is not None
+            cl_bytes = ff.commitlog.commit_offset
+            fs = await store.tiering.root.filesystem()  # type: ignore[attr-defined]
+            counter = Counter()
+            fs.s3.meta.events.register("before-call.s3", counter)
+            # Baseline: the same commitlog bytes with raw ranged GETs.
+            prefix = "bench/" + ff.commitlog.path_of(0).rsplit("/", 1)[0] + "/"
+            keys = [
+                (o["Key"], o["Size"])
+                for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
+                for o in page.get("Contents", [])
+            ]
+            t = time.perf_counter()
+            raw = 0
+            for key, size in keys:
+                for start in range(0, size, BATCH_BYTES):
+                    end = min(size, start + BATCH_BYTES) - 1
+                    raw += len(
+                        client.get_object(Bucket=bucket, Key=key, Range=f"bytes={start}-{end}")["Body"].read()
+                    )
+            base_s = time.perf_counter() - t
+            # tierd: sequential consume through the facade, every message decoded and CRC-checked.
+            t = time.perf_counter()
+            offset, got, got_bytes = 0, 0, 0
+            while offset < ff.max_offset:
+                res = await store.get("cold", 0, offset, 4096, policy=ReadPolicy.FORCE)
+                assert res.source == "cold" and res.messages, res.status
+                got += len(res.messages)
+                got_bytes += sum(m.size for m in res.messages)
+                offset = res.next_offset
+            cold_s = time.perf_counter() - t
+            fetcher = store.router.fetcher
+            batches = fetcher.cache.stats.misses
+            gets = counter.ops.get("GetObject", 0)
+        client.close()
+        return {
+            "messages": got,
+            "commitlog_bytes": cl_bytes,
+            "setup": {
+                "produce_seconds": produce_s,
+                "tier_seconds": tier_s,
+                "segments": len(ff.commitlog.segments),
+            },
+            "baseline_boto3": {
+                "bytes": raw,
+                "seconds": base_s,
+                "MB_per_s": raw / base_s / 1e6,
+                "objects": len(keys),
+            },
+            "cold_consume": {
+                "bytes": got_bytes,
+                "seconds": cold_s,
+                "MB_per_s": got_bytes / cold_s / 1e6,
+                "msgs_per_s": got / cold_s,
+                "read_ahead_batches": batches,
+                "backend_requests": dict(counter.ops),
+            },
+            "ratio": (got_bytes / cold_s) / (raw / base_s),
+            "gets_per_batch": gets / max(1, batches),
+            "targets": {"ratio": ">= 0.5", "gets_per_batch": "<= 2"},
+        }
+    finally:
+        server.stop()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--mib", type=int, default=1024)
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory(dir=os.environ.get("TIERD_BENCH_DIR")) as tmp:
+        out = asyncio.run(_run(args, Path(tmp)))
+    json.dump(out, sys.stdout, indent=2)
+    print()
+
+
+if __name__ == "__main__":
+    main()
