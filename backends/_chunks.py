@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING
 
 import google_crc32c
 
+from backends._objects import CHUNK_DIR
 from tierd.errors import (
     BackendError,
     CorruptionError,
@@ -59,7 +60,7 @@ __all__ = [
     "crc32c",
 ]
 
-CHUNK_DIR_SUFFIX = ".chunks/"
+CHUNK_DIR_SUFFIX = CHUNK_DIR + "/"
 _CHUNK_NAME = re.compile(r"[0-9]{20}")
 #: Bounded fan-out for reads that span several chunks.
 _READ_CONCURRENCY = 8

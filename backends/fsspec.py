@@ -8,6 +8,12 @@ driver; the single-writer rule of the contract carries the rest), and durability
 filesystem gives (use the ``posix`` driver for local disks: it fsyncs). Listing caches are
 invalidated before every listing, and the filesystem is created with ``skip_instance_cache``.
 
+Whole objects (``FsspecRoot.put_object``, for manifests) are replaced atomically: on local disks
+by writing a temporary file beside the target, fsyncing it and renaming it over the target; on
+object stores (memory, s3, gcs, azure) by one ``pipe_file`` — a single PUT; on any other
+filesystem by writing a temporary file and moving it into place (atomic only if the filesystem's
+move is).
+
 Filesystem calls are blocking in fsspec's sync API (async implementations run them on fsspec's
 own I/O thread), so every call goes through ``asyncio.to_thread``.
 
@@ -19,9 +25,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from fsspec.core import url_to_fs
+from fsspec.implementations.local import LocalFileSystem
 
 from backends._chunks import (
     VERIFY_PIECE,
@@ -33,8 +41,9 @@ from backends._chunks import (
     chunk_key,
     crc32c,
 )
+from backends._objects import listed_paths, temp_name, write_file_atomically
 from tierd.errors import BackendError, CorruptionError, SegmentNotFoundError, TierdError
-from tierd.tiered.segment import DriverRoot
+from tierd.tiered.segment import DriverRoot, validate_object_prefix, validate_segment_path
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable, Mapping, Sequence
@@ -44,6 +53,26 @@ if TYPE_CHECKING:
 __all__ = ["FsspecDriver", "FsspecRoot"]
 
 _T = TypeVar("_T")
+
+#: Protocols whose ``pipe_file`` stores the whole object in one atomic operation (a dictionary
+#: assignment, one PUT): a put goes straight to the target there.
+ATOMIC_PIPE_PROTOCOLS = frozenset({"memory", "s3", "s3a", "gs", "gcs", "az", "abfs", "abfss"})
+#: Suffix of the temporary object a seal composes into before moving it to the segment's key.
+SEALING_SUFFIX = ".sealing"
+
+
+async def _run(op: str, key: str, fn: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
+    """Run a blocking filesystem call in a thread; ``FileNotFoundError`` becomes
+    :class:`~tierd.errors.SegmentNotFoundError`, anything else untyped a
+    :class:`~tierd.errors.BackendError`."""
+    try:
+        return await asyncio.to_thread(fn, *args, **kwargs)
+    except TierdError:
+        raise
+    except FileNotFoundError as e:
+        raise SegmentNotFoundError(f"{key} does not exist", key=key) from e
+    except Exception as e:
+        raise BackendError(f"fsspec {op} of {key!r} failed: {type(e).__name__}: {e}", key=key) from e
 
 
 class FsspecRoot(DriverRoot):
@@ -85,6 +114,74 @@ class FsspecRoot(DriverRoot):
         # docstring inherited
         return FsspecDriver(self, path)
 
+    # ------------------------------------------------------------------ whole objects
+    def _put_sync(self, key: str, data: bytes) -> None:
+        fs, _ = self.filesystem()
+        if isinstance(fs, LocalFileSystem):
+            write_file_atomically(Path(key), data, fsync=True)
+            return
+        protocols = {fs.protocol} if isinstance(fs.protocol, str) else set(fs.protocol)
+        fs.makedirs(fs._parent(key), exist_ok=True)
+        if protocols & ATOMIC_PIPE_PROTOCOLS:
+            fs.pipe_file(key, data)
+            return
+        if fs.isdir(key):  # a move would land *inside* the directory
+            raise IsADirectoryError(f"{key} is a directory")
+        tmp = temp_name(key)
+        try:
+            fs.pipe_file(tmp, data)
+            fs.mv(tmp, key)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                fs.rm_file(tmp)
+            raise
+
+    def _get_sync(self, key: str) -> bytes:
+        fs, _ = self.filesystem()
+        fs.invalidate_cache(key)
+        try:
+            return bytes(fs.cat_file(key))
+        except (IsADirectoryError, NotADirectoryError) as e:
+            raise FileNotFoundError(key) from e
+
+    def _delete_sync(self, key: str) -> None:
+        fs, _ = self.filesystem()
+        with contextlib.suppress(FileNotFoundError, IsADirectoryError, NotADirectoryError):
+            fs.rm_file(key)
+        fs.invalidate_cache(key)
+
+    def _list_sync(self, prefix: str) -> list[str]:
+        fs, base = self.filesystem()
+        target = f"{base}/{prefix}" if base and prefix else (base or prefix)
+        fs.invalidate_cache()  # every level below target: one fresh listing, never the dircache
+        try:
+            found = fs.find(target, withdirs=False, detail=False)
+        except (FileNotFoundError, NotADirectoryError):
+            found = []
+        strip = f"{base}/" if base else ""
+        names = [n[len(strip) :] if strip else n.lstrip("/") for n in map(str, found) if n.startswith(strip)]
+        return listed_paths(names, prefix, chunked=True, reserved_suffixes=(SEALING_SUFFIX,))
+
+    async def put_object(self, path: str, data: bytes) -> None:
+        # docstring inherited
+        key = self.key_for(validate_segment_path(path))
+        await _run("put_object", key, self._put_sync, key, bytes(data))
+
+    async def get_object(self, path: str) -> bytes:
+        # docstring inherited
+        key = self.key_for(validate_segment_path(path))
+        return await _run("get_object", key, self._get_sync, key)
+
+    async def delete_object(self, path: str) -> None:
+        # docstring inherited
+        key = self.key_for(validate_segment_path(path))
+        await _run("delete_object", key, self._delete_sync, key)
+
+    async def list_objects(self, prefix: str) -> list[str]:
+        # docstring inherited
+        prefix = validate_object_prefix(prefix)
+        return await _run("list_objects", prefix or self.url, self._list_sync, prefix)
+
 
 class FsspecDriver(ChunkedDriver):
     """Chunked segment on an fsspec filesystem (see module doc)."""
@@ -106,14 +203,7 @@ class FsspecDriver(ChunkedDriver):
         return self.root.filesystem()[0]
 
     async def _call(self, op: str, key: str, fn: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
-        try:
-            return await asyncio.to_thread(fn, *args, **kwargs)
-        except TierdError:
-            raise
-        except FileNotFoundError as e:
-            raise SegmentNotFoundError(f"{key} does not exist", key=key) from e
-        except Exception as e:
-            raise BackendError(f"fsspec {op} of {key!r} failed: {type(e).__name__}: {e}", key=key) from e
+        return await _run(op, key, fn, *args, **kwargs)
 
     # ------------------------------------------------------------------ primitives
     def _list_sync(self) -> Listing:
@@ -171,7 +261,7 @@ class FsspecDriver(ChunkedDriver):
 
     def _delete_sync(self, keys: Sequence[str]) -> None:
         fs = self._fs
-        for k in [*keys, self.key + ".sealing"]:
+        for k in [*keys, self.key + SEALING_SUFFIX]:
             with contextlib.suppress(FileNotFoundError):
                 fs.rm_file(k)
         # Local filesystems keep the emptied chunk directory around; others have none.
@@ -198,7 +288,7 @@ class FsspecDriver(ChunkedDriver):
         return crcs
 
     async def _compose(self, layout: Layout) -> None:
-        tmp = self.key + ".sealing"
+        tmp = self.key + SEALING_SUFFIX
         fs = self._fs
         try:
             crcs = await self._call("compose", tmp, self._concat_sync, layout.chunks, tmp)

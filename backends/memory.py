@@ -3,6 +3,8 @@
 Data lives in a module-level table of *namespaces* keyed by the root's name, so two roots (or
 two unpickled copies of one) with the same name see the same segments — that is what lets tests
 reach the data behind the driver's back (:func:`namespace`). Nothing survives the process.
+Whole objects (``MemoryRoot.put_object``) live in the same table as segments, stored as one
+:class:`StoredSegment` each; a put replaces the table entry in one assignment (atomic).
 
 Configuration: ``[backend] name = "memory"``, ``url = "memory://NAME"`` (or just ``NAME``).
 """
@@ -12,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from backends._objects import listed_paths
 from tierd.errors import (
     CorruptionError,
     InvalidArgumentError,
@@ -20,7 +23,13 @@ from tierd.errors import (
     SegmentReadError,
     SegmentSealedError,
 )
-from tierd.tiered.segment import ByteRange, DriverRoot, SegmentDriver
+from tierd.tiered.segment import (
+    ByteRange,
+    DriverRoot,
+    SegmentDriver,
+    validate_object_prefix,
+    validate_segment_path,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -65,6 +74,26 @@ class MemoryRoot(DriverRoot):
     def driver(self, path: str) -> MemoryDriver:
         # docstring inherited
         return MemoryDriver(self, path)
+
+    async def put_object(self, path: str, data: bytes) -> None:
+        # docstring inherited
+        validate_segment_path(path)
+        namespace(self.name)[path] = StoredSegment(bytearray(data))
+
+    async def get_object(self, path: str) -> bytes:
+        # docstring inherited
+        stored = namespace(self.name).get(validate_segment_path(path))
+        if stored is None:
+            raise SegmentNotFoundError(f"object {path!r} does not exist in memory://{self.name}", path=path)
+        return bytes(stored.data)
+
+    async def delete_object(self, path: str) -> None:
+        # docstring inherited
+        namespace(self.name).pop(validate_segment_path(path), None)
+
+    async def list_objects(self, prefix: str) -> list[str]:
+        # docstring inherited
+        return listed_paths(list(namespace(self.name)), validate_object_prefix(prefix))
 
 
 class MemoryDriver(SegmentDriver):

@@ -4,8 +4,10 @@ Writes are positional (``os.pwrite``) and fsynced before they return; creating a
 fsyncs its directory (and every directory created on the way), so a segment that ``write``
 reported is still there after a power cut. Sealing clears the file's write permission bits —
 the driver checks them itself before every write, so the seal holds even for root, and it
-survives restarts without a second marker file. Blocking calls run in a worker thread
-(``asyncio.to_thread``) so that an fsync never stalls the event loop.
+survives restarts without a second marker file. Whole objects (``PosixRoot.put_object``, for
+manifests) are written to a temporary file beside the target, fsynced, renamed over it and the
+directory fsynced, so readers see the old or the new file, never a partial one. Blocking calls
+run in a worker thread (``asyncio.to_thread``) so that an fsync never stalls the event loop.
 
 Configuration: ``[backend] name = "posix"``, ``url = "/abs/dir"`` (or ``file:///abs/dir``; a
 relative path is resolved against the working directory when the root is made). The only
@@ -21,6 +23,7 @@ import stat
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from backends._objects import fsync_dir, listed_paths, make_dirs, write_file_atomically
 from tierd.errors import (
     BackendError,
     CorruptionError,
@@ -31,7 +34,13 @@ from tierd.errors import (
     SegmentSealedError,
     TierdError,
 )
-from tierd.tiered.segment import ByteRange, DriverRoot, SegmentDriver
+from tierd.tiered.segment import (
+    ByteRange,
+    DriverRoot,
+    SegmentDriver,
+    validate_object_prefix,
+    validate_segment_path,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -67,13 +76,89 @@ class PosixRoot(DriverRoot):
         # docstring inherited
         return PosixDriver(self, path)
 
+    # ------------------------------------------------------------------ whole objects
+    def _file(self, path: str) -> Path:
+        return self.directory.joinpath(*validate_segment_path(path).split("/"))
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    def _missing(self, path: str) -> SegmentNotFoundError:
+        return SegmentNotFoundError(f"object {path!r} does not exist under {self.directory}", path=path)
+
+    async def _run(self, op: str, path: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return await asyncio.to_thread(fn, *args, **kwargs)
+        except OSError as e:
+            if isinstance(e, TierdError):
+                raise
+            raise BackendError(
+                f"posix {op} of {path!r} under {self.directory} failed: {e.strerror or e}",
+                path=path,
+                errno=e.errno,
+            ) from e
+
+    def _get_sync(self, path: str, file: Path) -> bytes:
+        try:
+            fd = os.open(file, os.O_RDONLY | os.O_CLOEXEC)
+        except (FileNotFoundError, NotADirectoryError):
+            raise self._missing(path) from None
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):  # a directory: no object here
+                raise self._missing(path)
+            chunks: list[bytes] = []
+            while piece := os.read(fd, 1 << 20):
+                chunks.append(piece)
+            return b"".join(chunks)
+        finally:
+            os.close(fd)
+
+    def _delete_sync(self, file: Path) -> None:
+        try:
+            os.unlink(file)
+        except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+            return
+        except PermissionError:
+            if file.is_dir():  # some systems report unlink(directory) as EPERM
+                return
+            raise
+        if self.fsync:
+            fsync_dir(file.parent)
+
+    def _list_sync(self, prefix: str) -> list[str]:
+        names: list[str] = []
+        stack = [(self.directory.joinpath(*prefix.split("/")) if prefix else self.directory, prefix)]
+        while stack:
+            directory, rel = stack.pop()
+            try:
+                it = os.scandir(directory)
+            except (FileNotFoundError, NotADirectoryError):
+                continue
+            with it:
+                for entry in it:
+                    name = f"{rel}/{entry.name}" if rel else entry.name
+                    if entry.is_dir(follow_symlinks=False):
+                        stack.append((Path(entry.path), name))
+                    elif entry.is_file():
+                        names.append(name)
+        return listed_paths(names, prefix)
+
+    async def put_object(self, path: str, data: bytes) -> None:
+        # docstring inherited
+        file = self._file(path)
+        await self._run("put_object", path, write_file_atomically, file, bytes(data), fsync=self.fsync)
+
+    async def get_object(self, path: str) -> bytes:
+        # docstring inherited
+        data: bytes = await self._run("get_object", path, self._get_sync, path, self._file(path))
+        return data
+
+    async def delete_object(self, path: str) -> None:
+        # docstring inherited
+        await self._run("delete_object", path, self._delete_sync, self._file(path))
+
+    async def list_objects(self, prefix: str) -> list[str]:
+        # docstring inherited
+        prefix = validate_object_prefix(prefix)
+        names: list[str] = await self._run("list_objects", prefix, self._list_sync, prefix)
+        return names
 
 
 def _pread_exact(fd: int, length: int, offset: int) -> bytes:
@@ -135,18 +220,7 @@ class PosixDriver(SegmentDriver):
 
     def _make_parents(self) -> None:
         """Create missing parent directories, fsyncing each new directory's parent."""
-        missing: list[Path] = []
-        d = self.file.parent
-        while not d.exists():
-            missing.append(d)
-            d = d.parent
-        for new in reversed(missing):
-            try:
-                new.mkdir()
-            except FileExistsError:
-                continue
-            if self.root.fsync:
-                _fsync_dir(new.parent)
+        make_dirs(self.file.parent, fsync=self.root.fsync)
 
     def _sealed(self) -> SegmentSealedError:
         return SegmentSealedError(f"segment {self.path!r} is sealed; writes are refused", path=self.path)
@@ -176,7 +250,7 @@ class PosixDriver(SegmentDriver):
         os.fchmod(fd, _OPEN_MODE)
         if self.root.fsync:
             os.fsync(fd)
-            _fsync_dir(self.file.parent)
+            fsync_dir(self.file.parent)
         return fd
 
     def _create_sync(self) -> None:
@@ -261,7 +335,7 @@ class PosixDriver(SegmentDriver):
         except (FileNotFoundError, NotADirectoryError):
             return
         if self.root.fsync:
-            _fsync_dir(self.file.parent)
+            fsync_dir(self.file.parent)
 
     async def _run(self, op: str, fn: Any, *args: Any) -> Any:
         try:

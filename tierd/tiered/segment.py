@@ -13,7 +13,10 @@ index, named by its base offset (see :mod:`tierd.tiered.paths`). Two layers live
 Drivers are made by a :class:`DriverRoot` — one per backend location (a directory, a bucket
 prefix, a memory namespace) — which owns whatever is expensive to share (an S3 client). Roots
 and drivers pickle to plain data (URL, options, path) and reconnect lazily after unpickling, so
-Spark can ship them to workers.
+Spark can ship them to workers. A root also stores small, replaceable *whole objects* beside the
+segments (bucket manifests): :meth:`DriverRoot.put_object`, :meth:`~DriverRoot.get_object`,
+:meth:`~DriverRoot.delete_object` and :meth:`~DriverRoot.list_objects`. They live on the root, not
+on :class:`SegmentDriver`, because segments are append-only by contract and objects are not.
 
 Concurrency model (drivers and FileSegment alike): everything runs on ONE asyncio event loop.
 Any number of reads of a segment may run concurrently, but at most one *mutating* call
@@ -54,6 +57,7 @@ __all__ = [
     "FileType",
     "SegmentDriver",
     "Transform",
+    "validate_object_prefix",
     "validate_segment_path",
 ]
 
@@ -132,14 +136,60 @@ def validate_segment_path(path: str) -> str:
     return path
 
 
+def validate_object_prefix(prefix: str) -> str:
+    """Check a :meth:`DriverRoot.list_objects` prefix and return it normalised.
+
+    ``""`` means the whole root. Otherwise the prefix names a directory-like path under the
+    root and follows :func:`validate_segment_path`, except that one trailing ``/`` is accepted
+    and removed (``"a/b/"`` is ``"a/b"``).
+    """
+    if not isinstance(prefix, str):
+        raise InvalidArgumentError(f"object prefix must be a string, got {prefix!r}", prefix=prefix)
+    if prefix == "":
+        return ""
+    trimmed = prefix[:-1] if prefix.endswith("/") else prefix
+    if not trimmed:
+        raise InvalidArgumentError(
+            "object prefix must be '' (everything) or a relative path, got '/'", prefix=prefix
+        )
+    try:
+        return validate_segment_path(trimmed)
+    except InvalidArgumentError:
+        raise InvalidArgumentError(
+            f"object prefix {prefix!r} must be '' or a relative '/'-separated path without empty, "
+            "'.' or '..' components",
+            prefix=prefix,
+        ) from None
+
+
 class DriverRoot(ABC):
-    """One backend location that makes :class:`SegmentDriver` instances for paths under it.
+    """One backend location that makes :class:`SegmentDriver` instances for paths under it, and
+    stores small whole objects beside them.
 
     A root owns the resources its drivers share (an S3 client, a filesystem object) and releases
     them in :meth:`aclose`; a closed root reconnects lazily when used again. Roots are cheap to
     construct (no I/O) and must pickle to plain data: ``url``, ``storage_options`` and whatever
     the subclass needs, never a live client. ``repr`` shows the URL only, because storage
     options may hold secrets.
+
+    **Objects.** Besides segments, a root stores *objects*: small byte strings that are written
+    whole and replaced whole (the cold tier's bucket manifests, rewritten every minute). Four
+    abstract coroutines make up this API: :meth:`put_object`, :meth:`get_object`,
+    :meth:`delete_object`, :meth:`list_objects`. Object paths follow
+    :func:`validate_segment_path` and share ONE namespace with segment paths on the backend (a
+    manifest at ``a/b/MANIFEST.json`` sits in the same directory as the segments under
+    ``a/b/COMMIT_LOG/``). A path must hold either an object or a segment, never both: an object
+    put at a segment's path replaces (posix, memory) or shadows (chunked drivers: it reads as
+    the sealed segment) that segment. Names reserved for driver internals must not be used for
+    objects or segments: a path component ending in ``.chunks`` (chunked drivers), a name ending
+    in ``.sealing`` (fsspec) or in ``.tierd-tmp-`` plus 32 hex digits (temporary files of puts).
+
+    Concurrency is the segments' model: one event loop; any number of :meth:`get_object` and
+    :meth:`list_objects` calls may run concurrently with each other and with :meth:`put_object`
+    of the same path; concurrent puts of one path end with one of the values put (last writer
+    wins, no merging). Failures are typed: :class:`~tierd.errors.SegmentNotFoundError` for a
+    missing object, :class:`~tierd.errors.InvalidArgumentError` for a bad path,
+    :class:`~tierd.errors.BackendError` for backend faults (retryable); never a sentinel.
 
     Use as ``async with root:`` to close it on exit.
     """
@@ -152,6 +202,65 @@ class DriverRoot(ABC):
     def driver(self, path: str) -> SegmentDriver:
         """A driver for the segment at ``path`` (relative to the root; see
         :func:`validate_segment_path`). No I/O happens here."""
+
+    # ------------------------------------------------------------------ whole objects
+    @abstractmethod
+    async def put_object(self, path: str, data: bytes) -> None:
+        """Create the object at ``path`` holding exactly ``data``, or replace it whole.
+
+        ``path`` is relative to the root and must pass :func:`validate_segment_path` (else
+        :class:`~tierd.errors.InvalidArgumentError`, nothing written); missing parent
+        directories are created. ``data`` may be empty. Unconditional: replacing is the point,
+        there is no compare-and-swap.
+
+        **Atomic.** Every :meth:`get_object` that starts while this call runs, or after it
+        returned, sees either the complete old bytes (or "missing", if there were none) or the
+        complete new bytes — never a mix, a prefix or an empty placeholder. **Durable** on
+        return: the new bytes survive a crash or power cut, and every later :meth:`get_object`
+        and :meth:`list_objects` of any root on the same location sees them.
+
+        If the call raises, the object holds the old bytes or the new ones (the request may have
+        landed before the acknowledgement was lost), nothing else; calling again with the same
+        data is always safe. How the shipped roots achieve this: posix writes a temporary file
+        in the same directory, fsyncs it, renames it over the target and fsyncs the directory;
+        S3 sends one plain ``PutObject`` (atomic by S3 semantics); fsspec renames a temporary
+        file on local disks and uses one ``pipe_file`` (a single PUT) on object stores; memory
+        assigns one dictionary entry.
+        """
+
+    @abstractmethod
+    async def get_object(self, path: str) -> bytes:
+        """The whole object at ``path`` (``b""`` for an empty one), as it is on the backend now.
+
+        Raises :class:`~tierd.errors.SegmentNotFoundError` (also a ``FileNotFoundError``) when
+        no object exists at ``path`` — including when ``path`` is only a directory-like prefix
+        of other objects — and :class:`~tierd.errors.InvalidArgumentError` for an invalid
+        path. Never served from a cache: a value put by another root or process before this
+        call started is returned (drivers built on caching clients, such as s3fs, bypass or
+        invalidate them).
+        """
+
+    @abstractmethod
+    async def delete_object(self, path: str) -> None:
+        """Remove the object at ``path``. Idempotent: deleting a missing object (or a path that
+        is only a directory-like prefix of other objects) is a no-op that leaves everything
+        else untouched. Durable on return; a later :meth:`get_object` raises
+        :class:`~tierd.errors.SegmentNotFoundError`."""
+
+    @abstractmethod
+    async def list_objects(self, prefix: str) -> list[str]:
+        """Paths (relative to the root, sorted ascending) of everything stored under ``prefix``.
+
+        ``prefix`` is ``""`` for the whole root or a directory-like path (see
+        :func:`validate_object_prefix`): ``"a/b"`` lists ``a/b/x`` and ``a/b/c/d`` (recursive)
+        but not ``a/bc`` nor ``a/b`` itself. The result holds every object put with
+        :meth:`put_object` and every segment (open or sealed; each exactly once, by its segment
+        path), and nothing a driver keeps for itself: chunk objects under ``<segment>.chunks/``
+        are reported as their segment, temporary and ``.sealing`` files are left out, and so
+        are backend entries that are not valid paths (directory markers such as ``a/``). An
+        empty or missing prefix gives ``[]``. Never served from a cache: one fresh listing of
+        the backend per call (not a snapshot — entries changing meanwhile may or may not show).
+        """
 
     async def aclose(self) -> None:  # noqa: B027 — optional hook, empty on purpose
         """Release shared resources (network clients). Idempotent. Default: nothing to release."""
