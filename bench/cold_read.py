@@ -102,7 +102,8 @@ async def _run(args: argparse.Namespace, root: Path) -> dict[str, Any]:
             offset, got, got_bytes = 0, 0, 0
             while offset < ff.max_offset:
                 res = await store.get("cold", 0, offset, 4096, policy=ReadPolicy.FORCE)
-                assert res.source == "cold" and res.messages, res.status
+                assert res.source == "cold", res.status
+                assert res.messages, res.status
                 got += len(res.messages)
                 got_bytes += sum(m.size for m in res.messages)
                 offset = res.next_offset

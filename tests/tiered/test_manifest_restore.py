@@ -23,7 +23,7 @@ from .test_write_path import cold_records
 if TYPE_CHECKING:
     from pathlib import Path
 
-SMALL = {"commitlog_segment_size": 6_000, "consumequeue_segment_size": 200}
+SMALL: dict[str, Any] = {"commitlog_segment_size": 6_000, "consumequeue_segment_size": 200}
 
 
 def _produce_and_tier(store: BlockingMessageStore, start: int, n: int) -> None:
