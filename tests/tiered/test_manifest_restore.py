@@ -6,7 +6,7 @@ store A ──tier──▶ bucket (segments + MANIFEST.json) ──restore─�
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import google_crc32c
 import pytest
