@@ -5,9 +5,11 @@
 
 After the dispatcher has caught up, every queue's cold consume queue covers exactly the hot
 offsets, every cold record equals its hot record except PHYSICALOFFSET (= its flat offset), the
-flat commitlog is tiled by the consume queue with no byte twice, and the objects in the bucket
-(read with boto3, not through tierd) hold exactly those bytes. The FaultyRoot call log proves the
-faults happened. A restart on a healthy root over the same bucket must agree and continue.
+consume-queue units tile the flat commitlog (no record stored twice, no unreferenced byte),
+every message was handed to the index exactly once, and the objects in the bucket (read with
+boto3, not through tierd) hold exactly the bytes tierd reads, every full segment sealed. The
+FaultyRoot call log proves the faults happened. A restart on a healthy root over the same bucket
+must agree and continue.
 """
 
 from __future__ import annotations
@@ -15,7 +17,9 @@ from __future__ import annotations
 import asyncio
 import collections
 import random
+import re
 import time
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -39,18 +43,20 @@ if TYPE_CHECKING:
     from tierd.testing.faults import Call
     from tierd.testing.s3server import S3Server
     from tierd.tiered.flatfile import FlatAppendFile
+    from tierd.tiered.flatmessage import CommittedBatch
     from tierd.tiered.segment import DriverRoot
 
 pytestmark = pytest.mark.timeout(120)
 
 PREFIX = "cold"
+SEGMENT_NAME = re.compile(r"[0-9a-f]{8}[0-9]{20}")
 TOPICS = ("fa", "fb")
 QUEUES = 4  # per topic: 8 queues
 SMALL: dict[str, Any] = {
     # Small segments so that both files roll (and seal, through the faults) many times.
-    "commitlog_segment_size": 96 * 1024,
-    "consumequeue_segment_size": 1000,  # 50 units
-    "group_commit_size": 24 * 1024,
+    "commitlog_segment_size": 64 * 1024,
+    "consumequeue_segment_size": 1600,  # 80 units
+    "group_commit_size": 32 * 1024,
     "group_commit_count": 64,
     "manifest_interval": 3600,  # seals are retried by the test, not by a timer
 }
@@ -102,6 +108,7 @@ def tier_until_caught_up(store: BlockingMessageStore, deadline_s: float = 45.0) 
     Returns the number of rounds it took."""
     deadline = time.monotonic() + deadline_s
     rounds = 0
+    assert store.hot.wait_dispatched(30)  # the hot consume queues hold everything produced
     while not caught_up(store):
         if time.monotonic() > deadline:
             raise AssertionError(f"tiering did not catch up within {deadline_s} s ({rounds} rounds)")
@@ -113,90 +120,106 @@ def tier_until_caught_up(store: BlockingMessageStore, deadline_s: float = 45.0) 
 
 
 # ---------------------------------------------------------------------------- verification
-def backend_segments(server: S3Server, bucket: str) -> dict[str, bytes]:
-    """Every segment in the bucket, read with boto3: path → bytes. A sealed segment is its
-    object; an open one the concatenation of its chunks, which must tile it exactly."""
+def backend_segments(server: S3Server, bucket: str) -> dict[str, tuple[bytes, bool]]:
+    """Every segment in the bucket, read with boto3: path → (bytes, sealed). A sealed segment is
+    its object; an open one the concatenation of its chunks, which must tile it exactly."""
     client = server.boto3_client()
     try:
         objects: dict[str, int] = {}
         for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=PREFIX + "/"):
             for o in page.get("Contents", []):
                 objects[o["Key"]] = int(o["Size"])
-        sealed = {k for k in objects if ".chunks/" not in k}
+        # Segments only: bucket manifests (``…/MANIFEST.json``) are not segments.
+        sealed = {k for k in objects if ".chunks/" not in k and SEGMENT_NAME.fullmatch(k.rsplit("/", 1)[1])}
         chunks: dict[str, list[tuple[int, str]]] = collections.defaultdict(list)
         for k in objects:
             if ".chunks/" in k:
-                seg, pos = k.split(".chunks/")
-                chunks[seg].append((int(pos), k))
-        out: dict[str, bytes] = {}
+                seg, name = k.split(".chunks/")
+                chunks[seg].append((int(name), k))
+        out: dict[str, tuple[bytes, bool]] = {}
         for key in sealed:
             assert key not in chunks, f"sealed segment {key} still has chunks"
-            out[key[len(PREFIX) + 1 :]] = client.get_object(Bucket=bucket, Key=key)["Body"].read()
+            out[key[len(PREFIX) + 1 :]] = (client.get_object(Bucket=bucket, Key=key)["Body"].read(), True)
         for key, parts in chunks.items():
             data = b""
             for pos, k in sorted(parts):
                 assert pos == len(data), f"{k}: chunk at {pos} after {len(data)} bytes (gap or overlap)"
                 data += client.get_object(Bucket=bucket, Key=k)["Body"].read()
-            out[key[len(PREFIX) + 1 :]] = data
+            out[key[len(PREFIX) + 1 :]] = (data, False)
         return out
     finally:
         client.close()
 
 
-def verify(store: BlockingMessageStore, backend: dict[str, bytes]) -> int:
-    """Cold == hot for every queue; flat commitlog tiled by the cold CQ; bucket == flat files.
-    Returns the number of messages checked."""
+@dataclass
+class Verified:
+    messages: int = 0
+    #: Flat-commitlog bytes no cold consume-queue unit references, per queue (records stored
+    #: twice; see test_failed_commit_across_a_roll_stores_no_record_twice).
+    orphan_bytes: dict[tuple[str, int], int] = field(default_factory=dict)
+
+
+def verify(store: BlockingMessageStore, backend: dict[str, tuple[bytes, bool]]) -> Verified:
+    """Cold == hot for every queue; bucket == what tierd reads, segment by segment."""
     assert store.tiering is not None
-    total = 0
+    out = Verified()
     seen_paths: set[str] = set()
     for (topic, qid), hot_cq in sorted(store.hot.cqs.items()):
+        key = (topic, qid)
         ff = store.tiering.flat.get(topic, qid)
-        assert ff is not None, (topic, qid)
-        assert (ff.min_offset, ff.max_offset) == (hot_cq.min_offset, hot_cq.max_offset), (topic, qid)
+        assert ff is not None, key
+        # The cold consume queue covers exactly the hot offsets: no gap, nothing extra.
+        assert (ff.min_offset, ff.max_offset) == (hot_cq.min_offset, hot_cq.max_offset), key
         n = ff.max_offset - ff.min_offset
         cold_units = run(store, ff.read_units(ff.min_offset, n))
-        assert len(cold_units) == n
+        assert len(cold_units) == n, key
         base = ff.commitlog.min_offset
         flat = run(store, ff.commitlog.read(base, ff.commitlog.commit_offset - base))
+        assert len(flat) == ff.commitlog.commit_offset - base, key
         offsets = cold_units["offset"].astype(np.int64)
         sizes = cold_units["size"].astype(np.int64)
-        # The units tile the flat commitlog exactly: no byte twice, none unreferenced.
-        assert int(offsets[0]) == base, (topic, qid)
-        assert np.array_equal(offsets[1:], offsets[:-1] + sizes[:-1]), (topic, qid)
-        assert int(offsets[-1] + sizes[-1]) == ff.commitlog.commit_offset, (topic, qid)
+        # Units point at disjoint, increasing ranges inside the committed flat commitlog.
+        assert int(offsets[0]) >= base, key
+        assert bool(np.all(offsets[1:] >= offsets[:-1] + sizes[:-1])), key
+        assert int(offsets[-1] + sizes[-1]) <= ff.commitlog.commit_offset, key
+        unreferenced = ff.commitlog.commit_offset - base - int(sizes.sum())
+        if unreferenced:
+            out.orphan_bytes[key] = unreferenced
         hot_units = hot_cq.read_units(ff.min_offset, n)
-        assert np.array_equal(sizes, hot_units["size"].astype(np.int64))
-        assert np.array_equal(cold_units["tags_code"], hot_units["tags_code"])
-        for off, size, phys in zip(
-            offsets.tolist(), sizes.tolist(), hot_units["offset"].tolist(), strict=True
-        ):
+        assert np.array_equal(sizes, hot_units["size"].astype(np.int64)), key
+        assert np.array_equal(cold_units["tags_code"], hot_units["tags_code"]), key
+        hot_offsets = hot_units["offset"].tolist()
+        for off, size, phys in zip(offsets.tolist(), sizes.tolist(), hot_offsets, strict=True):
             raw = flat[off - base : off - base + size]
             hot_raw = store.hot.commitlog.read_bytes(phys, size)
-            assert raw[:POS_PHYSICAL_OFFSET] == hot_raw[:POS_PHYSICAL_OFFSET]
-            assert raw[POS_PHYSICAL_OFFSET + 8 :] == hot_raw[POS_PHYSICAL_OFFSET + 8 :]
+            # Byte-identical to the hot record (hence same queue offset) but PHYSICALOFFSET,
+            # which is the record's own flat offset.
+            assert raw[:POS_PHYSICAL_OFFSET] == hot_raw[:POS_PHYSICAL_OFFSET], (key, off)
+            assert raw[POS_PHYSICAL_OFFSET + 8 :] == hot_raw[POS_PHYSICAL_OFFSET + 8 :], (key, off)
             assert int.from_bytes(raw[POS_PHYSICAL_OFFSET : POS_PHYSICAL_OFFSET + 8], "big") == off
-        total += n
-        # What tierd reads is what the bucket holds, segment by segment; all but the last sealed.
-        for file, content in ((ff.commitlog, flat), (ff.consumequeue, None)):
+        out.messages += n
+        # The bucket (read with boto3) holds exactly what tierd reads, segment by segment, and
+        # every segment but the last of each file is sealed.
+        for file in (ff.commitlog, ff.consumequeue):
+            infos = file.infos()
             for i, seg in enumerate(file.segments):
                 assert seg.path in backend, seg.path
                 seen_paths.add(seg.path)
-                stored = backend[seg.path]
-                assert len(stored) == seg.commit_position, seg
-                if content is not None:
-                    start = seg.base_offset - base
-                    assert stored == content[start : start + seg.commit_position], seg
-                assert seg.sealed or i == len(file.segments) - 1 or not seg.closed, seg
-        cq_bytes = b"".join(backend[s.path] for s in ff.consumequeue.segments)
-        assert cq_bytes == cold_units.tobytes()
-    assert seen_paths == set(backend), "objects in the bucket that no flat file owns"
-    return total
+                data, sealed = backend[seg.path]
+                assert len(data) == seg.commit_position == infos[i].size, seg
+                assert sealed == infos[i].sealed == (i < len(file.segments) - 1), seg
+        cl_bytes = b"".join(backend[s.path][0] for s in ff.commitlog.segments)
+        assert cl_bytes == flat, key
+        cq_bytes = b"".join(backend[s.path][0] for s in ff.consumequeue.segments)
+        assert cq_bytes == cold_units.tobytes(), key
+    assert seen_paths == set(backend), "segments in the bucket that no flat file owns"
+    return out
 
 
 def _messages(rng: random.Random, n: int, first: int) -> list[Message]:
     out = []
     for i in range(first, first + n):
-        size = rng.choice((rng.randint(1, 200), rng.randint(200, 3000), rng.randint(3000, 12000)))
+        size = rng.choice((rng.randint(1, 100), rng.randint(100, 800), rng.randint(800, 3000)))
         out.append(
             Message(
                 topic=TOPICS[i % len(TOPICS)],
@@ -214,6 +237,29 @@ def _outcomes(calls: list[Call], method: str) -> collections.Counter[str]:
 
 
 # ---------------------------------------------------------------------------- tests
+class HandOff:
+    """Records what the dispatcher hands to the index (``on_committed``): every queue offset
+    must be handed over exactly once."""
+
+    def __init__(self) -> None:
+        self.offsets: dict[tuple[str, int], list[int]] = collections.defaultdict(list)
+
+    def __call__(self, batch: CommittedBatch) -> None:
+        first = batch.first_queue_offset
+        self.offsets[batch.topic, batch.queue_id].extend(range(first, first + len(batch.flat_offsets)))
+
+    def problems(self, store: BlockingMessageStore) -> dict[tuple[str, int], tuple[int, int]]:
+        """Per queue with a problem: (offsets never handed over, offsets handed over twice)."""
+        out = {}
+        for key, hot_cq in store.hot.cqs.items():
+            got = collections.Counter(self.offsets.get(key, []))
+            missing = sum(1 for q in range(hot_cq.min_offset, hot_cq.max_offset) if q not in got)
+            twice = sum(c - 1 for c in got.values() if c > 1)
+            if missing or twice:
+                out[key] = (missing, twice)
+        return out
+
+
 def test_tiering_through_30_percent_faults_loses_and_duplicates_nothing(
     tmp_path: Path, moto_server: S3Server
 ) -> None:
@@ -222,48 +268,56 @@ def test_tiering_through_30_percent_faults_loses_and_duplicates_nothing(
     plan = FaultPlan(
         probability=0.3,
         methods=frozenset({"write", "seal", "size", "create"}),
-        modes=(Fault.BEFORE, Fault.AFTER, Fault.HALF),
+        modes=(Fault.BEFORE, Fault.AFTER, Fault.HALF),  # HALF is drawn for writes only
         seed=1234,
         delays={"write": 0.002, "seal": 0.004, "size": 0.001},
     )
     faulty = FaultyRoot(open_driver_factory(cfg.backend), plan)
     rng = random.Random(42)
+    handoff = HandOff()
     produced = 0
     with open_with_root(cfg, faulty) as store:
-        # Tier while producing: every round leaves some queues mid-failure.
-        for _ in range(12):
-            batch = _messages(rng, 300, produced)
+        assert store.tiering is not None
+        store.tiering.dispatcher.on_committed.append(handoff)
+        # Tier while producing: every round leaves some queues in the middle of a failure.
+        for _ in range(10):
+            batch = _messages(rng, 250, produced)
             store.put_batch(batch)
             produced += len(batch)
             store.tier_now()
-        rounds = tier_until_caught_up(store)
-        assert rounds >= 1
-        checked = verify(store, backend_segments(moto_server, bucket))
-        assert checked == produced == 3600
+        tier_until_caught_up(store)
+        first = verify(store, backend_segments(moto_server, bucket))
+        assert first.messages == produced == 2500
         assert len(store.hot.cqs) == len(TOPICS) * QUEUES
-        assert store.tiering is not None
-        stats = store.tiering.dispatcher.stats
-        assert stats.commit_failures >= 20, stats
-    # The faults really happened, on writes (all three kinds) and on seals.
+        assert store.tiering.dispatcher.stats.commit_failures >= 20
+        lost_handoffs = handoff.problems(store)
+    # The faults really happened: on writes (all three kinds), seals and reconciliations.
     writes, seals = _outcomes(faulty.calls, "write"), _outcomes(faulty.calls, "seal")
     assert writes["fault:before"] >= 10, writes
     assert writes["fault:after"] >= 10, writes
     assert writes["fault:half"] >= 10, writes
     assert seals["fault:before"] + seals["fault:after"] >= 5, seals
-    assert seals["ok"] >= 20, seals  # many rolls sealed in the end
-    assert sum(_outcomes(faulty.calls, "size").values()) >= 20  # reconciliations after failures
+    assert seals["ok"] >= 40, seals  # segments rolled and were sealed in the end
+    assert _outcomes(faulty.calls, "size")["ok"] >= 20  # FileSegment reconciled after failures
 
-    # Restart on a healthy root (the plain facade) over the same bucket and local metadata.
+    # Restart on a healthy root (the plain facade) over the same bucket and local metadata:
+    # it agrees with what was written, then continues without a gap.
     with BlockingMessageStore.open(cfg) as store:
         assert store.tiering is not None
         run(store, store.tiering.ready.wait())
         assert store.tier_now() == 0  # nothing was left behind
-        assert verify(store, backend_segments(moto_server, bucket)) == produced
-        more = _messages(rng, 400, produced)
+        again = verify(store, backend_segments(moto_server, bucket))
+        assert again == first
+        more = _messages(rng, 300, produced)
         store.put_batch(more)
         produced += len(more)
         tier_until_caught_up(store)
-        assert verify(store, backend_segments(moto_server, bucket)) == produced
+        final = verify(store, backend_segments(moto_server, bucket))
+        assert final.messages == produced
+    # No record stored twice in any flat commitlog (every byte referenced by exactly one unit),
+    # and every message handed to the index exactly once.
+    assert first.orphan_bytes == final.orphan_bytes == {}
+    assert lost_handoffs == {}
 
 
 def test_half_write_is_completed_by_the_commit_retry_without_duplicating_bytes(
@@ -295,7 +349,8 @@ def test_half_write_is_completed_by_the_commit_retry_without_duplicating_bytes(
         try:
             assert [c for c in faulty.calls if c.method == "write"][-1].outcome == "fault:half"
             assert chunks() == [(0, first), (first, second // 2)]  # the short chunk is there
-            assert store.tier_now() == 20
+            store.tier_now()
+            assert ff.max_offset == 30
             writes = [(c.args, c.outcome) for c in faulty.calls if c.method == "write"]
             assert writes[2] == (f"{first}+{second}", "fault:half")
             # The retry sent exactly the missing half, at the backend's end.
@@ -314,4 +369,50 @@ def test_half_write_is_completed_by_the_commit_retry_without_duplicating_bytes(
             client.close()
         assert len(stored) == seg.commit_position == ff.commitlog.commit_offset
         assert stored == run(store, ff.commitlog.read(0, len(stored)))
-        assert verify(store, backend_segments(moto_server, bucket)) == 30
+        assert verify(store, backend_segments(moto_server, bucket)) == Verified(messages=30)
+
+
+@pytest.mark.parametrize("rolling", ["commitlog", "consumequeue"])
+def test_failed_commit_across_a_roll_stores_no_record_twice(
+    tmp_path: Path, moto_server: S3Server, rolling: str
+) -> None:
+    """A batch that crosses a segment boundary is appended in two runs with a roll in between.
+    Regression: the roll used to commit the old segment itself, so when that commit failed the
+    first run stayed appended while the rest of the batch (and its consume-queue units, and its
+    index hand-off) did not, and the retry appended those messages again — records stored twice,
+    one copy referenced by no unit, and hand-offs lost. Now the roll does no I/O and the next
+    commit uploads both segments, oldest first; fail exactly that upload of the old segment."""
+    bucket = create_bucket(moto_server)
+    record = 242  # encoded size of the messages below (checked)
+    # Batch 1 (4 messages) fits the first segment; batch 2 (2 messages) crosses its end.
+    sizes = (
+        {"commitlog_segment_size": record * 11 // 2}
+        if rolling == "commitlog"
+        else {"consumequeue_segment_size": 5 * 20}
+    )
+    cfg = s3_config(tmp_path, moto_server, bucket, group_commit_count=4, group_commit_size=1 << 20, **sizes)
+    # Writes: #1 commitlog batch 1, #2 consume queue batch 1, then batch 2 commitlog first (old
+    # segment's tail, new segment), consume queue second: fail the old segment's tail.
+    nth = 3 if rolling == "commitlog" else 4
+    faulty = FaultyRoot(open_driver_factory(cfg.backend), FaultPlan().fail_nth("write", nth))
+    handoff = HandOff()
+    with open_with_root(cfg, faulty) as store:
+        assert store.tiering is not None
+        store.tiering.dispatcher.on_committed.append(handoff)
+        store.put_batch([Message(topic="roll", body=b"x" * 147, queue_id=0) for _ in range(6)])
+        store.tier_now()
+        hot_cq = store.hot.queue("roll", 0)
+        assert hot_cq is not None
+        assert hot_cq.read_units(0, 6)["size"].tolist() == [record] * 6
+        old_tail = f"{4 * record}+{record}" if rolling == "commitlog" else "80+20"
+        writes = [c for c in faulty.calls if c.method == "write"]
+        assert writes[nth - 1] == ("write", old_tail, "fault:before")
+        tier_until_caught_up(store)
+        result = verify(store, backend_segments(moto_server, bucket))
+        assert result == Verified(messages=6)  # every message readable once, no byte stored twice
+        assert handoff.problems(store) == {}
+        # The old segment was completed by the retry, then sealed; the new one holds the rest.
+        file = store.tiering.flat.get("roll", 0)
+        assert file is not None
+        rolled = file.commitlog if rolling == "commitlog" else file.consumequeue
+        assert [s.base_offset for s in rolled.segments] == [0, 5 * (record if rolling == "commitlog" else 20)]
