@@ -29,7 +29,7 @@ from tierd.errors import CorruptionError, TierdError
 from tierd.local.codec import POS_BORN_HOST, POS_SYSFLAG, SYSFLAG_BORNHOST_V6
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Awaitable, Callable
 
     from tierd.config import TieredConfig
     from tierd.local.store import HotStore
@@ -39,6 +39,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 RETRY_BASE = 0.2
 RETRY_CAP = 30.0
+#: Commit a queue's consume queue at least every this many batches in one round (bounds the
+#: commitlog bytes held for the index hand-off until the consume queue makes them readable).
+CQ_COMMIT_EVERY = 8
 _EIGHT = np.arange(8)
 _FOUR = np.arange(4)
 
@@ -74,7 +77,7 @@ class RateLimiter:
             await asyncio.sleep(-self._available / self.rate)
 
 
-def store_timestamps(records: bytes, starts: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+def store_timestamps(records: bytes | bytearray, starts: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
     """STORETIMESTAMP of every record (its position depends on the born-host width)."""
     buf = np.frombuffer(records, np.uint8)
     sysflag = buf[(starts[:, None] + POS_SYSFLAG + _FOUR).ravel()].view(">i4")
@@ -93,6 +96,8 @@ class Dispatcher:
         self.clock = clock
         self.stats = DispatchStats()
         self.on_committed: list[Callable[[CommittedBatch], None]] = []
+        #: Awaited after every round (the tiering service writes bucket manifests there).
+        self.after_round: Callable[[], Awaitable[None]] | None = None
         self._sem = asyncio.Semaphore(cfg.max_concurrent_queues)
         self._limiter = RateLimiter(cfg.upload_rate_limit) if cfg.upload_rate_limit else None
         self._retry_at: dict[tuple[str, int], tuple[int, float]] = {}
@@ -113,6 +118,8 @@ class Dispatcher:
                 break
             try:
                 await self.dispatch_round()
+                if self.after_round is not None:
+                    await self.after_round()
             except Exception:
                 log.exception("dispatch round failed; the next round retries")
 
@@ -148,6 +155,9 @@ class Dispatcher:
 
     # ------------------------------------------------------------------ one queue
     async def _dispatch_queue(self, key: tuple[str, int], force: bool) -> int:
+        """Tier one queue's due backlog. The commitlog is committed per batch (≤ group size);
+        the consume queue — what makes messages readable — once at the end of the queue's round
+        or every CQ_COMMIT_EVERY batches, saving a PUT per batch on object stores."""
         topic, qid = key
         hot_cq = self.hot.queue(topic, qid)
         if hot_cq is None:
@@ -156,12 +166,15 @@ class Dispatcher:
         if ff is None:
             ff = await self.flat.create(topic, qid, hot_cq.min_offset)
             log.info("tiering %s/%d from queue offset %d", topic, qid, hot_cq.min_offset)
-        committed = 0
         if ff.needs_commit:
             if not force and not self._retry_due(key):
                 return 0
-            if not await self._commit(key, ff):
+            made = await self._commit(key, ff, full=True)
+            if made < 0:
                 return 0
+            committed = made
+        else:
+            committed = 0
         while True:
             cold = ff.append_offset
             hot_max, hot_min = hot_cq.max_offset, hot_cq.min_offset
@@ -176,10 +189,10 @@ class Dispatcher:
                 )
             backlog = hot_max - cold
             if backlog <= 0:
-                return committed
+                break
             units = hot_cq.read_units(cold, min(backlog, self.cfg.group_commit_count))
             if not len(units):
-                return committed
+                break
             sizes = units["size"].astype(np.int64)
             due = (
                 force
@@ -190,29 +203,36 @@ class Dispatcher:
                 first_ts = self.hot.commitlog.store_timestamp_at(int(units["offset"][0]))
                 due = self.clock() * 1000 - first_ts >= self.cfg.group_commit_timeout * 1000
             if not due:
-                return committed
+                break
             # Cut at the size threshold, but always take at least one message.
             n = max(1, int(np.searchsorted(np.cumsum(sizes), self.cfg.group_commit_size, side="right")))
             units, sizes = units[:n], sizes[:n]
-            read = self.hot.commitlog.read_bytes
-            records = b"".join(
-                [read(o, s) for o, s in zip(units["offset"].tolist(), sizes.tolist(), strict=True)]
-            )
+            records = self.hot.commitlog.gather(units["offset"].tolist(), sizes.tolist())
             starts = np.cumsum(sizes) - sizes
-            await ff.append_batch(
-                records, sizes, cold, units["tags_code"].astype(np.int64), store_timestamps(records, starts)
-            )
-            if not await self._commit(key, ff):
+            stamps = store_timestamps(records, starts)
+            await ff.append_batch(records, sizes, cold, units["tags_code"].astype(np.int64), stamps)
+            full = ff.uncommitted_batches >= CQ_COMMIT_EVERY
+            made = await self._commit(key, ff, full=full)
+            if made < 0:
                 return committed
-            committed += n
-            self.stats.messages_dispatched += n
+            committed += made
+        if ff.needs_commit:
+            made = await self._commit(key, ff, full=True)
+            committed += max(0, made)
+        return committed
 
-    async def _commit(self, key: tuple[str, int], ff: FlatMessageFile) -> bool:
+    async def _commit(self, key: tuple[str, int], ff: FlatMessageFile, *, full: bool) -> int:
+        """Commit ``ff`` (``full``: commitlog and consume queue; else the commitlog only).
+        Returns the messages that became readable, or -1 after a failure (retry scheduled)."""
         pending = ff.commitlog.segments[-1].append_position - ff.commitlog.segments[-1].commit_position
         if self._limiter is not None and pending > 0:
             await self._limiter.acquire(pending)
         try:
-            batches = await ff.commit()
+            if full:
+                batches = await ff.commit()
+            else:
+                await ff.commit_commitlog()
+                batches = []
         except Exception as e:
             attempts = self._retry_at.get(key, (0, 0.0))[0] + 1
             delay = random.uniform(0, min(RETRY_CAP, RETRY_BASE * 2**attempts))
@@ -221,14 +241,17 @@ class Dispatcher:
             log.warning(
                 "commit of %s/%d failed (attempt %d, retry in %.2fs): %s", key[0], key[1], attempts, delay, e
             )
-            return False
+            return -1
         self._retry_at.pop(key, None)
         self.stats.commits += 1
+        made = 0
         for b in batches:
+            made += len(b.sizes)
             self.stats.bytes_uploaded += len(b.records)
             for hook in self.on_committed:
                 hook(b)
-        return True
+        self.stats.messages_dispatched += made
+        return made
 
     def _retry_due(self, key: tuple[str, int]) -> bool:
         entry = self._retry_at.get(key)

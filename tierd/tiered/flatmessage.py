@@ -109,7 +109,7 @@ class FlatMessageFile:
     # ------------------------------------------------------------------ append / commit
     async def append_batch(
         self,
-        records: bytes,
+        records: bytes | bytearray,
         sizes: npt.NDArray[np.int64],
         first_queue_offset: int,
         tags_codes: npt.NDArray[np.int64],
@@ -132,7 +132,10 @@ class FlatMessageFile:
         starts = ends - sizes
         if int(ends[-1]) != len(records):
             raise CorruptionError(f"record sizes add up to {int(ends[-1])}, batch has {len(records)} bytes")
-        buf = np.frombuffer(records, np.uint8).copy()
+        # A bytearray (the dispatcher's gather buffer) is patched in place; bytes are copied.
+        buf = np.frombuffer(records, np.uint8)
+        if not buf.flags.writeable:
+            buf = buf.copy()
         qoffs = buf[(starts[:, None] + POS_QUEUE_OFFSET + _OFFSET_BYTES).ravel()].view(">i8")
         expected = np.arange(first_queue_offset, first_queue_offset + n, dtype=np.int64)
         if not np.array_equal(qoffs, expected):
@@ -198,6 +201,16 @@ class FlatMessageFile:
             if seg.max_timestamp is None or top > seg.max_timestamp:
                 seg.max_timestamp = top
             i = k
+
+    @property
+    def uncommitted_batches(self) -> int:
+        return len(self._uncommitted)
+
+    async def commit_commitlog(self) -> None:
+        """Upload buffered commitlog bytes only. Readers see nothing new until :meth:`commit`
+        also commits the consume queue — deferring that saves one PUT per batch on object
+        stores, and a crash in between is repaired by :meth:`recover` (roll-forward)."""
+        await self.commitlog.commit()
 
     async def commit(self) -> list[CommittedBatch]:
         """Commit commitlog, then consume queue. Returns the batches that became readable.

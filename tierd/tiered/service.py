@@ -40,6 +40,7 @@ class TieringService:
         self.flat = FlatFileStore(self.root, cfg.tiered, self.metadata)
         self.dispatcher = Dispatcher(hot, self.flat, cfg.tiered)
         self.manifests = ManifestWriter(self.root, self.flat)
+        self._manifest_lock = asyncio.Lock()
         self.ready = asyncio.Event()
         self.start_error: Exception | None = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -63,7 +64,7 @@ class TieringService:
                 delay = min(delay * 2, START_RETRY_CAP)
         self.start_error = None
         self._align_hot_queues()
-        self.flat.after_change = self._write_manifests
+        self.dispatcher.after_round = self._write_manifests
         await self._write_manifests()
         log.info("cold tier ready: %d queue(s) loaded from metadata, backend %r", n, self.root)
         self.ready.set()
@@ -128,8 +129,12 @@ class TieringService:
         return n
 
     async def _write_manifests(self) -> None:
+        """Bring bucket manifests up to date: after every dispatch round (so after every seal),
+        after ``tier_now``, on the maintenance timer and at close — never from inside a commit,
+        and one writer at a time so an older manifest never lands after a newer one."""
         try:
-            await self.manifests.write_changed()
+            async with self._manifest_lock:
+                await self.manifests.write_changed()
         except Exception:  # manifests are rewritten next time; data is safe without them
             log.exception("writing bucket manifests failed; retrying at the next interval")
 
