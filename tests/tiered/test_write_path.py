@@ -23,6 +23,7 @@ from .conftest import cold_config, run
 
 if TYPE_CHECKING:
     from tierd.tiered.flatmessage import FlatMessageFile
+    from tierd.tiered.service import TieringService
 
 
 def cold_records(store: BlockingMessageStore, topic: str, qid: int) -> list[tuple[int, bytes]]:
@@ -181,8 +182,8 @@ def test_roll_forward_of_commitlog_records_the_consume_queue_missed(tmp_path: Pa
             await f.commitlog.commit()  # ... and the process dies before the CQ commit
 
         run(store, half_commit(ff))
-        store.tiering.dispatcher.stop()
-        store.tiering = None  # simulate the crash: no final round, no metadata save
+        run(store, _crash(store.tiering))
+        store.tiering = store.router.tiering = None
     with BlockingMessageStore.open(cfg) as store:
         run(store, store.tiering.ready.wait())  # type: ignore[union-attr]
         ff = store.tiering.flat.get("rf", 0)  # type: ignore[union-attr]
@@ -192,6 +193,15 @@ def test_roll_forward_of_commitlog_records_the_consume_queue_missed(tmp_path: Pa
         assert [decode_record(r).body for _, r in cold_records(store, "rf", 0)] == [
             b"m%d" % i for i in range(20)
         ] + [b"n%d" % i for i in range(5)]
+
+
+async def _crash(tiering: TieringService) -> None:
+    """Stop the tiering tasks the way a crash would: no final round, no metadata save."""
+    tiering.dispatcher.stop()
+    for task in tiering._tasks:
+        task.cancel()
+    await asyncio.gather(*tiering._tasks, return_exceptions=True)
+    await tiering.root.aclose()
 
 
 def test_corrupt_metadata_falls_back_to_backup(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
