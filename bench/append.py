@@ -26,6 +26,7 @@ BODY = 1024
 
 
 def _cfg(root: Path, flush: str = "async") -> TierdConfig:
+    # The hot store alone: tiering would compete for the CPU (and needs its own cold location).
     return TierdConfig.from_dict(
         {
             "store": {
@@ -34,7 +35,8 @@ def _cfg(root: Path, flush: str = "async") -> TierdConfig:
                 "flush_interval_ms": 200,
                 "index_slots": 500_000,
                 "index_items": 2_000_000,
-            }
+            },
+            "tiered": {"enabled": False},
         }
     )
 

@@ -340,6 +340,46 @@ class CommitLog:
         self.files.close()
 
 
+class Prefaulter:
+    """Keeps the pages ahead of the commitlog write position faulted in (see
+    :meth:`MappedFile.populate`), so appends copy into ready pages. Best effort: disables itself
+    where the kernel lacks the call."""
+
+    AHEAD = 32 * 1024 * 1024
+    CHUNK = 8 * 1024 * 1024
+
+    def __init__(self, commitlog: CommitLog) -> None:
+        self.commitlog = commitlog
+        self._wake = threading.Event()
+        self._stopping = False
+        self.enabled = True
+        self._thread = threading.Thread(target=self._run, name="tierd-prefault", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def poke(self) -> None:
+        if self.enabled and not self._wake.is_set():
+            self._wake.set()
+
+    def _run(self) -> None:
+        while not self._stopping and self.enabled:
+            self._wake.wait(0.05)
+            self._wake.clear()
+            f = self.commitlog.files.last_file()
+            while f is not None and not self._stopping and f.populated < min(f.size, f.wrote + self.AHEAD):
+                if not f.populate(self.CHUNK):
+                    log.info("page pre-faulting unavailable on this kernel; appends fault pages themselves")
+                    self.enabled = False
+                    return
+
+    def stop(self) -> None:
+        self._stopping = True
+        self._wake.set()
+        if self._thread.is_alive():
+            self._thread.join()
+
+
 class FlushService:
     """Makes commitlog bytes durable.
 

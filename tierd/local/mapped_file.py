@@ -12,6 +12,7 @@ retention can remove old files while readers look files up.
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import logging
 import mmap
@@ -27,6 +28,20 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 PAGE = mmap.PAGESIZE
+MADV_POPULATE_WRITE = 23  # Linux ≥ 5.14
+
+
+def _load_libc() -> ctypes.CDLL | None:
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+        libc.madvise.restype = ctypes.c_int
+    except (OSError, AttributeError):  # pragma: no cover - non-Linux
+        return None
+    return libc
+
+
+_libc = _load_libc()
 
 
 def offset_to_name(offset: int) -> str:
@@ -62,7 +77,18 @@ class MappedFile:
     """One fixed-size file mapped into memory. ``wrote`` is the writer's position inside it;
     ``flushed`` how much of that is known durable."""
 
-    __slots__ = ("_fd", "file_from_offset", "flushed", "mm", "path", "size", "view", "wrote")
+    __slots__ = (
+        "_cbuf",
+        "_fd",
+        "file_from_offset",
+        "flushed",
+        "mm",
+        "path",
+        "populated",
+        "size",
+        "view",
+        "wrote",
+    )
 
     def __init__(self, path: Path, size: int, *, create: bool) -> None:
         self.path = path
@@ -84,6 +110,30 @@ class MappedFile:
         self.view = memoryview(self.mm)
         self.wrote = 0
         self.flushed = 0
+        #: Bytes from the start whose pages are already faulted in (see :meth:`populate`).
+        self.populated = 0
+        self._cbuf: ctypes.Array[ctypes.c_char] | None = None
+
+    def populate(self, length: int) -> bool:
+        """Fault in the next ``length`` bytes of pages ahead of the writer (MADV_POPULATE_WRITE).
+
+        First writes into a fresh page of a shared file mapping cost a page fault each — 2.5 µs per
+        1 KiB record on a VM, more than encoding it. Called from a background thread through
+        ctypes, which releases the GIL, so producers never pay for it. Returns False where the
+        kernel lacks the call (it is then simply not used)."""
+        if self._cbuf is None:
+            self._cbuf = (ctypes.c_char * self.size).from_buffer(self.mm)
+        start = self.populated
+        length = min(length, self.size - start)
+        if length <= 0:
+            return True
+        if (
+            _libc is None
+            or _libc.madvise(ctypes.addressof(self._cbuf) + start, length, MADV_POPULATE_WRITE) != 0
+        ):
+            return False
+        self.populated = start + length
+        return True
 
     @property
     def free(self) -> int:
@@ -127,6 +177,7 @@ class MappedFile:
         self.flushed = min(self.flushed, position)
 
     def close(self) -> None:
+        self._cbuf = None  # drop the ctypes export before closing the mapping
         try:
             self.view.release()
             self.mm.close()

@@ -32,7 +32,7 @@ from tierd.errors import (
 )
 from tierd.local.checkpoint import AbortMarker, Checkpoint, StoreLock
 from tierd.local.codec import encode_host, offset_msg_id
-from tierd.local.commitlog import CommitLog, FlushService
+from tierd.local.commitlog import CommitLog, FlushService, Prefaulter
 from tierd.local.consumequeue import ConsumeQueue
 from tierd.local.dispatch import DispatchBatch, ReputService
 from tierd.local.index import IndexService, index_key
@@ -160,6 +160,7 @@ class HotStore:
             store_host=self.store_host,
         )
         self.flusher = FlushService(self.commitlog, self.cfg.flush == "sync", self.cfg.flush_interval_ms)
+        self.prefaulter = Prefaulter(self.commitlog)
         self.reput = ReputService(self._queue_for, self.index, self.commitlog.max_offset)
         self.commitlog.on_append = self.reput.submit
         self._stop = threading.Event()
@@ -168,6 +169,7 @@ class HotStore:
         )
         self._closed = False
         self.flusher.start()
+        self.prefaulter.start()
         self.reput.start()
         self._housekeeper.start()
 
@@ -239,6 +241,7 @@ class HotStore:
         self._closed = True
         self._stop.set()
         self._housekeeper.join()
+        self.prefaulter.stop()
         self.reput.stop()
         self.flusher.stop()
         self._checkpoint_now()
