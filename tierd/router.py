@@ -13,9 +13,10 @@ import os
 from typing import TYPE_CHECKING
 
 from tierd.errors import InvalidArgumentError, TierdError
+from tierd.local.codec import decode_record
 from tierd.local.store import MAX_GET_COUNT
 from tierd.local.validation import check_queue, check_topic
-from tierd.message import GetResult, GetStatus, ReadPolicy
+from tierd.message import GetResult, GetStatus, MessageExt, ReadPolicy
 from tierd.tiered.fetcher import ColdFetcher
 
 if TYPE_CHECKING:
@@ -168,3 +169,36 @@ class TierRouter:
             while lo + 1 < last and await self.store_time(topic, queue_id, lo + 1) == timestamp:
                 lo += 1
         return max(lo, first)
+
+    async def query(self, topic: str, key: str, max_count: int, begin: int, end: int) -> list[MessageExt]:
+        """Messages of ``topic`` whose KEYS/UNIQ_KEY contain ``key``, stored in [begin, end], from
+        both tiers, de-duplicated, newest first. Index hits (hot and cold alike) are only
+        candidates: each is read back, CRC-checked and kept only if its keys really match."""
+        found: dict[tuple[int, int], MessageExt] = {
+            (m.queue_id, m.queue_offset): m for m in self.hot.query(topic, key, max_count, begin, end)
+        }
+        t = self.tiering
+        meta = t.flat.topics.get(topic) if t is not None and t.ready.is_set() else None
+        if t is not None and meta is not None:
+            for hit in await t.index.query(topic, meta.id, key, max_count * 4, begin, end):
+                ff = t.flat.get(topic, hit.queue_id)
+                if ff is None or hit.flat_offset < ff.commitlog.min_offset:
+                    continue  # expired meanwhile
+                try:
+                    raw = await ff.read_commitlog(hit.flat_offset, hit.size)
+                    msg = decode_record(raw, 0, limit=hit.size, check_crc=True)
+                except TierdError as e:
+                    log.warning(
+                        "cold key-index hit %s/%d at flat offset %d unreadable: %s",
+                        topic,
+                        hit.queue_id,
+                        hit.flat_offset,
+                        e,
+                    )
+                    continue
+                if msg.topic != topic or msg.queue_id != hit.queue_id:
+                    continue
+                if (key in msg.keys or msg.uniq_key == key) and begin <= msg.store_timestamp <= end:
+                    found.setdefault((msg.queue_id, msg.queue_offset), msg)
+        ordered = sorted(found.values(), key=lambda m: (m.store_timestamp, m.queue_offset), reverse=True)
+        return ordered[:max_count]

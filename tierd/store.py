@@ -72,12 +72,15 @@ class _StoreCore:
             topic, queue_id, offset, max_count, _policy(policy, self.config.tiered.storage_level)
         )
 
-    def _query(self, topic: str, key: str, max_count: int, begin: int, end: int) -> list[MessageExt]:
+    def _query(
+        self, topic: str, key: str, max_count: int, begin: int, end: int
+    ) -> Coroutine[Any, Any, list[MessageExt]]:
         if not isinstance(max_count, int) or max_count < 1:
             raise InvalidArgumentError(f"max_count must be a positive integer, got {max_count!r}")
         if begin > end:
             raise InvalidArgumentError(f"begin ({begin}) must not be after end ({end})")
-        return self._hot().query(topic, key, max_count, begin, end)
+        self._hot()
+        return self.router.query(topic, key, max_count, begin, end)
 
     # Cheap, synchronous reads shared verbatim by both facades (both tiers).
     def min_offset(self, topic: str, queue_id: int) -> int:
@@ -144,7 +147,7 @@ class MessageStore(_StoreCore):
     async def query(
         self, topic: str, key: str, max_count: int = 32, begin: int = 0, end: int = MAX_TIMESTAMP
     ) -> list[MessageExt]:
-        return self._query(topic, key, max_count, begin, end)
+        return await self._query(topic, key, max_count, begin, end)
 
     @staticmethod
     async def restore(cfg: TierdConfig, progress: Progress | None = None) -> RestoreReport:
@@ -282,7 +285,7 @@ class BlockingMessageStore(_StoreCore):
     def query(
         self, topic: str, key: str, max_count: int = 32, begin: int = 0, end: int = MAX_TIMESTAMP
     ) -> list[MessageExt]:
-        return self._query(topic, key, max_count, begin, end)
+        return self._run(self._query(topic, key, max_count, begin, end))
 
     def close(self) -> None:
         if self.tiering is not None and self._loop is not None:

@@ -57,6 +57,10 @@ class FlatFileStore:
         self.files: dict[tuple[str, int], FlatMessageFile] = {}
         self.topics: dict[str, TopicMeta] = {}
         self._save_lock = asyncio.Lock()
+        #: Uploaded cold-index segments as recorded in metadata (until the index service owns them).
+        self.loaded_index: list[SegmentInfo] = []
+        #: Set by the tiering service: the index segments to record in metadata.
+        self.index_infos: Callable[[], list[SegmentInfo]] | None = None
         #: Called after metadata was saved for a structural change (segment created, sealed,
         #: deleted) — the tiering service writes bucket manifests there.
         self.after_change: Callable[[], Awaitable[None]] | None = None
@@ -99,11 +103,13 @@ class FlatFileStore:
                     consumequeue=tuple(_segment_meta(i) for i in ff.consumequeue.infos()),
                 )
             )
+        index = self.index_infos() if self.index_infos is not None else self.loaded_index
         return TieredMetadata(
             cluster=self.cfg.cluster,
             broker=self.cfg.broker,
             topics=tuple(sorted(self.topics.values(), key=lambda t: t.id)),
             queues=tuple(queues),
+            index=tuple(_segment_meta(i) for i in index),
         )
 
     async def save(self) -> None:
@@ -126,6 +132,7 @@ class FlatFileStore:
                 self.cfg.broker,
             )
         self.topics = {t.name: t for t in meta.topics}
+        self.loaded_index = [_segment_info(s) for s in meta.index]
         for q in meta.queues:
             ff = self._make(q.topic, q.queue_id)
             await ff.commitlog.load([_segment_info(s) for s in q.commitlog])

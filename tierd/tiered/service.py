@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 from tierd.errors import InvalidArgumentError, NotFoundError, TierdError
 from tierd.tiered.dispatcher import Dispatcher
 from tierd.tiered.flatstore import FlatFileStore
+from tierd.tiered.index import ColdIndexService
 from tierd.tiered.manifest import ManifestWriter
 from tierd.tiered.metadata import MetadataStore
 from tierd.tiered.registry import open_driver_factory
@@ -23,6 +24,7 @@ from tierd.tiered.registry import open_driver_factory
 if TYPE_CHECKING:
     from tierd.config import TierdConfig
     from tierd.local.store import HotStore
+    from tierd.tiered.flatmessage import CommittedBatch
     from tierd.tiered.segment import DriverRoot
 
 log = logging.getLogger(__name__)
@@ -40,6 +42,16 @@ class TieringService:
         self.flat = FlatFileStore(self.root, cfg.tiered, self.metadata)
         self.dispatcher = Dispatcher(hot, self.flat, cfg.tiered)
         self.manifests = ManifestWriter(self.root, self.flat)
+        self.index = ColdIndexService(
+            Path(cfg.store.dir),
+            self.root,
+            cfg.tiered.cluster,
+            cfg.tiered.broker,
+            cfg.tiered.index_slots,
+            cfg.tiered.index_items,
+            on_change=self.flat.save,
+        )
+        self.dispatcher.on_committed.append(self._index_batch)
         self._manifest_lock = asyncio.Lock()
         self.ready = asyncio.Event()
         self.start_error: Exception | None = None
@@ -62,6 +74,8 @@ class TieringService:
                 )
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, START_RETRY_CAP)
+        await self.index.load(self.flat.loaded_index)
+        self.flat.index_infos = self.index.uploaded_infos
         self.start_error = None
         self._align_hot_queues()
         self.dispatcher.after_round = self._write_manifests
@@ -81,6 +95,14 @@ class TieringService:
             hours = meta.reserve_hours if meta and meta.reserve_hours else self.cfg.tiered.file_reserved_time
             cq, cl = await ff.expire(now - int(hours * 3_600_000))
             deleted += cq + cl
+        # Index files mix topics: they go when even the longest-kept topic no longer needs them.
+        longest = max(
+            [
+                self.cfg.tiered.file_reserved_time,
+                *(t.reserve_hours for t in self.flat.topics.values() if t.reserve_hours),
+            ]
+        )
+        deleted += await self.index.expire(now - int(longest * 3_600_000))
         return deleted
 
     async def set_reserve_hours(self, topic: str, hours: float | None) -> None:
@@ -104,6 +126,7 @@ class TieringService:
                 for ff in list(self.flat.files.values()):
                     await ff.commitlog.seal_pending()
                     await ff.consumequeue.seal_pending()
+                await self.index.maintain()
                 await self.flat.save()
                 await self._write_manifests()
                 if time.monotonic() >= next_retention:
@@ -111,6 +134,12 @@ class TieringService:
                     await self.apply_retention()
             except Exception:
                 log.exception("tiering maintenance failed; retrying next interval")
+
+    def _index_batch(self, batch: CommittedBatch) -> None:
+        """Dispatcher hand-off: committed (readable) messages go into the cold key index."""
+        topic = self.flat.topics.get(batch.topic)
+        if topic is not None:
+            self.index.add(batch, topic.id)
 
     def _align_hot_queues(self) -> None:
         """Safety net: a hot queue must never hand out an offset the cold tier already holds."""
@@ -154,6 +183,7 @@ class TieringService:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         if self.ready.is_set():
+            await self.index.close()
             await self.flat.save()
             await self._write_manifests()
         await self.root.aclose()
