@@ -8,6 +8,7 @@ rebuilt from the commitlog bytes (:meth:`DispatchBatch.from_records`) — both p
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 import time
@@ -134,32 +135,27 @@ class DispatchBatch:
 
     @classmethod
     def _from_singles(cls, run: list[SingleRecord]) -> DispatchBatch:
-        # Transpose in C (zip) rather than slicing every tuple: this runs once per single put.
+        # Runs once per single put: everything here is a C-level pass (zip, map, chain, numpy),
+        # not a Python loop per record.
+        n = len(run)
         keys_col, qoffs, phys, sizes, tags, stamps, key_lists, ends = zip(*run, strict=True)
-        first_key = keys_col[0]
-        if keys_col.count(first_key) == len(keys_col):
-            groups = [(first_key, np.arange(len(run), dtype=np.intp))]
+        ids = {k: i for i, k in enumerate(dict.fromkeys(keys_col))}
+        if len(ids) == 1:
+            groups = [(keys_col[0], np.arange(n, dtype=np.intp))]
         else:
-            group_of: dict[GroupKey, list[int]] = {}
-            for j, k in enumerate(keys_col):
-                group_of.setdefault(k, []).append(j)
-            groups = [(k, np.asarray(v, np.intp)) for k, v in group_of.items()]
-        keys: list[str] = []
-        key_msgs: list[int] = []
-        for j, ks in enumerate(key_lists):
-            if ks:
-                keys.extend(ks)
-                key_msgs.extend([j] * len(ks))
+            gids = np.fromiter(map(ids.__getitem__, keys_col), np.intp, n)
+            groups = [(k, np.flatnonzero(gids == i)) for k, i in ids.items()]
+        counts = np.fromiter(map(len, key_lists), np.intp, n)
         return cls(
             end=ends[-1],
             groups=groups,
-            queue_offsets=np.fromiter(qoffs, np.int64, len(run)),
-            offsets=np.fromiter(phys, np.int64, len(run)),
-            sizes=np.fromiter(sizes, np.int64, len(run)),
-            tags_codes=np.fromiter(tags, np.int64, len(run)),
-            store_timestamps=np.fromiter(stamps, np.int64, len(run)),
-            index_keys=keys,
-            index_messages=key_msgs,
+            queue_offsets=np.fromiter(qoffs, np.int64, n),
+            offsets=np.fromiter(phys, np.int64, n),
+            sizes=np.fromiter(sizes, np.int64, n),
+            tags_codes=np.fromiter(tags, np.int64, n),
+            store_timestamps=np.fromiter(stamps, np.int64, n),
+            index_keys=list(itertools.chain.from_iterable(key_lists)),
+            index_messages=np.repeat(np.arange(n, dtype=np.intp), counts).tolist(),
         )
 
     @classmethod
