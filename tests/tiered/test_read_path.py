@@ -125,31 +125,29 @@ def test_reads_span_cold_segments_and_batches(tmp_path: Path) -> None:
         assert seen == [_body(i) for i in range(400)]
 
 
+def _corrupt_on_disk(store: BlockingMessageStore, segment_path: str, position: int) -> None:
+    """Flip one byte of a cold segment file behind the driver's back, and forget cached reads."""
+    path = Path(store.config.backend.url) / segment_path
+    raw = bytearray(path.read_bytes())
+    raw[position] ^= 0xFF
+    path.chmod(0o644)  # sealed posix segments are read-only
+    path.write_bytes(bytes(raw))
+    store.router.fetcher.cache.invalidate(("h", 0))
+
+
 def test_cold_read_error_falls_back_to_hot_or_reports_found_null(tmp_path: Path) -> None:
     with _store_with_history(tmp_path) as store:
         assert store.tiering is not None
         ff = store.tiering.flat.get("h", 0)
         assert ff is not None
         seg = ff.commitlog.segments[-1]
-        # Corrupt the last cold commitlog segment on disk (behind the driver's back).
-        path = Path(store.config.backend.url) / seg.path
-        raw = bytearray(path.read_bytes())
-        raw[200] ^= 0xFF
-        path.chmod(0o644)
-        path.write_bytes(bytes(raw))
-        store.router.fetcher.cache.invalidate(("h", 0))
+        _corrupt_on_disk(store, seg.path, 200)
         first_in_last = ff.commitlog.first_item[seg.base_offset]
         r = store.get("h", 0, first_in_last, 1, policy="FORCE")  # hot still has it
         assert (r.status, r.source, r.messages[0].body) == (GetStatus.FOUND, "hot", _body(first_in_last))
         assert store.router.fallbacks == 1
         # a cold-only offset with a corrupt record is never returned
-        first_seg = ff.commitlog.segments[0]
-        path0 = Path(store.config.backend.url) / first_seg.path
-        raw0 = bytearray(path0.read_bytes())
-        raw0[150] ^= 0xFF
-        path0.chmod(0o644)
-        path0.write_bytes(bytes(raw0))
-        store.router.fetcher.cache.invalidate(("h", 0))
+        _corrupt_on_disk(store, ff.commitlog.segments[0].path, 150)
         r = store.get("h", 0, 0, 5)
         assert (r.status, r.messages) == (GetStatus.OFFSET_FOUND_NULL, ())
 
