@@ -334,3 +334,69 @@ def test_batch_encoder_equals_single_encoder(items: list[tuple[bytes, str, bytes
         for i, ((b, _, p), (magic, part)) in enumerate(zip(items, fields, strict=True))
     )
     assert batch == singles
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.binary(max_size=300),
+            st.sampled_from(["a", "topic-b", "x" * 130]),
+            st.dictionaries(prop_text, prop_text, max_size=3),
+            st.booleans(),
+        ),
+        min_size=1,
+        max_size=25,
+    )
+)
+def test_batch_decoder_equals_record_decoder(items: list[tuple[bytes, str, dict[str, str], bool]]) -> None:
+    from tierd.local.codec import RecordBatch
+
+    records: list[bytes] = []
+    for i, (body, topic, props, v6) in enumerate(items):
+        magic, part = topic_field(topic.encode())
+        records.append(
+            encode_record(
+                body=body,
+                topic_part=part,
+                magic=magic,
+                properties=encode_properties(props),
+                queue_id=i % 3,
+                flag=i,
+                queue_offset=100 + i,
+                physical_offset=sum(map(len, records)),
+                sys_flag=0,
+                born_timestamp=7,
+                born_host=encode_host("[::1]:5" if v6 else "1.2.3.4:5"),
+                store_timestamp=9,
+                store_host=STORE,
+            )
+        )
+    data = b"".join(records)
+    sizes = np.array([len(r) for r in records], np.int64)
+    batch = RecordBatch(data, np.cumsum(sizes) - sizes, sizes)
+    for i in range(len(records)):
+        fast, slow = (
+            batch.message(i),
+            decode_record(data, int(batch.starts[i]), limit=int(batch.starts[i] + sizes[i])),
+        )
+        assert fast == slow
+
+
+def test_batch_decoder_rejects_corruption() -> None:
+    from tierd.local.codec import RecordBatch
+
+    rec = golden_v1()
+    data = bytearray(rec * 3)
+    data[len(rec) + 90] ^= 0xFF  # body of the second record
+    sizes = np.array([len(rec)] * 3, np.int64)
+    batch = RecordBatch(bytes(data), np.array([0, len(rec), 2 * len(rec)], np.int64), sizes)
+    assert batch.message(0).body == b"hello tierd"
+    with pytest.raises(CorruptRecordError, match="CRC"):
+        batch.message(1)
+    assert batch.message(2).body == b"hello tierd"
+    bad = bytearray(rec)
+    bad[84:88] = (5000).to_bytes(4, "big")  # body length overruns the record: framing is checked
+    broken = RecordBatch(bytes(bad), np.array([0], np.int64), np.array([len(rec)], np.int64))
+    with pytest.raises(CorruptRecordError, match="overruns"):
+        broken.message(0)

@@ -24,7 +24,7 @@ import numpy as np
 import numpy.typing as npt
 
 from tierd.errors import CorruptionError, CorruptRecordError
-from tierd.local.codec import decode_record
+from tierd.local.codec import RecordBatch
 from tierd.local.consumequeue import UNIT_SIZE
 
 if TYPE_CHECKING:
@@ -47,6 +47,8 @@ class ColdBatch:
     sizes: npt.NDArray[np.int64]
     data: bytes  # commitlog bytes from flat_offsets[0]
     last_access: float = field(default=0.0)
+    #: Column-wise decoder over ``data``, built on first access.
+    records: RecordBatch | None = field(default=None)
 
     @property
     def end(self) -> int:
@@ -54,14 +56,15 @@ class ColdBatch:
 
     @property
     def nbytes(self) -> int:
-        return len(self.data) + self.sizes.nbytes * 2
+        # data + offsets/sizes + the decoder's columns once built (14 Python ints per record)
+        return len(self.data) + self.sizes.nbytes * 2 + len(self.sizes) * 14 * 32
 
     def message(self, queue_offset: int) -> MessageExt:
         i = queue_offset - self.first
-        at = int(self.flat_offsets[i] - self.flat_offsets[0])
-        size = int(self.sizes[i])
+        if self.records is None:
+            self.records = RecordBatch(self.data, self.flat_offsets - self.flat_offsets[0], self.sizes)
         try:
-            msg = decode_record(self.data, at, limit=at + size, check_crc=True)
+            msg = self.records.message(i)
         except CorruptRecordError as e:
             raise CorruptRecordError(
                 f"cold record {self.topic}/{self.queue_id} offset {queue_offset} (flat commitlog offset "
@@ -72,7 +75,7 @@ class ColdBatch:
             ) from e
         if (
             msg.queue_offset != queue_offset
-            or msg.size != size
+            or msg.size != int(self.sizes[i])
             or msg.topic != self.topic
             or msg.queue_id != self.queue_id
         ):
