@@ -80,7 +80,14 @@ class MessageExt:
     reconsume_times: int = 0
     prepared_transaction_offset: int = 0
     body_crc: int = 0
-    msg_id: str = ""
+
+    @property
+    def msg_id(self) -> str:
+        """Offset message id (STOREHOST hex + PHYSICALOFFSET), computed on demand: most readers
+        never look at it, and formatting it costs as much as decoding the rest."""
+        from tierd.local.codec import encode_host, offset_msg_id
+
+        return offset_msg_id(encode_host(self.store_host), self.commitlog_offset)
 
     @property
     def keys(self) -> tuple[str, ...]:

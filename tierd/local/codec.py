@@ -373,7 +373,6 @@ def decode_record(
         reconsume_times=reconsume,
         prepared_transaction_offset=prepared,
         body_crc=crc,
-        msg_id=offset_msg_id(store_host_b, phys),
     )
 
 
@@ -530,9 +529,9 @@ class RecordBatch:
         self.data = data
         self.starts = starts
         self.sizes = sizes
-        self._cols: dict[str, list[int]] | None = None
+        self._cols: list[tuple[int, ...]] | None = None
 
-    def _columns(self) -> dict[str, list[int]] | None:
+    def _columns(self) -> list[tuple[int, ...]] | None:
         if self._cols is not None:
             return self._cols
         buf = np.frombuffer(self.data, np.uint8)
@@ -564,61 +563,78 @@ class RecordBatch:
         props_len = buf[topic_end].astype(np.int64) * 256 + buf[topic_end + 1].astype(np.int64)
         if np.any(topic_end + 2 + props_len != s + total):
             return None
-        self._cols = {
-            "crc": _gather(buf, s + POS_BODY_CRC, _U4).astype(np.int64).tolist(),
-            "queue_id": _gather(buf, s + POS_QUEUE_ID, _I4).astype(np.int64).tolist(),
-            "flag": _gather(buf, s + POS_FLAG, _I4).astype(np.int64).tolist(),
-            "queue_offset": _gather(buf, s + POS_QUEUE_OFFSET, _I8).tolist(),
-            "phys": _gather(buf, s + POS_PHYSICAL_OFFSET, _I8).tolist(),
-            "sysflag": sysflag.tolist(),
-            "born_ts": _gather(buf, s + POS_BORN_TIMESTAMP, _I8).tolist(),
-            "store_ts": _gather(buf, s + POS_BORN_HOST + 8, _I8).tolist(),
-            "reconsume": _gather(buf, s + 72, _I4).astype(np.int64).tolist(),
-            "prepared": _gather(buf, s + 76, _I8).tolist(),
-            "body_start": (s + HEADER_V4).tolist(),
-            "body_end": body_end.tolist(),
-            "topic_start": topic_start.tolist(),
-            "topic_end": topic_end.tolist(),
-        }
+        # One tuple per record, built in C (zip): message() then unpacks instead of indexing.
+        self._cols = list(
+            zip(
+                _gather(buf, s + POS_BODY_CRC, _U4).astype(np.int64).tolist(),
+                _gather(buf, s + POS_QUEUE_ID, _I4).astype(np.int64).tolist(),
+                _gather(buf, s + POS_FLAG, _I4).astype(np.int64).tolist(),
+                _gather(buf, s + POS_QUEUE_OFFSET, _I8).tolist(),
+                _gather(buf, s + POS_PHYSICAL_OFFSET, _I8).tolist(),
+                sysflag.tolist(),
+                _gather(buf, s + POS_BORN_TIMESTAMP, _I8).tolist(),
+                _gather(buf, s + POS_BORN_HOST + 8, _I8).tolist(),
+                _gather(buf, s + 72, _I4).astype(np.int64).tolist(),
+                _gather(buf, s + 76, _I8).tolist(),
+                (s + HEADER_V4).tolist(),
+                body_end.tolist(),
+                topic_start.tolist(),
+                topic_end.tolist(),
+                (s + total).tolist(),
+                strict=True,
+            )
+        )
         return self._cols
 
     def message(self, i: int) -> MessageExt:
         """Record ``i``, CRC-checked; raises :class:`CorruptRecordError` if it is not valid."""
-        cols = self._columns()
-        start = int(self.starts[i])
-        if cols is None:
+        rows = self._columns()
+        if rows is None:
+            start = int(self.starts[i])
             return decode_record(self.data, start, limit=start + int(self.sizes[i]), check_crc=True)
+        (
+            crc,
+            queue_id,
+            flag,
+            queue_offset,
+            phys,
+            sysflag,
+            born_ts,
+            store_ts,
+            reconsume,
+            prepared,
+            body_start,
+            body_end,
+            topic_start,
+            topic_end,
+            end,
+        ) = rows[i]
         data = self.data
-        body = data[cols["body_start"][i] : cols["body_end"][i]]
-        crc = cols["crc"][i]
+        start = body_start - HEADER_V4
+        body = data[body_start:body_end]
         if (zlib.crc32(body) & 0x7FFFFFFF) != crc:
             raise _fail(f"body CRC mismatch (stored {crc})", start)
-        end = start + int(self.sizes[i])
-        topic_end = cols["topic_end"][i]
         try:
-            topic = data[cols["topic_start"][i] : topic_end].decode()
+            topic = data[topic_start:topic_end].decode()
             raw_props = data[topic_end + 2 : end]
             raw_props.decode()
         except UnicodeDecodeError as e:
             raise _fail(f"topic or properties are not UTF-8 ({e.reason})", start) from e
-        store_host = data[start + 64 : start + 72]
-        phys = cols["phys"][i]
         return MessageExt(
             topic,
-            cols["queue_id"][i],
-            cols["queue_offset"][i],
+            queue_id,
+            queue_offset,
             body,
             LazyProperties(raw_props) if raw_props else _NO_PROPERTIES,
-            cols["store_ts"][i],
-            cols["born_ts"][i],
+            store_ts,
+            born_ts,
             decode_host(data[start + 48 : start + 56]),
-            decode_host(store_host),
+            decode_host(data[start + 64 : start + 72]),
             phys,
             end - start,
-            cols["flag"][i],
-            cols["sysflag"][i],
-            cols["reconsume"][i],
-            cols["prepared"][i],
+            flag,
+            sysflag,
+            reconsume,
+            prepared,
             crc,
-            offset_msg_id(store_host, phys),
         )
