@@ -60,32 +60,43 @@ class ColdBatch:
         return len(self.data) + self.sizes.nbytes * 2 + len(self.sizes) * 14 * 32
 
     def message(self, queue_offset: int) -> MessageExt:
-        i = queue_offset - self.first
+        return self.messages(queue_offset, queue_offset + 1)[0]
+
+    def messages(self, start: int, stop: int) -> list[MessageExt]:
+        """Messages ``[start, stop)`` of the batch, each CRC-checked and checked to be exactly
+        the one its consume-queue unit names (queue, offset, size, topic)."""
         if self.records is None:
             self.records = RecordBatch(self.data, self.flat_offsets - self.flat_offsets[0], self.sizes)
-        try:
-            msg = self.records.message(i)
-        except CorruptRecordError as e:
-            raise CorruptRecordError(
-                f"cold record {self.topic}/{self.queue_id} offset {queue_offset} (flat commitlog offset "
-                f"{int(self.flat_offsets[i])}) is corrupt: {e}",
-                topic=self.topic,
-                queue_id=self.queue_id,
-                queue_offset=queue_offset,
-            ) from e
-        if (
-            msg.queue_offset != queue_offset
-            or msg.size != int(self.sizes[i])
-            or msg.topic != self.topic
-            or msg.queue_id != self.queue_id
-        ):
-            raise CorruptRecordError(
-                f"cold record at flat offset {int(self.flat_offsets[i])} is {msg.topic}/{msg.queue_id} "
-                f"offset {msg.queue_offset}, but the consume queue says {self.topic}/{self.queue_id} "
-                f"offset {queue_offset}",
-                queue_offset=queue_offset,
-            )
-        return msg
+        decode = self.records.message
+        topic, queue_id, first = self.topic, self.queue_id, self.first
+        sizes = self.sizes
+        out: list[MessageExt] = []
+        for queue_offset in range(start, stop):
+            i = queue_offset - first
+            try:
+                msg = decode(i)
+            except CorruptRecordError as e:
+                raise CorruptRecordError(
+                    f"cold record {topic}/{queue_id} offset {queue_offset} (flat commitlog offset "
+                    f"{int(self.flat_offsets[i])}) is corrupt: {e}",
+                    topic=topic,
+                    queue_id=queue_id,
+                    queue_offset=queue_offset,
+                ) from e
+            if (
+                msg.queue_offset != queue_offset
+                or msg.topic != topic
+                or msg.queue_id != queue_id
+                or msg.size != sizes[i]
+            ):
+                raise CorruptRecordError(
+                    f"cold record at flat offset {int(self.flat_offsets[i])} is {msg.topic}/{msg.queue_id} "
+                    f"offset {msg.queue_offset}, but the consume queue says {topic}/{queue_id} "
+                    f"offset {queue_offset}",
+                    queue_offset=queue_offset,
+                )
+            out.append(msg)
+        return out
 
 
 @dataclass(slots=True)
@@ -173,7 +184,7 @@ class ColdFetcher:
             else:
                 self.cache.stats.hits += 1
             stop = min(batch.end, offset + max_count - len(out))
-            out.extend(batch.message(o) for o in range(offset, stop))
+            out.extend(batch.messages(offset, stop))
             offset = stop
         return out
 
