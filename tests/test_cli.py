@@ -21,7 +21,9 @@ TIERD = [sys.executable, "-c", "from tierd.cli import main; main()"]
 def _config(tmp_path: Path) -> Path:
     path = tmp_path / "tierd.toml"
     path.write_text(
-        f'[store]\ndir = "{tmp_path / "hot"}"\nflush = "sync"\n[backend]\nurl = "{tmp_path / "cold"}"\n'
+        f'[store]\ndir = "{tmp_path / "hot"}"\nflush = "sync"\ncommitlog_file_size = 4194304\n'
+        f"max_message_size = 1048576\nconsumequeue_file_units = 10000\n"
+        f'[backend]\nurl = "{tmp_path / "cold"}"\n'
     )
     return path
 

@@ -17,7 +17,15 @@ T = TypeVar("T")
 def cold_config(root: Path, backend: dict[str, Any] | None = None, **tiered: Any) -> TierdConfig:
     return TierdConfig.from_dict(
         {
-            "store": {"dir": str(root / "hot"), "index_slots": 64, "index_items": 4000},
+            # Small files: the store preallocates them (fallocate), and tests must not fill the disk.
+            "store": {
+                "dir": str(root / "hot"),
+                "index_slots": 64,
+                "index_items": 4000,
+                "commitlog_file_size": 4 * 1024 * 1024,
+                "max_message_size": 1024 * 1024,
+                "consumequeue_file_units": 10_000,
+            },
             "backend": backend or {"name": "posix", "url": str(root / "cold")},
             "tiered": {"dispatch_interval": 3600, **tiered},
         }
