@@ -43,7 +43,7 @@ from tierd.errors import (
     SegmentReadError,
     SegmentSealedError,
 )
-from tierd.tiered.segment import ByteRange, DriverRoot, SegmentDriver
+from tierd.tiered.segment import ByteRange, DriverRoot, SegmentDriver, stored_overlap
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Sequence
@@ -428,14 +428,7 @@ class ChunkedDriver(SegmentDriver):
                     f"segment {self.path!r} is sealed; writes are refused", path=self.path
                 )
             end = layout.size
-            if position > end:
-                raise InvalidRangeError(
-                    f"write at {position} would leave a hole: segment {self.path!r} holds {end} bytes",
-                    path=self.path,
-                    position=position,
-                    size=end,
-                )
-            overlap = min(end, position + len(data)) - position
+            overlap = stored_overlap(self.path, position, end, len(data))
             if overlap > 0:
                 stored = await self._read_layout(layout, position, overlap)
                 if stored != data[:overlap]:

@@ -27,6 +27,7 @@ from tierd.tiered.segment import (
     ByteRange,
     DriverRoot,
     SegmentDriver,
+    stored_overlap,
     validate_object_prefix,
     validate_segment_path,
 )
@@ -164,14 +165,7 @@ class MemoryDriver(SegmentDriver):
         if seg.sealed:
             raise SegmentSealedError(f"segment {self.path!r} is sealed; writes are refused", path=self.path)
         end = len(seg.data)
-        if position > end:
-            raise InvalidRangeError(
-                f"write at {position} would leave a hole: segment {self.path!r} holds {end} bytes",
-                path=self.path,
-                position=position,
-                size=end,
-            )
-        overlap = min(end, position + len(data)) - position
+        overlap = stored_overlap(self.path, position, end, len(data))
         if overlap > 0 and seg.data[position : position + overlap] != data[:overlap]:
             raise CorruptionError(
                 f"write at {position} of segment {self.path!r} conflicts with the {overlap} bytes "

@@ -38,6 +38,7 @@ from tierd.tiered.segment import (
     ByteRange,
     DriverRoot,
     SegmentDriver,
+    stored_overlap,
     validate_object_prefix,
     validate_segment_path,
 )
@@ -271,14 +272,7 @@ class PosixDriver(SegmentDriver):
             if not st.st_mode & _WRITABLE:
                 raise self._sealed()
             end = st.st_size
-            if position > end:
-                raise InvalidRangeError(
-                    f"write at {position} would leave a hole: segment {self.path!r} holds {end} bytes",
-                    path=self.path,
-                    position=position,
-                    size=end,
-                )
-            overlap = min(end, position + len(data)) - position
+            overlap = stored_overlap(self.path, position, end, len(data))
             if overlap > 0 and _pread_exact(fd, overlap, position) != data[:overlap]:
                 raise CorruptionError(
                     f"write at {position} of segment {self.path!r} conflicts with the {overlap} bytes "

@@ -57,6 +57,7 @@ __all__ = [
     "FileType",
     "SegmentDriver",
     "Transform",
+    "stored_overlap",
     "validate_object_prefix",
     "validate_segment_path",
 ]
@@ -114,6 +115,20 @@ class ByteRange:
     def end(self) -> int:
         """First byte position after the range."""
         return self.start + self.length
+
+
+def stored_overlap(path: str, position: int, size: int, length: int) -> int:
+    """Check a write of ``length`` bytes at ``position`` against a segment holding ``size`` bytes
+    (contract rule 4 of :meth:`SegmentDriver.write`: no hole) and return how many of its bytes
+    overlap what is already stored — the part rule 5 compares. One place for every driver."""
+    if position > size:
+        raise InvalidRangeError(
+            f"write at {position} would leave a hole: segment {path!r} holds {size} bytes",
+            path=path,
+            position=position,
+            size=size,
+        )
+    return min(size, position + length) - position
 
 
 def validate_segment_path(path: str) -> str:
