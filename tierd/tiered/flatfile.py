@@ -109,10 +109,18 @@ class FlatAppendFile:
     def commit_offset(self) -> int:
         """End of the committed prefix: the first segment still holding uncommitted bytes bounds
         it (a rolled segment may still be waiting for its commit)."""
-        for seg in self.segments:
+        for seg in self._open_tail():
             if seg.needs_commit:
                 return seg.commit_offset
         return self.segments[-1].commit_offset if self.segments else -1
+
+    def _open_tail(self) -> list[FileSegment]:
+        """The trailing segments not closed yet: the last one plus any rolled segment whose bytes
+        are not committed (``commit`` closes them) — the only ones that can hold pending bytes."""
+        i = len(self.segments)
+        while i > 0 and not self.segments[i - 1].closed:
+            i -= 1
+        return self.segments[i:]
 
     @property
     def append_offset(self) -> int:
@@ -120,7 +128,7 @@ class FlatAppendFile:
 
     @property
     def needs_commit(self) -> bool:
-        return any(s.needs_commit for s in self.segments[-3:])
+        return any(s.needs_commit for s in self._open_tail())
 
     def infos(self) -> list[SegmentInfo]:
         return [
@@ -242,10 +250,11 @@ class FlatAppendFile:
         """Commit every segment with buffered bytes, oldest first; then close and seal the full
         ones. Returns bytes committed. Raises on failure (bytes stay buffered; call again)."""
         done = 0
-        for seg in self.segments:
+        tail = self._open_tail()
+        for seg in tail:
             if seg.needs_commit:
                 done += await seg.commit()
-        rolled = [s for s in self.segments[:-1] if not s.closed]
+        rolled = tail[:-1]  # the open tail always ends with the last segment
         for seg in rolled:
             seg.close()
             self.unsealed_full.append(seg)
