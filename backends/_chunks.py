@@ -43,7 +43,7 @@ from tierd.errors import (
     SegmentReadError,
     SegmentSealedError,
 )
-from tierd.tiered.segment import ByteRange, DriverRoot, SegmentDriver, stored_overlap
+from tierd.tiered.segment import ByteRange, DriverRoot, SegmentDriver, check_readable, stored_overlap
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Sequence
@@ -386,15 +386,7 @@ class ChunkedDriver(SegmentDriver):
             layout = await self._refresh()  # the cache only ever lags behind: look again
         if not layout.exists:
             raise self._missing()
-        if byte_range.end > layout.size:
-            raise SegmentReadError(
-                f"cannot read [{byte_range.start}, {byte_range.end}) of segment {self.path!r}: "
-                f"it holds {layout.size} bytes",
-                path=self.path,
-                start=byte_range.start,
-                length=byte_range.length,
-                size=layout.size,
-            )
+        check_readable(self.path, byte_range, layout.size)
         try:
             return await self._read_layout(layout, byte_range.start, byte_range.length)
         except SegmentNotFoundError:

@@ -20,13 +20,13 @@ from tierd.errors import (
     InvalidArgumentError,
     InvalidRangeError,
     SegmentNotFoundError,
-    SegmentReadError,
     SegmentSealedError,
 )
 from tierd.tiered.segment import (
     ByteRange,
     DriverRoot,
     SegmentDriver,
+    check_readable,
     stored_overlap,
     validate_object_prefix,
     validate_segment_path,
@@ -137,15 +137,7 @@ class MemoryDriver(SegmentDriver):
     async def read(self, byte_range: ByteRange) -> bytes:
         # docstring inherited
         data = self._get().data
-        if byte_range.end > len(data):
-            raise SegmentReadError(
-                f"cannot read [{byte_range.start}, {byte_range.end}) of segment {self.path!r}: "
-                f"it holds {len(data)} bytes",
-                path=self.path,
-                start=byte_range.start,
-                length=byte_range.length,
-                size=len(data),
-            )
+        check_readable(self.path, byte_range, len(data))
         return bytes(data[byte_range.start : byte_range.end])
 
     async def write(self, position: int, data: bytes) -> None:

@@ -30,7 +30,6 @@ from tierd.errors import (
     InvalidArgumentError,
     InvalidRangeError,
     SegmentNotFoundError,
-    SegmentReadError,
     SegmentSealedError,
     TierdError,
 )
@@ -38,6 +37,7 @@ from tierd.tiered.segment import (
     ByteRange,
     DriverRoot,
     SegmentDriver,
+    check_readable,
     stored_overlap,
     validate_object_prefix,
     validate_segment_path,
@@ -294,14 +294,7 @@ class PosixDriver(SegmentDriver):
             raise self._missing() from None
         try:
             size = os.fstat(fd).st_size
-            if rng.end > size:
-                raise SegmentReadError(
-                    f"cannot read [{rng.start}, {rng.end}) of segment {self.path!r}: it holds {size} bytes",
-                    path=self.path,
-                    start=rng.start,
-                    length=rng.length,
-                    size=size,
-                )
+            check_readable(self.path, rng, size)
             data = _pread_exact(fd, rng.length, rng.start)
         finally:
             os.close(fd)

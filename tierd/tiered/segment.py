@@ -57,6 +57,7 @@ __all__ = [
     "FileType",
     "SegmentDriver",
     "Transform",
+    "check_readable",
     "stored_overlap",
     "validate_object_prefix",
     "validate_segment_path",
@@ -115,6 +116,19 @@ class ByteRange:
     def end(self) -> int:
         """First byte position after the range."""
         return self.start + self.length
+
+
+def check_readable(path: str, byte_range: ByteRange, size: int) -> None:
+    """Contract rule of :meth:`SegmentDriver.read`: a range past the ``size`` stored bytes is a
+    :class:`~tierd.errors.SegmentReadError`. One place for every driver."""
+    if byte_range.end > size:
+        raise SegmentReadError(
+            f"cannot read [{byte_range.start}, {byte_range.end}) of segment {path!r}: it holds {size} bytes",
+            path=path,
+            start=byte_range.start,
+            length=byte_range.length,
+            size=size,
+        )
 
 
 def stored_overlap(path: str, position: int, size: int, length: int) -> int:
