@@ -38,6 +38,7 @@ import asyncio
 import contextlib
 import os
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
@@ -334,7 +335,7 @@ class S3Root(DriverRoot):
         async with self._lock:  # concurrent first calls must not each create (and leak) a client
             if self._fs is not None:
                 return self._fs
-            options = dict(self.storage_options)
+            options = s3fs_options(self.storage_options)
             options.update(asynchronous=True, skip_instance_cache=True, loop=loop)
             try:
                 fs = s3fs.S3FileSystem(**options)
@@ -631,3 +632,21 @@ class S3Driver(ChunkedDriver):
             with contextlib.suppress(Exception):
                 await self.root.call("abort_multipart_upload", key=self.key, UploadId=upload_id)
             raise
+
+
+#: botocore client settings operators write at the top level of ``storage_options`` (as in the
+#: AWS CLI's config); s3fs wants them inside ``client_kwargs``.
+CLIENT_KEYS = ("region_name", "verify", "use_ssl")
+
+
+def s3fs_options(storage_options: Mapping[str, Any]) -> dict[str, Any]:
+    """``storage_options`` as s3fs takes them: ``region_name`` (and the other botocore client
+    settings in :data:`CLIENT_KEYS`) move into ``client_kwargs`` so the natural spelling works."""
+    options = dict(storage_options)
+    client = dict(options.pop("client_kwargs", None) or {})
+    for key in CLIENT_KEYS:
+        if key in options:
+            client.setdefault(key, options.pop(key))
+    if client:
+        options["client_kwargs"] = client
+    return options

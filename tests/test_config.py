@@ -45,6 +45,15 @@ def test_shipped_local_profile_loads() -> None:
     assert cfg.backend.url == "data/cold"
 
 
+@pytest.mark.parametrize("profile", sorted(p.name for p in (REPO / "conf").glob("*.toml")))
+def test_every_shipped_profile_loads(profile: str) -> None:
+    cfg = TierdConfig.load(REPO / "conf" / profile, env={})
+    assert cfg.backend.name in ("posix", "s3")
+    if cfg.backend.name == "s3":
+        assert cfg.backend.url.startswith("s3://")
+        assert "aws_secret_access_key" not in str(cfg.backend.storage_options).lower()
+
+
 def test_toml_then_environment(tmp_path: Path) -> None:
     path = tmp_path / "c.toml"
     path.write_text(

@@ -9,15 +9,19 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from tierd.errors import InvalidArgumentError, StoreClosedError
+from tierd.inventory import QueueInfo, SegmentRow, check_kind, live_segments, queue_infos
 from tierd.local.store import HotStore, PutBatchResult
 from tierd.message import GetResult, Message, MessageExt, PutResult, ReadPolicy
 from tierd.router import TierRouter
 from tierd.tiered.restore import Progress, RestoreReport
 from tierd.tiered.restore import restore as restore_from_bucket
 from tierd.tiered.service import TieringService
+from tierd.verify import Progress as VerifyProgress
+from tierd.verify import VerifyReport, verify
 
 if TYPE_CHECKING:
     from collections.abc import Coroutine, Generator, Sequence
@@ -102,7 +106,49 @@ class _StoreCore:
         return self.router.earliest_time(topic, queue_id)
 
     def topics(self) -> dict[str, list[int]]:
-        return self._hot().topics()
+        """Topic → queue ids, across both tiers (a topic whose hot files expired stays listed)."""
+        out = {t: set(q) for t, q in self._hot().topics().items()}
+        if self.tiering is not None:
+            for t, q in self.tiering.flat.files:
+                out.setdefault(t, set()).add(q)
+        return {t: sorted(q) for t, q in sorted(out.items())}
+
+    def queues(self, topic: str) -> list[QueueInfo]:
+        """Every queue of ``topic`` with its offsets in each tier (NotFoundError if unknown)."""
+        return queue_infos(self._hot(), self.tiering, topic)
+
+    async def _segments(self, topic: str | None, queue_id: int | None, type: str | None) -> list[SegmentRow]:
+        kind = check_kind(type)
+        self._hot()
+        if self.tiering is None:
+            return []
+        await self.tiering.wait_ready()
+        return await live_segments(self.tiering, topic, queue_id, kind)
+
+    async def _gc(self) -> GcReport:
+        hot = self._hot()
+        hot.wait_dispatched(30)
+        files = await asyncio.to_thread(hot.apply_retention)
+        segments = 0
+        if self.tiering is not None:
+            await self.tiering.wait_ready()
+            segments = await self.tiering.apply_retention()
+        return GcReport(hot_files=files, cold_segments=segments)
+
+    async def _verify(self, progress: VerifyProgress | None) -> VerifyReport:
+        hot = self._hot()
+        hot.wait_dispatched(30)
+        if self.tiering is not None:
+            await self.tiering.wait_ready()
+        return await verify(hot, self.tiering, progress)
+
+
+@dataclass(frozen=True, slots=True)
+class GcReport:
+    """What :meth:`MessageStore.gc` deleted."""
+
+    hot_files: int
+    cold_segments: int
 
 
 class MessageStore(_StoreCore):
@@ -143,6 +189,26 @@ class MessageStore(_StoreCore):
 
     async def earliest_time(self, topic: str, queue_id: int) -> int:
         return await self._earliest_time(topic, queue_id)
+
+    async def wait_ready(self, timeout: float = 30.0) -> None:
+        """Wait until the cold tier has loaded (no-op without one): until then reads and
+        listings see the hot store only. BackendError if it takes longer than ``timeout``."""
+        if self.tiering is not None:
+            await self.tiering.wait_ready(timeout)
+
+    async def segments(
+        self, topic: str | None = None, queue_id: int | None = None, type: str | None = None
+    ) -> list[SegmentRow]:
+        """Cold segments (filters: topic, queue id, type COMMIT_LOG/CONSUME_QUEUE/INDEX)."""
+        return await self._segments(topic, queue_id, type)
+
+    async def gc(self) -> GcReport:
+        """Apply retention now in both tiers (what the daemon does on its timers)."""
+        return await self._gc()
+
+    async def verify(self, progress: VerifyProgress | None = None) -> VerifyReport:
+        """Check CRCs, consume queues, cold sizes/checksums and manifests; lists every problem."""
+        return await self._verify(progress)
 
     async def query(
         self, topic: str, key: str, max_count: int = 32, begin: int = 0, end: int = MAX_TIMESTAMP
@@ -269,6 +335,32 @@ class BlockingMessageStore(_StoreCore):
 
     def earliest_time(self, topic: str, queue_id: int) -> int:
         return self._run(self._earliest_time(topic, queue_id))
+
+    def wait_ready(self, timeout: float = 30.0) -> None:
+        """Wait until the cold tier has loaded (no-op without one): until then reads and
+        listings see the hot store only. BackendError if it takes longer than ``timeout``."""
+        if self.tiering is not None and self._loop is not None:
+            self._loop.run(self.tiering.wait_ready(timeout))
+
+    def segments(
+        self, topic: str | None = None, queue_id: int | None = None, type: str | None = None
+    ) -> list[SegmentRow]:
+        """Cold segments (filters: topic, queue id, type COMMIT_LOG/CONSUME_QUEUE/INDEX)."""
+        return self._run(self._segments(topic, queue_id, type))
+
+    def gc(self) -> GcReport:
+        """Apply retention now in both tiers (what the daemon does on its timers)."""
+        return self._run_any(self._gc())
+
+    def verify(self, progress: VerifyProgress | None = None) -> VerifyReport:
+        """Check CRCs, consume queues, cold sizes/checksums and manifests; lists every problem."""
+        return self._run_any(self._verify(progress))
+
+    def _run_any(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Run a coroutine that may suspend even without a cold tier."""
+        if self._loop is not None:
+            return self._loop.run(coro)
+        return asyncio.run(coro)
 
     def _run(self, coro: Coroutine[Any, Any, T]) -> T:
         """Run a read on the tiering loop; without a cold tier the coroutine never suspends, so

@@ -86,3 +86,21 @@ def open_driver_factory(config: BackendConfig) -> DriverRoot:
     until a driver is used, so bad credentials or endpoints surface on first use as
     :class:`~tierd.errors.BackendError`."""
     return load_driver(config.name).open_root(config.url, config.storage_options)
+
+
+def backend_for_url(url: str, base: BackendConfig) -> BackendConfig:
+    """A ``[backend]`` section for a bucket URL given on the command line: the driver follows the
+    scheme (``s3://`` → s3, ``memory://`` → memory, a path or ``file://`` → posix, any other
+    fsspec URL → fsspec). Storage options carry over from ``base`` when it names the same
+    driver, so ``--backend-url s3://other-bucket`` keeps the configured endpoint."""
+    scheme = url.split("://", 1)[0].lower() if "://" in url else ""
+    if scheme in ("", "file"):
+        name, url = "posix", url.removeprefix("file://")
+    elif scheme in ("s3", "s3a"):
+        name, url = "s3", "s3://" + url.split("://", 1)[1]
+    elif scheme == "memory":
+        name = "memory"
+    else:
+        name = "fsspec"
+    options = base.storage_options if base.name == name else {}
+    return base.model_copy(update={"name": name, "url": url, "storage_options": options})

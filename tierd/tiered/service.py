@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from tierd.errors import InvalidArgumentError, NotFoundError, TierdError
+from tierd.errors import BackendError, InvalidArgumentError, NotFoundError, TierdError
 from tierd.tiered.dispatcher import Dispatcher
 from tierd.tiered.flatstore import FlatFileStore
 from tierd.tiered.index import ColdIndexService
@@ -149,6 +149,17 @@ class TieringService:
             except TierdError as e:
                 log.error("hot queue %s/%d is behind its cold tier (%d): %s", topic, qid, ff.max_offset, e)
 
+    async def wait_ready(self, timeout: float = 30.0) -> None:
+        """Wait for start-up (metadata loaded, backend reachable); a clear error when it does not
+        come within ``timeout`` seconds, naming the backend's last failure."""
+        try:
+            await asyncio.wait_for(self.ready.wait(), timeout)
+        except TimeoutError:
+            raise BackendError(
+                f"the cold tier is not ready after {timeout:.0f} s: {self.start_error or 'still starting'}",
+                backend=repr(self.root),
+            ) from None
+
     async def tier_now(self, timeout: float | None = None) -> int:
         """Commit everything pending to the cold tier now (waits for start-up first), then bring
         the bucket manifests up to date."""
@@ -170,7 +181,7 @@ class TieringService:
     async def close(self, grace: float = 30.0) -> None:
         """Stop the loop, try to commit what is pending within ``grace`` seconds, save metadata."""
         self.dispatcher.stop()
-        if self.ready.is_set():
+        if self.ready.is_set() and grace > 0:  # grace 0: a short-lived admin command, not a shutdown
             try:
                 await asyncio.wait_for(self.dispatcher.tier_now(), grace)
             except TimeoutError:

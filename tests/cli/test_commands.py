@@ -1,0 +1,277 @@
+"""The admin CLI through Typer's runner (in-process) and as a real subprocess: every command,
+its JSON output, its exit codes, and what bad input gets."""
+
+from __future__ import annotations
+
+import base64
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+from typer.testing import CliRunner
+
+from tierd.cli import app
+
+if TYPE_CHECKING:
+    from typer.testing import Result
+
+    from tierd.testing.s3server import S3Server
+
+runner = CliRunner()
+
+
+def _config(tmp_path: Path, backend: str | None = None) -> Path:
+    path = tmp_path / "tierd.toml"
+    path.write_text(
+        f'[store]\ndir = "{tmp_path / "hot"}"\ncommitlog_file_size = 4194304\n'
+        "max_message_size = 1048576\nconsumequeue_file_units = 10000\nindex_slots = 64\nindex_items = 4000\n"
+        "[tiered]\ndispatch_interval = 3600\n"
+        + (backend if backend is not None else f'[backend]\nurl = "{tmp_path / "cold"}"\n')
+    )
+    return path
+
+
+def tierd(cfg: Path, *args: str, input: str | None = None, code: int = 0) -> Result:
+    res = runner.invoke(app, ["--config", str(cfg), *args], input=input)
+    assert res.exit_code == code, f"exit {res.exit_code}\nstdout:\n{res.stdout}\nstderr:\n{res.stderr}"
+    return res
+
+
+def tierd_json(cfg: Path, *args: str, input: str | None = None) -> Any:
+    return json.loads(tierd(cfg, "--output", "json", *args, input=input).stdout)
+
+
+@pytest.fixture
+def cfg(tmp_path: Path) -> Path:
+    return _config(tmp_path)
+
+
+def _produce_lines(cfg: Path, topic: str, n: int, key: str) -> list[dict[str, Any]]:
+    lines = "".join(f"message {i}\n" for i in range(n))
+    out: list[dict[str, Any]] = tierd_json(
+        cfg, "produce", topic, "--file", "-", "--lines", "-k", key, input=lines
+    )
+    return out
+
+
+def test_produce_consume_query_round_trip(cfg: Path) -> None:
+    one = tierd_json(
+        cfg, "produce", "orders", "héllo", "-k", "o-1", "-t", "paid", "-p", "region=eu", "-q", "2"
+    )
+    assert [(r["queue_id"], r["queue_offset"]) for r in one] == [(2, 0)]
+
+    got = tierd_json(cfg, "consume", "orders", "-q", "2")
+    assert got["status"] == "FOUND"
+    [m] = got["messages"]
+    assert base64.b64decode(m["body"]) == "héllo".encode()
+    assert (m["keys"], m["tags"], m["properties"]["region"]) == (["o-1"], "paid", "eu")
+    assert m["msg_id"] == one[0]["msg_id"]
+
+    hits = tierd_json(cfg, "query", "orders", "o-1")
+    assert [h["msg_id"] for h in hits] == [one[0]["msg_id"]]
+    assert tierd_json(cfg, "query", "orders", "o-2") == []
+
+
+def test_produce_lines_is_one_batch_and_text_output_is_readable(cfg: Path, tmp_path: Path) -> None:
+    src = tmp_path / "in.txt"
+    src.write_text("a\n\nb\nc\n")
+    res = tierd(cfg, "produce", "t", "--file", str(src), "--lines", "-q", "1")
+    assert "stored 3 messages in t" in res.stdout
+    text = tierd(cfg, "consume", "t", "-q", "1").stdout
+    assert "FOUND: 3 message(s) from the hot tier" in text
+    bodies = [base64.b64decode(m["body"]) for m in tierd_json(cfg, "consume", "t", "-q", "1")["messages"]]
+    assert bodies == [b"a", b"b", b"c"]
+
+
+def test_tier_moves_everything_and_force_reads_cold(cfg: Path) -> None:
+    produced = _produce_lines(cfg, "orders", 200, "bulk")
+    queues = {r["queue_id"] for r in produced}
+    before = tierd_json(cfg, "queues", "ls", "orders")
+    assert sum(q["pending_messages"] for q in before) == 200
+
+    assert tierd_json(cfg, "tier") == {"committed": 200, "pending": 0}
+    after = {q["queue_id"]: q for q in tierd_json(cfg, "queues", "ls", "orders")}
+    assert set(after) == queues
+    assert all(
+        q["pending_messages"] == 0 and q["cold_max_offset"] == q["hot_max_offset"] for q in after.values()
+    )
+
+    qid = produced[0]["queue_id"]
+    got = tierd_json(
+        cfg, "consume", "orders", "-q", str(qid), "--offset", "0", "-n", "500", "--policy", "FORCE"
+    )
+    assert got["source"] == "cold"
+    expected = [f"message {i}".encode() for i, r in enumerate(produced) if r["queue_id"] == qid]
+    assert [base64.b64decode(m["body"]) for m in got["messages"]] == expected
+    assert tierd_json(cfg, "topics", "ls") == [{"topic": "orders", "queues": sorted(queues)}]
+
+
+def _segment_keys(rows: list[dict[str, Any]]) -> set[tuple[Any, ...]]:
+    return {
+        (r["topic"], r["queue_id"], r["type"], r["base_offset"], r["size"], r["message_count"]) for r in rows
+    }
+
+
+def test_segments_ls_live_and_from_the_bucket_agree(cfg: Path, tmp_path: Path) -> None:
+    _produce_lines(cfg, "orders", 120, "k")
+    tierd(cfg, "tier")
+    live = tierd_json(cfg, "segments", "ls")
+    bucket = tierd_json(cfg, "segments", "ls", "--backend-url", str(tmp_path / "cold"))
+    assert _segment_keys(live) == _segment_keys(bucket)
+    assert sum(r["message_count"] for r in live if r["type"] == "COMMIT_LOG") == 120
+    assert {r["type"] for r in live} >= {"COMMIT_LOG", "CONSUME_QUEUE"}
+
+    cq = tierd_json(cfg, "segments", "ls", "--type", "cq", "--queue", "0")
+    assert cq and all(r["type"] == "CONSUME_QUEUE" and r["queue_id"] == 0 for r in cq)
+    assert "segment(s)" in tierd(cfg, "segments", "ls", "--backend-url", f"file://{tmp_path / 'cold'}").stdout
+
+
+def test_segments_ls_reads_an_s3_bucket_alone(tmp_path: Path, moto_server: S3Server) -> None:
+    from tierd.testing.s3server import create_bucket
+
+    bucket = create_bucket(moto_server)
+    backend = (
+        f'[backend]\nname = "s3"\nurl = "s3://{bucket}/cold"\n'
+        f'storage_options = {{ endpoint_url = "{moto_server.endpoint_url}", region_name = "us-east-1", '
+        f'key = "{moto_server.access_key}", secret = "{moto_server.secret_key}" }}\n'
+    )
+    cfg = _config(tmp_path, backend)
+    _produce_lines(cfg, "orders", 50, "k")
+    tierd(cfg, "tier")
+    live = tierd_json(cfg, "segments", "ls")
+    bucket_rows = tierd_json(cfg, "segments", "ls", "--backend-url", f"s3://{bucket}/cold")
+    assert _segment_keys(live) == _segment_keys(bucket_rows)
+    assert sum(r["message_count"] for r in bucket_rows if r["type"] == "COMMIT_LOG") == 50
+
+
+def test_verify_passes_then_lists_a_corrupt_cold_segment(cfg: Path, tmp_path: Path) -> None:
+    _produce_lines(cfg, "orders", 60, "k")
+    tierd(cfg, "tier")
+    report = tierd_json(cfg, "verify")
+    assert report["ok"] is True
+    assert report["records"] == 120  # every record checked once hot and once cold
+    assert "OK: checked" in tierd(cfg, "verify").stdout
+
+    seg = next(p for p in (tmp_path / "cold").rglob("*") if p.is_file() and "COMMIT_LOG" in p.parts)
+    raw = bytearray(seg.read_bytes())
+    raw[len(raw) - 3] ^= 0xFF  # inside the last record's body: its CRC no longer matches
+    seg.write_bytes(bytes(raw))
+    res = tierd(cfg, "--output", "json", "verify", code=1)
+    problems = json.loads(res.stdout)["problems"]
+    assert problems and all(p["area"] == "cold-consumequeue" for p in problems)
+    assert "CRC" in problems[0]["message"]
+    assert "PROBLEMS FOUND" in tierd(cfg, "verify", code=1).stdout
+
+
+def test_verify_finds_a_corrupt_hot_record(cfg: Path, tmp_path: Path) -> None:
+    tierd(cfg, "produce", "t", "x" * 500, "-q", "0")
+    tierd(cfg, "produce", "t", "y" * 500, "-q", "0")
+    log = next((tmp_path / "hot" / "commitlog").iterdir())
+    with log.open("r+b") as f:
+        f.seek(300)
+        f.write(b"\x00\x01\x02")
+    problems = json.loads(tierd(cfg, "--output", "json", "verify", code=1).stdout)["problems"]
+    assert [p["area"] for p in problems][:1] == ["hot-commitlog"]
+
+
+def test_gc_reports_what_it_deleted(cfg: Path) -> None:
+    _produce_lines(cfg, "orders", 10, "k")
+    assert tierd_json(cfg, "gc") == {"hot_files": 0, "cold_segments": 0}
+    # Nothing was old enough: every message is still readable.
+    total = sum(q["max_offset"] - q["min_offset"] for q in tierd_json(cfg, "queues", "ls", "orders"))
+    assert total == 10
+
+
+def test_restore_rebuilds_an_empty_store_from_the_bucket(cfg: Path, tmp_path: Path) -> None:
+    produced = _produce_lines(cfg, "orders", 80, "k")
+    tierd(cfg, "tier")
+    fresh = tmp_path / "fresh"
+    fresh.mkdir()
+    fresh_cfg = _config(fresh, f'[backend]\nurl = "{tmp_path / "cold"}"\n')
+    report = tierd_json(fresh_cfg, "restore", "--from", str(tmp_path / "cold"))
+    assert report["messages"] == 80 and report["topics"] == 1
+    qid = produced[-1]["queue_id"]
+    got = tierd_json(fresh_cfg, "consume", "orders", "-q", str(qid), "--offset", "0", "-n", "100")
+    assert got["source"] == "cold"
+    assert len(got["messages"]) == sum(1 for r in produced if r["queue_id"] == qid)
+
+    # Restoring into a store that already holds data is refused, with one clear line.
+    res = tierd(fresh_cfg, "restore", "--from", str(tmp_path / "cold"), code=1)
+    assert res.stderr.startswith("tierd: error: restore needs an empty store directory")
+    assert "Traceback" not in res.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "code", "message"),
+    [
+        (["queues", "ls", "nope"], 1, "topic 'nope' does not exist"),
+        (["segments", "ls", "--type", "wal"], 1, "segment type must be one of"),
+        (["consume", "orders", "--policy", "sometimes"], 2, "--policy"),
+        (["consume", "orders", "-n", "0"], 2, "--max"),
+        (["produce", "orders"], 2, "give the message body"),
+        (["produce", "orders", "x", "-p", "novalue"], 2, "KEY=VALUE"),
+        (["produce", "rmq_sys_x", "x"], 1, "rmq_sys_"),
+        (
+            ["query", "orders", "k", "--begin", "5", "--end", "1"],
+            1,
+            "--begin (5) must not be after --end (1)",
+        ),
+        (["segments", "ls", "--backend-url", "/nonexistent/bucket"], 1, "no tierd manifest"),
+        (["--log-level", "LOUD", "topics", "ls"], 2, "--log-level"),
+    ],
+)
+def test_bad_input_gets_one_clear_line_and_the_right_exit_code(
+    cfg: Path, args: list[str], code: int, message: str
+) -> None:
+    res = tierd(cfg, *args, code=code)
+    assert message in res.stderr
+    assert "Traceback" not in res.stderr + res.stdout
+    if code == 1:
+        assert res.stderr.startswith("tierd: error:") and res.stderr.count("\n") == 1
+
+
+def test_missing_config_file_is_one_line(tmp_path: Path) -> None:
+    res = runner.invoke(app, ["--config", str(tmp_path / "missing.toml"), "topics", "ls"])
+    assert res.exit_code == 1
+    assert res.stderr.startswith("tierd: error:") and "missing.toml" in res.stderr
+
+
+def test_help_teaches_every_command() -> None:
+    res = runner.invoke(app, ["--help"])
+    assert res.exit_code == 0
+    for command in (
+        "serve",
+        "produce",
+        "consume",
+        "query",
+        "topics",
+        "queues",
+        "segments",
+        "tier",
+        "verify",
+        "gc",
+        "restore",
+    ):
+        assert command in res.stdout
+    sub = runner.invoke(app, ["segments", "ls", "--help"])
+    assert "--backend-url" in sub.stdout and "--type" in sub.stdout
+
+
+def test_a_real_subprocess_round_trip(cfg: Path) -> None:
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "tierd.cli", "--config", str(cfg), *args],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+
+    put = run("--output", "json", "produce", "t", "from a shell", "-q", "0")
+    assert put.returncode == 0, put.stderr
+    got = run("--output", "json", "consume", "t", "-q", "0")
+    assert base64.b64decode(json.loads(got.stdout)["messages"][0]["body"]) == b"from a shell"
+    bad = run("queues", "ls", "nope")
+    assert (bad.returncode, bad.stderr.strip()) == (1, "tierd: error: topic 'nope' does not exist")

@@ -1,0 +1,154 @@
+"""Operator commands: ``serve``, ``tier``, ``verify``, ``gc``, ``restore``."""
+
+from __future__ import annotations
+
+import concurrent.futures
+from typing import Annotated
+
+import typer
+
+from tierd import BlockingMessageStore
+from tierd.cli.app import app, echo, emit_json, emit_table, handle_errors, obj, progress_bar
+from tierd.tiered.registry import backend_for_url
+
+POLL_SECONDS = 0.2
+
+
+@app.command()
+@handle_errors
+def serve(ctx: typer.Context) -> None:
+    """Run the daemon until SIGTERM/SIGINT: HTTP API, tiering dispatcher, index service,
+    retention and manifest upkeep, in one asyncio process.
+
+    On a signal it stops accepting writes, flushes the hot store, commits what is pending to
+    the cold tier within server.shutdown_grace seconds, and exits 0.
+    """
+    from tierd.service.daemon import serve as run_daemon
+
+    c = obj(ctx)
+    c.quiet_logs = False
+    run_daemon(c.config())
+
+
+def _pending(store: BlockingMessageStore) -> int:
+    return sum(q.pending_messages for t in store.topics() for q in store.queues(t))
+
+
+@app.command()
+@handle_errors
+def tier(ctx: typer.Context) -> None:
+    """Commit every message not yet in the cold tier now, and update the bucket manifests."""
+    c = obj(ctx)
+    with c.store(finish_tiering=True) as store:
+        if store.tiering is None:
+            echo("tiering is disabled (tiered.enabled = false): nothing to do")
+            return
+        total = _pending(store)
+        with (
+            progress_bar("tiering", quiet=c.json) as bar,
+            concurrent.futures.ThreadPoolExecutor(1) as pool,
+        ):
+            task = bar.tasks[0].id
+            bar.update(task, total=max(total, 1))
+            job = pool.submit(store.tier_now)
+            while True:
+                try:
+                    committed = job.result(timeout=POLL_SECONDS)
+                    break
+                except concurrent.futures.TimeoutError:
+                    bar.update(task, completed=max(0, total - _pending(store)))
+        left = _pending(store)
+    if c.json:
+        emit_json({"committed": committed, "pending": left})
+    else:
+        echo(f"committed {committed} message(s) to the cold tier; {left} pending")
+
+
+@app.command()
+@handle_errors
+def verify(ctx: typer.Context) -> None:
+    """Check the store: hot record CRCs, consume queues against the commitlog, cold segment sizes
+    against metadata, sealed segment checksums, cold queues against cold records, and the bucket
+    manifests. Lists every problem; exits 1 if there is any."""
+    c = obj(ctx)
+    with c.store() as store, progress_bar("verifying", bytes_=True, quiet=c.json) as bar:
+        task = bar.tasks[0].id
+
+        def progress(done: int, total: int, what: str) -> None:
+            bar.update(task, completed=done, total=total, description=f"verifying {what}")
+
+        report = store.verify(progress)
+    if c.json:
+        emit_json(report.as_dict())
+    else:
+        if report.problems:
+            emit_table(
+                f"{len(report.problems)} problem(s)",
+                ["area", "where", "problem"],
+                [[p.area, p.where, p.message] for p in report.problems],
+            )
+        echo(
+            f"{'OK' if report.ok else 'PROBLEMS FOUND'}: checked {report.records} records, "
+            f"{report.units} queue units, {report.segments} cold segments"
+        )
+    if not report.ok:
+        raise typer.Exit(1)
+
+
+@app.command()
+@handle_errors
+def gc(ctx: typer.Context) -> None:
+    """Apply retention now: expired hot commitlog files (only once they are in the cold tier)
+    and cold segments older than their topic's reserve time (commitlog, queue and index
+    segments of a range go together)."""
+    c = obj(ctx)
+    with c.store() as store:
+        report = store.gc()
+    if c.json:
+        emit_json({"hot_files": report.hot_files, "cold_segments": report.cold_segments})
+    else:
+        echo(f"deleted {report.hot_files} hot commitlog file(s) and {report.cold_segments} cold segment(s)")
+
+
+@app.command()
+@handle_errors
+def restore(
+    ctx: typer.Context,
+    source: Annotated[
+        str,
+        typer.Option(
+            "--from",
+            help="Bucket URL tierd wrote, e.g. s3://bucket/prefix or /path/to/cold. Storage options "
+            "come from [backend] when the scheme matches.",
+        ),
+    ],
+) -> None:
+    """Rebuild an EMPTY store directory (store.dir) from a bucket alone: topics, queues and
+    segments come from its manifests; the hot queues continue after the cold tier's end. Then
+    start the daemon with [backend] pointing at the same bucket."""
+    c = obj(ctx)
+    cfg = c.config()
+    cfg = cfg.model_copy(update={"backend": backend_for_url(source, cfg.backend)})
+    with progress_bar("restoring queues", quiet=c.json) as bar:
+        task = bar.tasks[0].id
+
+        def progress(done: int, total: int, what: str) -> None:
+            bar.update(task, completed=done, total=total, description=f"restoring {what}")
+
+        report = BlockingMessageStore.restore(cfg, progress)
+    if c.json:
+        emit_json(
+            {
+                "topics": report.topics,
+                "queues": report.queues,
+                "segments": report.segments,
+                "messages": report.messages,
+                "bytes": report.bytes,
+            }
+        )
+    else:
+        echo(
+            f"restored {report.topics} topic(s), {report.queues} queue(s), {report.segments} segment(s) "
+            f"holding {report.messages} message(s) into {cfg.store.dir}; "
+            f"set [backend] url = {cfg.backend.url!r} and run `tierd serve`"
+        )

@@ -1,0 +1,218 @@
+"""Data commands: ``produce``, ``consume``, ``query`` — for trying a store out and for
+operators looking at real messages."""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from tierd.cli.app import app, echo, emit_json, emit_table, handle_errors, obj
+from tierd.errors import InvalidArgumentError
+from tierd.message import Message, MessageExt, ReadPolicy
+
+PREVIEW = 60
+
+
+def message_dict(m: MessageExt) -> dict[str, Any]:
+    """Every field of a fetched message, JSON-ready (body in base64, like the HTTP API)."""
+    return {
+        "topic": m.topic,
+        "queue_id": m.queue_id,
+        "queue_offset": m.queue_offset,
+        "commitlog_offset": m.commitlog_offset,
+        "msg_id": m.msg_id,
+        "keys": list(m.keys),
+        "tags": m.tags,
+        "properties": dict(m.properties),
+        "store_timestamp": m.store_timestamp,
+        "born_timestamp": m.born_timestamp,
+        "born_host": m.born_host,
+        "store_host": m.store_host,
+        "sys_flag": m.sys_flag,
+        "reconsume_times": m.reconsume_times,
+        "size": m.size,
+        "body": base64.b64encode(m.body).decode(),
+    }
+
+
+def _when(ms: int) -> str:
+    return dt.datetime.fromtimestamp(ms / 1000, dt.UTC).isoformat(timespec="milliseconds")
+
+
+def _preview(body: bytes) -> str:
+    text = body[:PREVIEW].decode("utf-8", errors="replace")
+    text = text.replace("\n", "\\n")
+    return text + ("…" if len(body) > PREVIEW else "")
+
+
+def _message_rows(messages: list[MessageExt] | tuple[MessageExt, ...]) -> list[list[Any]]:
+    return [
+        [
+            m.queue_id,
+            m.queue_offset,
+            _when(m.store_timestamp),
+            ",".join(m.keys),
+            m.tags,
+            len(m.body),
+            _preview(m.body),
+        ]
+        for m in messages
+    ]
+
+
+MESSAGE_COLUMNS = ["queue", "offset", "stored (UTC)", "keys", "tags", "bytes", "body"]
+
+
+def _properties(pairs: list[str]) -> dict[str, str]:
+    out = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise typer.BadParameter(f"expected KEY=VALUE, got {pair!r}", param_hint="--property")
+        out[key] = value
+    return out
+
+
+def _bodies(body: str | None, file: Path | None, lines: bool) -> list[bytes]:
+    if body is not None and file is not None:
+        raise typer.BadParameter("give a BODY argument or --file, not both")
+    if body is not None:
+        data = body.encode()
+    elif file is not None:
+        data = sys.stdin.buffer.read() if str(file) == "-" else file.read_bytes()
+    else:
+        raise typer.BadParameter("give the message body as an argument, or --file PATH (- for stdin)")
+    if not lines:
+        return [data]
+    return [line for line in data.splitlines() if line]
+
+
+@app.command()
+@handle_errors
+def produce(
+    ctx: typer.Context,
+    topic: Annotated[str, typer.Argument(help="Topic to write to (created on first use).")],
+    body: Annotated[str | None, typer.Argument(help="Message body (UTF-8). Or use --file.")] = None,
+    file: Annotated[
+        Path | None, typer.Option("--file", "-f", help="Read the body from a file; '-' reads stdin.")
+    ] = None,
+    lines: Annotated[
+        bool, typer.Option("--lines", help="One message per non-empty line of the body (one batch).")
+    ] = False,
+    key: Annotated[list[str] | None, typer.Option("--key", "-k", help="Message key (repeatable).")] = None,
+    tag: Annotated[str | None, typer.Option("--tag", "-t", help="Message tag.")] = None,
+    queue: Annotated[
+        int | None, typer.Option("--queue", "-q", help="Queue id (default: round robin).", min=0)
+    ] = None,
+    prop: Annotated[
+        list[str] | None, typer.Option("--property", "-p", help="User property KEY=VALUE (repeatable).")
+    ] = None,
+) -> None:
+    """Append messages to TOPIC and print where they landed.
+
+    Examples: `tierd produce orders 'hello' -k o-1 -t paid`;
+    `seq 1000 | tierd produce orders --file - --lines`.
+    """
+    c = obj(ctx)
+    properties = _properties(prop or [])
+    msgs = [
+        Message(topic=topic, body=b, queue_id=queue, keys=tuple(key or ()), tags=tag, properties=properties)
+        for b in _bodies(body, file, lines)
+    ]
+    with c.store() as store:
+        results = [store.put(msgs[0])] if len(msgs) == 1 else list(store.put_batch(msgs))
+    if c.json:
+        emit_json(
+            [
+                {
+                    "queue_id": r.queue_id,
+                    "queue_offset": r.queue_offset,
+                    "commitlog_offset": r.commitlog_offset,
+                    "msg_id": r.msg_id,
+                }
+                for r in results
+            ]
+        )
+    elif len(results) == 1:
+        r = results[0]
+        echo(f"stored {topic}/{r.queue_id}@{r.queue_offset} msg_id={r.msg_id}")
+    else:
+        echo(f"stored {len(results)} messages in {topic} (queues {sorted({r.queue_id for r in results})})")
+
+
+@app.command()
+@handle_errors
+def consume(
+    ctx: typer.Context,
+    topic: Annotated[str, typer.Argument(help="Topic to read.")],
+    queue: Annotated[int, typer.Option("--queue", "-q", help="Queue id.", min=0)] = 0,
+    offset: Annotated[
+        int | None, typer.Option("--offset", help="First queue offset (default: the oldest kept).")
+    ] = None,
+    max_count: Annotated[int, typer.Option("--max", "-n", help="At most this many messages.", min=1)] = 32,
+    policy: Annotated[
+        ReadPolicy | None,
+        typer.Option(
+            "--policy",
+            help="Where to read: NOT_IN_DISK (cold only when gone from disk), NOT_IN_MEM, FORCE (always "
+            "cold when committed there), DISABLE (hot only). Default: tiered.storage_level.",
+            case_sensitive=False,
+        ),
+    ] = None,
+) -> None:
+    """Read messages of one queue, from whichever tier holds them.
+
+    Example: `tierd consume orders -q 0 --offset 0 -n 10 --policy FORCE`.
+    """
+    c = obj(ctx)
+    with c.store() as store:
+        start = store.min_offset(topic, queue) if offset is None else offset
+        res = store.get(topic, queue, start, max_count, policy)
+    if c.json:
+        emit_json(
+            {
+                "status": res.status.name,
+                "source": res.source,
+                "next_offset": res.next_offset,
+                "min_offset": res.min_offset,
+                "max_offset": res.max_offset,
+                "messages": [message_dict(m) for m in res.messages],
+            }
+        )
+        return
+    emit_table(None, MESSAGE_COLUMNS, _message_rows(res.messages))
+    echo(
+        f"{res.status.name}: {len(res.messages)} message(s) from the {res.source} tier; "
+        f"next offset {res.next_offset} (queue holds [{res.min_offset}, {res.max_offset}))"
+    )
+
+
+@app.command()
+@handle_errors
+def query(
+    ctx: typer.Context,
+    topic: Annotated[str, typer.Argument(help="Topic to search.")],
+    key: Annotated[str, typer.Argument(help="Message key (KEYS) or unique key (UNIQ_KEY).")],
+    max_count: Annotated[int, typer.Option("--max", "-n", help="At most this many messages.", min=1)] = 32,
+    begin: Annotated[int, typer.Option("--begin", help="Earliest store time, ms since the epoch.")] = 0,
+    end: Annotated[int, typer.Option("--end", help="Latest store time, ms since the epoch.")] = 2**63 - 1,
+) -> None:
+    """Find messages by key in both tiers (only messages that really carry the key).
+
+    Example: `tierd query orders o-1`.
+    """
+    c = obj(ctx)
+    if begin > end:
+        raise InvalidArgumentError(f"--begin ({begin}) must not be after --end ({end})")
+    with c.store() as store:
+        hits = store.query(topic, key, max_count, begin, end)
+    if c.json:
+        emit_json([message_dict(m) for m in hits])
+        return
+    emit_table(None, MESSAGE_COLUMNS, _message_rows(hits))
+    echo(f"{len(hits)} message(s) with key {key!r}")

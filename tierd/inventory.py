@@ -1,0 +1,212 @@
+"""What a store holds: queues and cold segments, as plain rows for the CLI and the HTTP API.
+
+Two sources give the same rows: a live store (its in-memory flat files — always current) and a
+bucket alone (its manifests — what ``tierd segments ls --backend-url`` and a fresh machine see).
+Both go through the manifest models, so an operator comparing the two compares like with like.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any, Literal, get_args
+
+from tierd.errors import InvalidArgumentError, NotFoundError
+from tierd.tiered.manifest import (
+    ManifestSegment,
+    build_queue_manifest,
+    read_broker_manifest,
+    read_queue_manifest,
+)
+from tierd.tiered.paths import index_segment_path, segment_path
+from tierd.tiered.segment import FileType
+
+if TYPE_CHECKING:
+    from tierd.local.store import HotStore
+    from tierd.tiered.segment import DriverRoot
+    from tierd.tiered.service import TieringService
+
+SegmentKind = Literal["COMMIT_LOG", "CONSUME_QUEUE", "INDEX"]
+SEGMENT_KINDS: tuple[str, ...] = get_args(SegmentKind)
+_FILE_TYPE: dict[str, FileType] = {
+    "COMMIT_LOG": FileType.COMMIT_LOG,
+    "CONSUME_QUEUE": FileType.CONSUME_QUEUE,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class QueueInfo:
+    """One queue across both tiers. Cold fields are None when the queue was never tiered."""
+
+    topic: str
+    queue_id: int
+    #: Readable offsets across both tiers: [min_offset, max_offset).
+    min_offset: int
+    max_offset: int
+    hot_min_offset: int
+    hot_max_offset: int
+    cold_min_offset: int | None
+    cold_max_offset: int | None
+    #: Messages in the hot store not yet committed to the cold tier.
+    pending_messages: int
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentRow:
+    """One cold segment (commitlog, consume queue or index)."""
+
+    topic: str | None
+    queue_id: int | None
+    type: str
+    base_offset: int
+    size: int
+    sealed: bool
+    message_count: int
+    first_queue_offset: int | None
+    last_queue_offset: int | None
+    min_store_timestamp: int | None
+    max_store_timestamp: int | None
+    crc32c: str | None
+    #: Path of the segment relative to the backend root.
+    path: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def check_kind(kind: str | None) -> SegmentKind | None:
+    """Validate a ``--type``/``type=`` filter (case-insensitive; ``CL``/``CQ`` accepted)."""
+    if kind is None:
+        return None
+    norm = {"CL": "COMMIT_LOG", "CQ": "CONSUME_QUEUE"}.get(kind.upper(), kind.upper())
+    if norm not in SEGMENT_KINDS:
+        raise InvalidArgumentError(
+            f"segment type must be one of {', '.join(SEGMENT_KINDS)} (or CL, CQ), got {kind!r}", type=kind
+        )
+    return norm  # type: ignore[return-value]
+
+
+def queue_infos(hot: HotStore, tiering: TieringService | None, topic: str) -> list[QueueInfo]:
+    """Every queue of ``topic`` known to either tier, by queue id."""
+    hot_queues = set(hot.topics().get(topic, []))
+    cold = tiering.flat if tiering is not None else None
+    cold_queues = {q for (t, q) in cold.files if t == topic} if cold is not None else set()
+    if not hot_queues and not cold_queues:
+        raise NotFoundError(f"topic {topic!r} does not exist", topic=topic)
+    rows = []
+    for qid in sorted(hot_queues | cold_queues):
+        hmin, hmax = hot.min_offset(topic, qid), hot.max_offset(topic, qid)
+        ff = cold.get(topic, qid) if cold is not None else None
+        cmin = ff.min_offset if ff is not None else None
+        cmax = ff.max_offset if ff is not None else None
+        lo = min(hmin, cmin) if cmin is not None and cmax != cmin else hmin
+        hi = max(hmax, cmax or 0)
+        pending = max(0, hmax - max(cmax or 0, hmin)) if tiering is not None else 0
+        rows.append(QueueInfo(topic, qid, lo, hi, hmin, hmax, cmin, cmax, pending))
+    return rows
+
+
+def _rows(
+    segments: tuple[ManifestSegment, ...],
+    cluster: str,
+    broker: str,
+    topic: str,
+    queue_id: int,
+    kind: SegmentKind | None,
+) -> list[SegmentRow]:
+    out = []
+    for s in segments:
+        if kind is not None and s.type != kind:
+            continue
+        path = segment_path("", cluster, broker, topic, queue_id, _FILE_TYPE[s.type], s.base_offset)
+        out.append(_row(s, topic, queue_id, path.lstrip("/")))
+    return out
+
+
+def _row(s: ManifestSegment, topic: str | None, queue_id: int | None, path: str) -> SegmentRow:
+    return SegmentRow(
+        topic=topic,
+        queue_id=queue_id,
+        type=s.type,
+        base_offset=s.base_offset,
+        size=s.size,
+        sealed=s.sealed,
+        message_count=s.message_count,
+        first_queue_offset=s.first_queue_offset,
+        last_queue_offset=s.last_queue_offset,
+        min_store_timestamp=s.min_store_timestamp,
+        max_store_timestamp=s.max_store_timestamp,
+        crc32c=s.crc32c,
+        path=path,
+    )
+
+
+async def live_segments(
+    tiering: TieringService,
+    topic: str | None = None,
+    queue_id: int | None = None,
+    kind: SegmentKind | None = None,
+) -> list[SegmentRow]:
+    """Segments of a running store's cold tier, from its flat files (current to the last commit)."""
+    cfg = tiering.cfg.tiered
+    rows: list[SegmentRow] = []
+    for (t, q), ff in sorted(tiering.flat.files.items()):
+        if (topic is not None and t != topic) or (queue_id is not None and q != queue_id):
+            continue
+        if kind == "INDEX":
+            continue
+        m = await build_queue_manifest(ff, cfg.cluster, cfg.broker)
+        rows += _rows(m.segments, cfg.cluster, cfg.broker, t, q, kind)
+    if topic is None and queue_id is None and kind in (None, "INDEX"):
+        for info in tiering.index.uploaded_infos():
+            rows.append(
+                _index_row(
+                    cfg.cluster,
+                    cfg.broker,
+                    info.base_offset,
+                    info.size,
+                    info.min_timestamp,
+                    info.max_timestamp,
+                )
+            )
+    return rows
+
+
+def _index_row(
+    cluster: str, broker: str, base: int, size: int, tmin: int | None, tmax: int | None
+) -> SegmentRow:
+    path = index_segment_path("", cluster, broker, base).lstrip("/")
+    return SegmentRow(None, None, "INDEX", base, size, True, 0, None, None, tmin, tmax, None, path)
+
+
+async def bucket_segments(
+    root: DriverRoot,
+    cluster: str,
+    broker: str,
+    topic: str | None = None,
+    queue_id: int | None = None,
+    kind: SegmentKind | None = None,
+) -> list[SegmentRow]:
+    """Segments a bucket holds, read from its manifests alone (no daemon, no local metadata)."""
+    bm = await read_broker_manifest(root, cluster, broker)
+    names = {t.name for t in bm.topics}
+    if topic is not None and topic not in names:
+        raise NotFoundError(f"topic {topic!r} is not in the bucket's manifest", topic=topic)
+    rows: list[SegmentRow] = []
+    if kind != "INDEX":
+        for entry in bm.topics:
+            if topic is not None and entry.name != topic:
+                continue
+            for q in entry.queues:
+                if queue_id is not None and q != queue_id:
+                    continue
+                qm = await read_queue_manifest(root, cluster, broker, entry.name, q)
+                rows += _rows(qm.segments, cluster, broker, entry.name, q, kind)
+    if topic is None and queue_id is None and kind in (None, "INDEX"):
+        rows += [
+            _index_row(cluster, broker, s.base_offset, s.size, s.min_store_timestamp, s.max_store_timestamp)
+            for s in bm.index_segments
+        ]
+    return rows
