@@ -14,6 +14,7 @@ a manifest lists.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from typing import TYPE_CHECKING, Literal, TypeVar
@@ -34,6 +35,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 MANIFEST_NAME = "MANIFEST.json"
+#: Queue manifests written at once.
+MANIFEST_CONCURRENCY = 8
 M = TypeVar("M", bound="_Model")
 
 
@@ -189,15 +192,28 @@ class ManifestWriter:
         """Write the manifest of every queue whose offsets or sealed segments changed since its
         last write, then the broker manifest if the set of queues changed. Returns objects written."""
         cfg = self.flat.cfg
-        n = 0
-        for key, ff in sorted(self.flat.files.items()):
-            state = self._state(ff)
-            if self._written.get(key) == state:
-                continue
-            manifest = await build_queue_manifest(ff, cfg.cluster, cfg.broker)
-            await self.root.put_object(queue_manifest_path(cfg.cluster, cfg.broker, *key), _dump(manifest))
-            self._written[key] = state
-            n += 1
+        changed = [
+            (key, ff, state)
+            for key, ff in sorted(self.flat.files.items())
+            if self._written.get(key) != (state := self._state(ff))
+        ]
+        # Manifests are small and independent: write a few at once (a commit round that touched
+        # 64 queues would otherwise spend 64 request latencies in a row here).
+        gate = asyncio.Semaphore(MANIFEST_CONCURRENCY)
+
+        async def write(key: tuple[str, int], ff: FlatMessageFile, state: tuple[int, int, int]) -> None:
+            async with gate:
+                manifest = await build_queue_manifest(ff, cfg.cluster, cfg.broker)
+                await self.root.put_object(
+                    queue_manifest_path(cfg.cluster, cfg.broker, *key), _dump(manifest)
+                )
+                self._written[key] = state
+
+        results = await asyncio.gather(*(write(*c) for c in changed), return_exceptions=True)
+        failure = next((r for r in results if isinstance(r, BaseException)), None)
+        if failure is not None:
+            raise failure
+        n = len(changed)
         broker = build_broker_manifest(self.flat)
         shape = tuple((t.name, t.queues) for t in broker.topics)
         if shape != self._broker_written:
