@@ -237,6 +237,16 @@ class ChunkedDriver(SegmentDriver):
         """Build the sealed object ``key`` from ``layout.chunks`` and verify it
         (:meth:`_verify`); on any failure leave no object at ``key`` and raise."""
 
+    def _blind_first_write(self) -> bool:
+        """True if the first write of a segment this instance has not looked at yet may skip
+        the listing (see :meth:`_write_first`): only when chunk creation is conditional (fails if
+        the chunk exists). Off by default."""
+        return False
+
+    async def _sealed_exists(self) -> bool:
+        """Whether the sealed object exists. Default: from a listing; S3 asks with one HEAD."""
+        return (await self._list()).sealed is not None
+
     async def _chunk_crcs(self, chunks: Sequence[Chunk]) -> list[int]:
         """CRC32C of each chunk. Default downloads them; S3 reads the CRC stored at write time."""
         return [crc32c(await self._get(c.key, 0, c.length)) if c.length else 0 for c in chunks]
@@ -407,6 +417,9 @@ class ChunkedDriver(SegmentDriver):
         if not data:
             raise InvalidRangeError("write needs at least one byte, got empty data", position=position)
         data = bytes(data)
+        blind = self._layout is None and position == 0 and self._blind_first_write()
+        if blind and await self._write_first(data):
+            return
         for _ in range(3):
             cached = self._layout
             layout = cached if cached is not None else await self._refresh()
@@ -449,6 +462,27 @@ class ChunkedDriver(SegmentDriver):
             f"segment {self.path!r}: chunk writes keep conflicting; is another process writing it?",
             path=self.path,
         )
+
+    async def _write_first(self, data: bytes) -> bool:
+        """Write ``data`` at position 0 of a segment not looked at yet: create chunk 0 (a
+        conditional PUT) and check for a sealed object at the same time — one round trip and no
+        listing for the common case, a brand-new segment. Returns False when chunk 0 already
+        exists (the caller then decides from a listing, as for any other write)."""
+        put, sealed = await asyncio.gather(
+            self._put_chunk(0, data, None), self._sealed_exists(), return_exceptions=True
+        )
+        if isinstance(put, ChunkConflictError):
+            return False
+        if isinstance(put, BaseException):
+            raise put
+        if isinstance(sealed, BaseException):
+            raise sealed  # chunk 0 may have landed: the caller reconciles from a listing
+        if sealed:
+            # A sealed segment never takes writes: take back the chunk we just added beside it.
+            await self._delete_keys([put.key])
+            raise SegmentSealedError(f"segment {self.path!r} is sealed; writes are refused", path=self.path)
+        self._layout = Layout(None).with_chunk(put)
+        return True
 
     async def seal(self) -> None:
         # docstring inherited

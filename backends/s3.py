@@ -500,6 +500,16 @@ class S3Driver(ChunkedDriver):
             self._written_crcs[(key, etag)] = crc
         return Chunk(position, len(data), key, etag)
 
+    def _blind_first_write(self) -> bool:
+        return self.root.conditional_writes
+
+    async def _sealed_exists(self) -> bool:
+        try:
+            await self.root.call("head_object", key=self.key)
+        except SegmentNotFoundError:
+            return False
+        return True
+
     async def _put_object(self, key: str, data: bytes) -> None:
         await self.root.call("put_object", key=key, Body=data)
 

@@ -228,6 +228,7 @@ class MessageStore(_StoreCore):
         return await self.tiering.tier_now()
 
     async def close(self) -> None:
+        await self.router.fetcher.aclose()
         if self.tiering is not None:
             await self.tiering.close(self.config.server.shutdown_grace)
             self.tiering = self.router.tiering = None
@@ -380,6 +381,8 @@ class BlockingMessageStore(_StoreCore):
         return self._run(self._query(topic, key, max_count, begin, end))
 
     def close(self) -> None:
+        if self._loop is not None:
+            self._loop.run(self.router.fetcher.aclose())
         if self.tiering is not None and self._loop is not None:
             self._loop.run(self.tiering.close(self.config.server.shutdown_grace))
             self.tiering = self.router.tiering = None

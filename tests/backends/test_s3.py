@@ -14,7 +14,13 @@ from hypothesis import strategies as st
 
 from backends._chunks import Chunk
 from backends.s3 import Part, S3Driver, S3Root, plan_parts
-from tierd.errors import BackendError, CorruptionError, InvalidArgumentError, SegmentNotFoundError
+from tierd.errors import (
+    BackendError,
+    CorruptionError,
+    InvalidArgumentError,
+    SegmentNotFoundError,
+    SegmentSealedError,
+)
 from tierd.testing.s3server import S3Server, create_bucket, free_port
 from tierd.testing.segment import SegmentDriverTests
 from tierd.tiered.segment import ByteRange
@@ -275,6 +281,53 @@ def test_a_stale_writer_cannot_clobber_a_chunk(s3_server: S3Server, s3_bucket: s
     _run(main())
 
 
+def test_first_write_of_a_new_segment_needs_no_listing(s3_server: S3Server, s3_bucket: str) -> None:
+    async def main() -> list[str]:
+        async with _root(s3_server, s3_bucket) as root:
+            fs = await root.filesystem()
+            ops: list[str] = []
+            fs.s3.meta.events.register("before-call.s3", lambda model, **_: ops.append(model.name))
+            d = root.driver("fresh")
+            await d.write(0, b"abc")
+            await d.write(3, b"def")
+            assert await root.driver("fresh").read_all() == b"abcdef"
+            return ops
+
+    ops = _run(main())
+    # conditional PUT of chunk 0 + HEAD of the sealed key (in parallel), then a cached append
+    assert ops[:3].count("PutObject") == 2
+    assert "HeadObject" in ops[:3]
+    assert "ListObjectsV2" not in ops[:3]
+
+
+def test_first_write_from_a_new_instance_still_sees_existing_chunks_and_seals(
+    s3_server: S3Server, s3_bucket: str
+) -> None:
+    async def main() -> None:
+        async with _root(s3_server, s3_bucket) as root:
+            await root.driver("made").create()  # empty chunk 0 marker
+            await root.driver("made").write(0, b"abc")  # chunk 0 exists: decided from a listing
+            assert await root.driver("made").read_all() == b"abc"
+            await root.driver("written").write(0, b"abc")
+            await root.driver("written").write(0, b"abc")  # same bytes again: a no-op
+            with pytest.raises(CorruptionError):
+                await root.driver("written").write(0, b"XYZ")
+            sealed = root.driver("sealed")
+            await sealed.write(0, b"abc")
+            await sealed.seal()
+            with pytest.raises(SegmentSealedError):
+                await root.driver("sealed").write(0, b"abc")
+            with pytest.raises(SegmentSealedError):
+                await root.driver("sealed").write(0, b"new")
+            # the refused writes left no chunk beside the sealed object
+            listing = await root.driver("sealed")._list()
+            assert listing.sealed is not None
+            assert listing.chunks == ()
+            assert await root.driver("sealed").read_all() == b"abc"
+
+    _run(main())
+
+
 def test_listing_is_never_served_from_a_cache(s3_server: S3Server, s3_bucket: str) -> None:
     async def main() -> None:
         async with _root(s3_server, s3_bucket) as root:
@@ -323,7 +376,14 @@ def _error(url: str, options: dict[str, Any]) -> BackendError:
 
 
 def test_missing_bucket_names_the_setting(s3_server: S3Server) -> None:
-    err = _error("s3://no-such-bucket-tierd/p", s3_server.storage_options)
+    # A read: SeaweedFS creates a missing bucket on PUT (the service's first calls are reads).
+    async def main() -> BackendError:
+        async with S3Driver.open_root("s3://no-such-bucket-tierd/p", s3_server.storage_options) as root:
+            with pytest.raises(BackendError) as exc:
+                await root.driver("seg").size()
+            return exc.value
+
+    err = _run(main())
     assert "bucket 'no-such-bucket-tierd' does not exist" in str(err)
     assert "backend.url" in str(err)
     assert isinstance(err.__cause__, OSError | ClientError)

@@ -195,3 +195,34 @@ def test_async_facade_reads_cold(tmp_path: Path) -> None:
             assert await store.offset_for_time("a", 0, 0) == 0
 
     asyncio.run(scenario())
+
+
+def test_a_sequential_reader_finds_the_next_batch_loaded_ahead(tmp_path: Path) -> None:
+    with _store_with_history(tmp_path, read_ahead_count=50) as store:
+        assert store.tiering is not None
+        ff = store.tiering.flat.get("h", 0)
+        assert ff is not None
+        fetcher = ColdFetcher(store.config.tiered.model_copy(update={"read_ahead_count": 50}))
+
+        async def scenario() -> tuple[int, int, int, list[bytes]]:
+            first = await fetcher.read(ff, 0, 10)  # not past the middle: nothing loaded ahead
+            assert fetcher.cache.stats.prefetches == 0 and not fetcher._prefetching
+            first += await fetcher.read(ff, 10, 30)  # past the middle of batch [0, 50)
+            deadline = asyncio.get_running_loop().time() + 10
+            while fetcher.cache.stats.prefetches < 1:
+                assert asyncio.get_running_loop().time() < deadline, "no prefetch happened"
+                await asyncio.sleep(0.01)
+            misses = fetcher.cache.stats.misses
+            rest = await fetcher.read(ff, 40, 20)  # crosses into [50, 100): served from the cache
+            await fetcher.aclose()
+            return (
+                misses,
+                fetcher.cache.stats.misses,
+                fetcher.cache.stats.prefetches,
+                [m.body for m in first + rest],
+            )
+
+        misses_before, misses_after, prefetches, bodies = run(store, scenario())
+        assert misses_after == misses_before == 1
+        assert prefetches >= 1
+        assert bodies == [_body(i) for i in range(60)]

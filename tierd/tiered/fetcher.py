@@ -33,6 +33,9 @@ if TYPE_CHECKING:
     from tierd.tiered.flatmessage import FlatMessageFile
 
 log = logging.getLogger(__name__)
+#: Background batch loads at once (across queues): enough to keep a few sequential readers ahead
+#: without turning a scan of many queues into a burst of backend reads.
+MAX_PREFETCHES = 4
 QueueKey = tuple[str, int]
 
 
@@ -105,6 +108,8 @@ class CacheStats:
     misses: int = 0
     backend_reads: int = 0
     evictions: int = 0
+    #: Batches loaded ahead of a sequential reader.
+    prefetches: int = 0
 
 
 class ReadAheadCache:
@@ -170,6 +175,7 @@ class ColdFetcher:
     def __init__(self, cfg: TieredConfig) -> None:
         self.cfg = cfg
         self.cache = ReadAheadCache(cfg.cache_max_bytes, cfg.cache_expire)
+        self._prefetching: set[asyncio.Task[None]] = set()
 
     async def read(self, ff: FlatMessageFile, offset: int, max_count: int) -> list[MessageExt]:
         """Messages from ``offset`` (which must be committed cold), at most ``max_count``; fewer
@@ -184,9 +190,40 @@ class ColdFetcher:
             else:
                 self.cache.stats.hits += 1
             stop = min(batch.end, offset + max_count - len(out))
+            if stop > (batch.first + batch.end) // 2:
+                self._prefetch(ff, batch.end)
             out.extend(batch.messages(offset, stop))
             offset = stop
         return out
+
+    def _prefetch(self, ff: FlatMessageFile, offset: int) -> None:
+        """Start loading the batch at ``offset`` in the background: a reader past the middle of
+        a batch is reading sequentially, and the backend round trip for the next batch then
+        overlaps with decoding this one (the consumer finds it cached or in flight)."""
+        key = (ff.topic, ff.queue_id)
+        if (
+            offset >= ff.max_offset
+            or (*key, offset) in self._inflight
+            or self.cache.find(key, offset) is not None
+            or len(self._prefetching) >= MAX_PREFETCHES
+        ):
+            return
+        task = asyncio.get_running_loop().create_task(self._prefetch_one(ff, offset))
+        self._prefetching.add(task)
+        task.add_done_callback(self._prefetching.discard)
+
+    async def aclose(self) -> None:
+        """Cancel background loads (the store is closing)."""
+        for task in list(self._prefetching):
+            task.cancel()
+        await asyncio.gather(*self._prefetching, return_exceptions=True)
+
+    async def _prefetch_one(self, ff: FlatMessageFile, offset: int) -> None:
+        try:
+            await self._load_shared(ff, offset)
+            self.cache.stats.prefetches += 1
+        except Exception as e:  # the reader that needs this batch loads it again and sees the error
+            log.debug("prefetch of %s/%d at %d failed: %s", ff.topic, ff.queue_id, offset, e)
 
     async def _load_shared(self, ff: FlatMessageFile, offset: int) -> ColdBatch:
         k = (ff.topic, ff.queue_id, offset)
