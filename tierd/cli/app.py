@@ -173,6 +173,8 @@ def progress_bar(description: str, *, bytes_: bool = False, quiet: bool = False)
     columns: list[Any] = [TextColumn("{task.description}"), BarColumn()]
     columns.append(DownloadColumn() if bytes_ else MofNCompleteColumn())
     columns.append(TimeRemainingColumn())
-    with Progress(*columns, console=_err_console, transient=True, disable=quiet or not _err_console.is_terminal) as bar:
+    with Progress(
+        *columns, console=_err_console, transient=True, disable=quiet or not _err_console.is_terminal
+    ) as bar:
         bar.add_task(description, total=None)
         yield bar

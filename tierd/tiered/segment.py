@@ -29,10 +29,11 @@ are independent.
 from __future__ import annotations
 
 import enum
+import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from tierd.errors import (
     ConcurrentCommitError,
@@ -51,6 +52,7 @@ if TYPE_CHECKING:
 __all__ = [
     "MAX_POSITION",
     "AppendResult",
+    "BackendObserver",
     "ByteRange",
     "DriverRoot",
     "FileSegment",
@@ -62,6 +64,14 @@ __all__ = [
     "validate_object_prefix",
     "validate_segment_path",
 ]
+
+#: ``observer(operation, seconds, nbytes, ok)``: told about every backend call a
+#: :class:`FileSegment` makes (``write``, ``read``, ``seal``, ``size``, ``create``), with the bytes
+#: moved (0 for metadata calls) and whether it succeeded. Metrics hang off it (see
+#: :attr:`DriverRoot.observer`); it must be cheap and must not raise.
+BackendObserver = Callable[[str, float, int, bool], None]
+
+_T = TypeVar("_T")
 
 #: Largest byte position or length tierd accepts (Java's ``Long.MAX_VALUE``, like RocketMQ).
 MAX_POSITION = 2**63 - 1
@@ -222,6 +232,11 @@ class DriverRoot(ABC):
 
     Use as ``async with root:`` to close it on exit.
     """
+
+    #: Optional timing hook for the calls :class:`FileSegment` makes through drivers of this root
+    #: (the daemon's metrics set it on its own root; nothing else does). A class-level ``None``
+    #: so roots that never get one — every root Spark pickles — carry no extra state.
+    observer: BackendObserver | None = None
 
     def __init__(self, url: str, storage_options: Mapping[str, Any] | None = None) -> None:
         self.url = url
@@ -596,7 +611,7 @@ class FileSegment:
         """Recovery helper: set both positions from the backend's size (0 if the segment does
         not exist yet) and return it."""
         try:
-            size = await self.driver.size()
+            size = await self._timed("size", 0, self.driver.size())
         except SegmentNotFoundError:
             size = 0
         self.init_position(size)
@@ -669,7 +684,9 @@ class FileSegment:
             self._buffered_bytes = 0
         if self._pending:
             try:
-                await self.driver.write(self._commit_position, self._pending)
+                await self._timed(
+                    "write", len(self._pending), self.driver.write(self._commit_position, self._pending)
+                )
             except BaseException:
                 # Cancellation included: we cannot know what landed, so ask the backend next time.
                 self._suspect = True
@@ -682,7 +699,7 @@ class FileSegment:
     async def _reconcile(self) -> None:
         """Align ``commit_position`` with the backend after a failed write (see class doc)."""
         try:
-            size = await self.driver.size()
+            size = await self._timed("size", 0, self.driver.size())
         except SegmentNotFoundError:
             size = 0
         low = self._commit_position
@@ -726,7 +743,7 @@ class FileSegment:
                 commit_position=self._commit_position,
             )
         length = min(length, self._commit_position - position)
-        return await self.driver.read(ByteRange(position, length))
+        return await self._timed("read", length, self.driver.read(ByteRange(position, length)))
 
     async def seal(self) -> None:
         """Commit what is queued, then seal the backend segment; the segment is closed after.
@@ -747,8 +764,8 @@ class FileSegment:
         self._enter()
         try:
             if self._commit_position == 0:
-                await self.driver.create()
-            await self.driver.seal()
+                await self._timed("create", 0, self.driver.create())
+            await self._timed("seal", self._commit_position, self.driver.seal())
         finally:
             self._busy = False
         self._sealed = True
@@ -771,6 +788,25 @@ class FileSegment:
             await self.driver.delete()
         finally:
             self._busy = False
+
+    async def _timed(self, operation: str, nbytes: int, call: Awaitable[_T]) -> _T:
+        """Await one driver call and report it to the root's :attr:`~DriverRoot.observer`, if any.
+
+        Timing lives here, not in every driver, so each backend is measured the same way and a
+        third-party driver gets metrics for free; without an observer the cost is one attribute
+        lookup.
+        """
+        observer = self.driver.root.observer
+        if observer is None:
+            return await call
+        start = time.perf_counter()
+        ok = False
+        try:
+            result = await call
+            ok = True
+        finally:
+            observer(operation, time.perf_counter() - start, nbytes, ok)
+        return result
 
     def __repr__(self) -> str:
         return (
