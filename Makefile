@@ -22,8 +22,8 @@ run: $(STAMP)
 	$(BIN)/tierd --config conf/local.toml serve
 
 lint: $(STAMP)
-	$(BIN)/ruff check tierd backends tests bench
-	$(BIN)/ruff format --check tierd backends tests bench
+	$(BIN)/ruff check tierd backends tests bench examples
+	$(BIN)/ruff format --check tierd backends tests bench examples
 
 typecheck: $(STAMP)
 	$(BIN)/mypy

@@ -7,7 +7,6 @@ import base64
 import json
 import subprocess
 import sys
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -16,6 +15,8 @@ from typer.testing import CliRunner
 from tierd.cli import app
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from typer.testing import Result
 
     from tierd.testing.s3server import S3Server
@@ -125,7 +126,8 @@ def test_segments_ls_live_and_from_the_bucket_agree(cfg: Path, tmp_path: Path) -
     assert {r["type"] for r in live} >= {"COMMIT_LOG", "CONSUME_QUEUE"}
 
     cq = tierd_json(cfg, "segments", "ls", "--type", "cq", "--queue", "0")
-    assert cq and all(r["type"] == "CONSUME_QUEUE" and r["queue_id"] == 0 for r in cq)
+    assert cq
+    assert all(r["type"] == "CONSUME_QUEUE" and r["queue_id"] == 0 for r in cq)
     assert "segment(s)" in tierd(cfg, "segments", "ls", "--backend-url", f"file://{tmp_path / 'cold'}").stdout
 
 
@@ -161,7 +163,8 @@ def test_verify_passes_then_lists_a_corrupt_cold_segment(cfg: Path, tmp_path: Pa
     seg.write_bytes(bytes(raw))
     res = tierd(cfg, "--output", "json", "verify", code=1)
     problems = json.loads(res.stdout)["problems"]
-    assert problems and all(p["area"] == "cold-consumequeue" for p in problems)
+    assert problems
+    assert all(p["area"] == "cold-consumequeue" for p in problems)
     assert "CRC" in problems[0]["message"]
     assert "PROBLEMS FOUND" in tierd(cfg, "verify", code=1).stdout
 
@@ -192,7 +195,8 @@ def test_restore_rebuilds_an_empty_store_from_the_bucket(cfg: Path, tmp_path: Pa
     fresh.mkdir()
     fresh_cfg = _config(fresh, f'[backend]\nurl = "{tmp_path / "cold"}"\n')
     report = tierd_json(fresh_cfg, "restore", "--from", str(tmp_path / "cold"))
-    assert report["messages"] == 80 and report["topics"] == 1
+    assert report["messages"] == 80
+    assert report["topics"] == 1
     qid = produced[-1]["queue_id"]
     got = tierd_json(fresh_cfg, "consume", "orders", "-q", str(qid), "--offset", "0", "-n", "100")
     assert got["source"] == "cold"
@@ -230,13 +234,15 @@ def test_bad_input_gets_one_clear_line_and_the_right_exit_code(
     assert message in res.stderr
     assert "Traceback" not in res.stderr + res.stdout
     if code == 1:
-        assert res.stderr.startswith("tierd: error:") and res.stderr.count("\n") == 1
+        assert res.stderr.startswith("tierd: error:")
+        assert res.stderr.count("\n") == 1
 
 
 def test_missing_config_file_is_one_line(tmp_path: Path) -> None:
     res = runner.invoke(app, ["--config", str(tmp_path / "missing.toml"), "topics", "ls"])
     assert res.exit_code == 1
-    assert res.stderr.startswith("tierd: error:") and "missing.toml" in res.stderr
+    assert res.stderr.startswith("tierd: error:")
+    assert "missing.toml" in res.stderr
 
 
 def test_help_teaches_every_command() -> None:
@@ -257,7 +263,8 @@ def test_help_teaches_every_command() -> None:
     ):
         assert command in res.stdout
     sub = runner.invoke(app, ["segments", "ls", "--help"])
-    assert "--backend-url" in sub.stdout and "--type" in sub.stdout
+    assert "--backend-url" in sub.stdout
+    assert "--type" in sub.stdout
 
 
 def test_a_real_subprocess_round_trip(cfg: Path) -> None:

@@ -206,7 +206,8 @@ def test_a_sequential_reader_finds_the_next_batch_loaded_ahead(tmp_path: Path) -
 
         async def scenario() -> tuple[int, int, int, list[bytes]]:
             first = await fetcher.read(ff, 0, 10)  # not past the middle: nothing loaded ahead
-            assert fetcher.cache.stats.prefetches == 0 and not fetcher._prefetching
+            assert fetcher.cache.stats.prefetches == 0
+            assert not fetcher._prefetching
             first += await fetcher.read(ff, 10, 30)  # past the middle of batch [0, 50)
             deadline = asyncio.get_running_loop().time() + 10
             while fetcher.cache.stats.prefetches < 1:

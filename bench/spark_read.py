@@ -1,0 +1,235 @@
+"""Spark read of a cold tier on a moto S3 server: the ``tierd`` source vs a minimal baseline.
+
+Setup (not timed): ``--messages`` messages of ``--size`` bytes over 4 queues, tiered by tierd to a
+moto server subprocess with 64 MiB commitlog segments. Then, in one Spark session (local[2]):
+
+* ``baseline``: a minimal Python data source that reads every commitlog object of the bucket
+  (one partition per segment: its sealed object or its chunk objects in order; 16 MiB ranged
+  reads through the same s3fs) and only splits the length-prefixed records into one binary
+  column.
+* ``tierd``: ``spark.read.format("tierd")`` — manifests, CQ-based ranges, every column decoded,
+  every record CRC-checked.
+* ``parquet`` (informational): ``spark.read.parquet`` over the same messages written as Parquet
+  to local disk.
+
+Each query is ``count(*)`` plus ``sum(length(<bytes column>))`` so all rows cross into the JVM;
+a warm-up job runs first and each measurement is the best of ``--repeat``. Prints JSON with
+rows/s and the ratio tierd/baseline (target >= 0.7).
+Usage: ``python bench/spark_read.py [--messages 200000] [--size 1024]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+from pyspark.sql import SparkSession
+from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+from pyspark.sql.types import BinaryType, StructField, StructType
+
+from tierd import BlockingMessageStore, Message, TierdConfig
+from tierd.spark import register
+from tierd.testing.s3server import start_moto
+
+PIECE = 16 * 1024 * 1024
+
+
+class RawPartition(InputPartition):
+    """One segment: its objects in order (the sealed object, or its chunk objects)."""
+
+    def __init__(self, objects: list[tuple[str, int]]) -> None:
+        super().__init__(objects)
+        self.objects = objects
+
+
+class RawLengthPrefixed(DataSource):
+    """Baseline: split TOTALSIZE-prefixed records of whole objects; no decoding, no checks."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "rawlen"
+
+    def schema(self) -> StructType:
+        return StructType([StructField("record", BinaryType())])
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        return RawReader(dict(self.options))
+
+
+class RawReader(DataSourceReader):
+    def __init__(self, options: dict[str, str]) -> None:
+        self.options = options
+
+    def partitions(self) -> list[InputPartition]:
+        segments: dict[str, list[tuple[str, int]]] = {}
+        for key, size in json.loads(self.options["objects"]):
+            segments.setdefault(key.split(".chunks/")[0], []).append((key, size))
+        return [RawPartition(sorted(objs)) for objs in segments.values()]
+
+    def read(self, partition: InputPartition) -> Any:
+        import s3fs
+
+        assert isinstance(partition, RawPartition)
+        fs = s3fs.S3FileSystem(**json.loads(self.options["storage_options"]))
+        carry = b""
+        pieces = [
+            (k, a, min(size, a + PIECE)) for k, size in partition.objects for a in range(0, size, PIECE)
+        ]
+        for key, start, end in pieces:
+            data = carry + fs.cat_file(key, start=start, end=end)
+            pos, offsets = 0, [0]
+            n = len(data)
+            while pos + 4 <= n:
+                size = int.from_bytes(data[pos : pos + 4], "big")
+                if pos + size > n:
+                    break
+                pos += size
+                offsets.append(pos)
+            carry = data[pos:]
+            arr = pa.Array.from_buffers(
+                pa.binary(),
+                len(offsets) - 1,
+                [None, pa.py_buffer(pa.array(offsets, pa.int32()).buffers()[1]), pa.py_buffer(data)],
+            )
+            yield pa.RecordBatch.from_arrays([arr], names=["record"])
+
+
+def _produce(root: Path, so: dict[str, Any], bucket: str, n: int, size: int) -> dict[str, Any]:
+    cfg = TierdConfig.from_dict(
+        {
+            "store": {"dir": str(root / "hot"), "index_slots": 1_000_000, "index_items": 4_000_000},
+            "backend": {"name": "s3", "url": f"s3://{bucket}/bench", "storage_options": so},
+            "tiered": {
+                "commitlog_segment_size": 64 << 20,
+                "consumequeue_segment_size": 2_000_000,
+                "dispatch_interval": 3600,
+            },
+        }
+    )
+    body = os.urandom(size - 100)
+    t = time.perf_counter()
+    with BlockingMessageStore.open(cfg) as store:
+        for i in range(0, n, 4096):
+            k = min(4096, n - i)
+            store.put_batch(
+                [
+                    Message(topic="bench", body=body, keys=[f"k{i + j}"], tags="t", queue_id=(i + j) % 4)
+                    for j in range(k)
+                ]
+            )
+        produce_s = time.perf_counter() - t
+        t = time.perf_counter()
+        store.tier_now()
+        tier_s = time.perf_counter() - t
+    return {"produce_seconds": produce_s, "tier_seconds": tier_s}
+
+
+def _best(spark: SparkSession, make: Any, col: str, repeat: int) -> dict[str, Any]:
+    best: float | None = None
+    rows = nbytes = 0
+    for _ in range(repeat):
+        t = time.perf_counter()
+        r = make().selectExpr("count(*) AS n", f"sum(length({col})) AS b").first()
+        s = time.perf_counter() - t
+        rows, nbytes = int(r.n), int(r.b)
+        best = s if best is None else min(best, s)
+    assert best is not None
+    return {
+        "rows": rows,
+        "bytes": nbytes,
+        "seconds": best,
+        "rows_per_s": rows / best,
+        "MB_per_s": nbytes / best / 1e6,
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--messages", type=int, default=200_000, help="messages to produce (default 200000)")
+    ap.add_argument("--size", type=int, default=1024, help="approximate record size in bytes (default 1024)")
+    ap.add_argument("--repeat", type=int, default=2, help="runs per measurement; the best counts (default 2)")
+    args = ap.parse_args()
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    os.environ["PYSPARK_PYTHON"] = os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    with tempfile.TemporaryDirectory(dir=os.environ.get("TIERD_BENCH_DIR")) as tmp:
+        root = Path(tmp)
+        server = start_moto(root / "moto")
+        spark = None
+        try:
+            so = server.storage_options
+            client = server.boto3_client()
+            client.create_bucket(Bucket="spark-read")
+            setup = _produce(root, so, "spark-read", args.messages, args.size)
+            objects = [
+                (f"spark-read/{o['Key']}", int(o["Size"]))
+                for page in client.get_paginator("list_objects_v2").paginate(
+                    Bucket="spark-read", Prefix="bench/"
+                )
+                for o in page.get("Contents", [])
+                if "/COMMIT_LOG/" in o["Key"] and o["Size"] > 0
+            ]
+            client.close()
+            spark = (
+                SparkSession.builder.master("local[2]")
+                .config("spark.ui.enabled", "false")
+                .config("spark.ui.showConsoleProgress", "false")
+                .config("spark.driver.memory", "2g")
+                .getOrCreate()
+            )
+            spark.sparkContext.setLogLevel("ERROR")
+            register(spark)
+            spark.dataSource.register(RawLengthPrefixed)
+            so_json = json.dumps(so)
+
+            def tierd() -> Any:
+                return (
+                    spark.read.format("tierd")
+                    .option("path", "s3://spark-read/bench")
+                    .option("storage_options", so_json)
+                    .load()
+                )
+
+            def baseline() -> Any:
+                return (
+                    spark.read.format("rawlen")
+                    .option("objects", json.dumps(objects))
+                    .option("storage_options", so_json)
+                    .load()
+                )
+
+            spark.range(4).selectExpr("sum(id)").first()  # warm-up: JVM + Python workers
+            base = _best(spark, baseline, "record", args.repeat)
+            ours = _best(spark, tierd, "body", args.repeat)
+            parquet_dir = str(root / "parquet")
+            tierd().write.parquet(parquet_dir)
+            pq = _best(spark, lambda: spark.read.parquet(parquet_dir), "body", args.repeat)
+            partitions = tierd().rdd.getNumPartitions()
+        finally:
+            if spark is not None:
+                spark.stop()
+            server.stop()
+    out = {
+        "messages": args.messages,
+        "record_size": args.size,
+        "setup": {**setup, "commitlog_objects": len(objects), "tierd_partitions": partitions},
+        "baseline_rawlen": base,
+        "tierd": ours,
+        "parquet_local": pq,
+        "ratio_tierd_vs_baseline": ours["rows_per_s"] / base["rows_per_s"],
+        "targets": {"ratio_tierd_vs_baseline": ">= 0.7"},
+    }
+    json.dump(out, sys.stdout, indent=2)
+    print()
+
+
+if __name__ == "__main__":
+    main()

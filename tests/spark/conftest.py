@@ -1,0 +1,232 @@
+"""Spark fixtures: ONE local SparkSession for the whole test run, and cold tiers to read.
+
+Two ways to get a cold tier:
+
+* ``produce`` — the real thing: a :class:`~tierd.BlockingMessageStore` with a small-file cold
+  tier, ``tier_now()``; returns what was acknowledged so tests compare rows to it.
+* ``craft_queue`` — records built with the codec and written straight into the layout (segment
+  objects + manifests) through fsspec. For what the store will not write (v2 records with
+  topics > 127 characters, IPv6 store hosts in one queue with IPv4 ones) and for corruption.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import pytest
+from fsspec.core import url_to_fs
+
+from tierd import BlockingMessageStore, Message, TierdConfig
+from tierd.local.codec import encode_host, encode_properties, encode_record, tags_code, topic_field
+from tierd.tiered.manifest import (
+    BrokerManifest,
+    ManifestSegment,
+    QueueManifest,
+    TopicEntry,
+    broker_manifest_path,
+    queue_manifest_path,
+)
+from tierd.tiered.paths import segment_path
+from tierd.tiered.segment import FileType
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator, Sequence
+    from pathlib import Path
+
+    from pyspark.sql import SparkSession
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[SparkSession]:
+    """A local[2] session shared by every Spark test (start-up costs ~5 s, the first job ~4 s)."""
+    os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    from pyspark.sql import SparkSession
+
+    from tierd.spark import register
+
+    session = (
+        SparkSession.builder.master("local[2]")
+        .appName("tierd-tests")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.sql.shuffle.partitions", "2")
+        .getOrCreate()
+    )
+    session.sparkContext.setLogLevel("ERROR")
+    register(session)
+    yield session
+    session.stop()
+
+
+@pytest.fixture
+def pushdown(spark: SparkSession) -> Iterator[Any]:
+    """``set(True/False)`` toggles ``spark.sql.python.filterPushdown.enabled``; restored after."""
+    key = "spark.sql.python.filterPushdown.enabled"
+    before = spark.conf.get(key) or "false"
+
+    def set_(on: bool) -> None:
+        spark.conf.set(key, "true" if on else "false")
+
+    yield set_
+    spark.conf.set(key, before)
+
+
+# ----------------------------------------------------------------------------- produced data
+def store_config(root: Path, backend: dict[str, Any], **tiered: Any) -> TierdConfig:
+    """Small files everywhere (the hot store preallocates; tests must not allocate GiBs)."""
+    return TierdConfig.from_dict(
+        {
+            "store": {
+                "dir": str(root / "hot"),
+                "index_slots": 64,
+                "index_items": 4000,
+                "commitlog_file_size": 4 * 1024 * 1024,
+                "max_message_size": 1024 * 1024,
+                "consumequeue_file_units": 10_000,
+            },
+            "backend": backend,
+            "tiered": {"dispatch_interval": 3600, **tiered},
+        }
+    )
+
+
+@dataclass(frozen=True)
+class Produced:
+    """What the store acknowledged: (topic, queue_id, queue_offset) → (body, keys, tags)."""
+
+    messages: dict[tuple[str, int, int], tuple[bytes, tuple[str, ...], str | None]]
+
+    def bodies(self, topic: str | None = None) -> list[tuple[str, int, int, bytes]]:
+        return sorted((t, q, o, v[0]) for (t, q, o), v in self.messages.items() if topic in (None, t))
+
+
+def produce(cfg: TierdConfig, batches: Sequence[Sequence[Message]]) -> Produced:
+    """Put each batch and tier it (``tier_now`` after each, so segments hold several commits)."""
+    out: dict[tuple[str, int, int], tuple[bytes, tuple[str, ...], str | None]] = {}
+    with BlockingMessageStore.open(cfg) as store:
+        for batch in batches:
+            for m, r in zip(batch, store.put_batch(list(batch)), strict=True):
+                out[(m.topic, r.queue_id, r.queue_offset)] = (m.body, tuple(m.keys), m.tags)
+            store.tier_now()
+    return Produced(out)
+
+
+def messages(start: int, n: int, *, size: int = 150) -> list[Message]:
+    """Deterministic messages over two topics and two queues; keys ``k{i}`` + a shared one."""
+    return [
+        Message(
+            topic="orders" if i % 3 else "audit",
+            body=(b"%08d|" % i) * (size // 9),
+            keys=[f"k{i}", f"g{i % 5}"],
+            tags="even" if i % 2 == 0 else None,
+            queue_id=i % 2,
+            properties={"seq": str(i)},
+        )
+        for i in range(start, start + n)
+    ]
+
+
+# ----------------------------------------------------------------------------- crafted data
+@dataclass(frozen=True)
+class Rec:
+    body: bytes
+    store_ts: int = 1_700_000_000_000
+    born_host: str = "10.0.0.1:4000"
+    store_host: str = "10.0.0.2:10911"
+    properties: dict[str, str] | None = None
+    reconsume_times: int = 0
+
+
+def craft_queue(
+    url: str,
+    storage_options: dict[str, Any],
+    topic: str,
+    queue_id: int,
+    recs: Sequence[Rec],
+    *,
+    cluster: str = "DefaultCluster",
+    broker: str = "broker-a",
+    topics: Sequence[tuple[str, int]] | None = None,
+) -> tuple[str, bytes]:
+    """Write one queue (one sealed commitlog + consume-queue segment, queue manifest) and the
+    broker manifest listing ``topics`` (default: this queue only). Returns the commitlog
+    segment's path (relative to ``url``) and its bytes."""
+    fs, root = url_to_fs(url, **storage_options)
+
+    def put(rel: str, data: bytes) -> None:
+        fs.makedirs(f"{root}/{rel.rsplit('/', 1)[0]}", exist_ok=True)  # a no-op on S3
+        fs.pipe_file(f"{root}/{rel}", data)
+
+    magic, topic_part = topic_field(topic.encode())
+    cl = bytearray()
+    cq = bytearray()
+    for i, r in enumerate(recs):
+        props = dict(r.properties or {})
+        rec = encode_record(
+            r.body,
+            topic_part,
+            magic,
+            encode_properties(props),
+            queue_id,
+            0,
+            i,
+            len(cl),
+            0,
+            r.store_ts - 5,
+            encode_host(r.born_host),
+            r.store_ts,
+            encode_host(r.store_host),
+            r.reconsume_times,
+        )
+        cq += len(cl).to_bytes(8, "big") + len(rec).to_bytes(4, "big")
+        cq += tags_code(props.get("TAGS")).to_bytes(8, "big", signed=True)
+        cl += rec
+    cl_path = segment_path("", cluster, broker, topic, queue_id, FileType.COMMIT_LOG, 0)
+    cq_path = segment_path("", cluster, broker, topic, queue_id, FileType.CONSUME_QUEUE, 0)
+    put(cl_path, bytes(cl))
+    put(cq_path, bytes(cq))
+    n = len(recs)
+    ts = [r.store_ts for r in recs]
+    seg = {"base_offset": 0, "sealed": True, "message_count": n, "first_queue_offset": 0}
+    qm = QueueManifest(
+        cluster=cluster,
+        broker=broker,
+        topic=topic,
+        queue_id=queue_id,
+        min_offset=0,
+        max_offset=n,
+        segments=(
+            ManifestSegment(
+                type="COMMIT_LOG",
+                size=len(cl),
+                min_store_timestamp=min(ts),
+                max_store_timestamp=max(ts),
+                last_queue_offset=n - 1,
+                **seg,
+            ),
+            ManifestSegment(type="CONSUME_QUEUE", size=len(cq), last_queue_offset=n - 1, **seg),
+        ),
+        written_at=int(time.time() * 1000),
+    )
+    put(queue_manifest_path(cluster, broker, topic, queue_id), qm.model_dump_json(by_alias=True).encode())
+    listed = topics if topics is not None else [(topic, queue_id)]
+    by_topic: dict[str, list[int]] = {}
+    for t, q in listed:
+        by_topic.setdefault(t, []).append(q)
+    bm = BrokerManifest(
+        cluster=cluster,
+        broker=broker,
+        topics=tuple(
+            TopicEntry(name=t, id=i, queues=tuple(sorted(qs))) for i, (t, qs) in enumerate(by_topic.items())
+        ),
+        written_at=int(time.time() * 1000),
+    )
+    put(broker_manifest_path(cluster, broker), bm.model_dump_json(by_alias=True).encode())
+    return cl_path, bytes(cl)
