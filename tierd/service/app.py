@@ -1,0 +1,459 @@
+"""The HTTP API (FastAPI): thin routes over :class:`~tierd.MessageStore` (docs/http.md).
+
+Every route is a few lines that call the facade; validation beyond the schema, limits and error
+codes are the store's, so the HTTP API and the Python API cannot disagree. What lives here is
+what only a network service needs: readiness while the store is still opening, refusing writes
+while draining, the bearer token, the request size limit, metrics, and one error shape.
+
+The app gets its store through a *provider* (a callable returning the store or ``None``)
+because the daemon starts listening before recovery finishes — ``/healthz`` and ``/readyz``
+must answer while the store is still opening.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
+
+from fastapi import APIRouter, Depends, FastAPI, Path, Query, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel, ValidationError
+
+# FastAPI reads route annotations at runtime: this import must stay a real one.
+from tierd.message import ReadPolicy  # noqa: TC001
+from tierd.service.auth import BearerAuthMiddleware, BodyLimitMiddleware
+from tierd.service.errors import (
+    CatchAllMiddleware,
+    DrainingError,
+    NotReadyError,
+    error_response,
+    install_error_handlers,
+)
+from tierd.service.metrics import HttpMetricsMiddleware, ServiceMetrics
+from tierd.service.schemas import (
+    MAX_GET,
+    MAX_INT64,
+    MAX_QUERY,
+    TOPIC_PATTERN,
+    BatchIn,
+    BatchOut,
+    ErrorOut,
+    GetOut,
+    MessageIn,
+    MessageOut,
+    PutOut,
+    QueryOut,
+    QueueOut,
+    QueuesOut,
+    SegmentOut,
+    SegmentsOut,
+    SegmentType,
+    StatusOut,
+    TierOut,
+    TopicOut,
+    TopicsOut,
+)
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterator
+
+    from tierd.config import TierdConfig
+    from tierd.store import MessageStore
+
+MiB = 1 << 20
+
+
+def request_limit(max_message_size: int) -> int:
+    """Largest request body accepted: room for one largest message in base64 (4/3) plus JSON,
+    and never less than 16 MiB so ordinary batches fit whatever the message limit."""
+    return max(16 * MiB, 2 * max_message_size)
+
+
+class Service:
+    """Per-app state the routes share: the store (once open), draining, in-flight writes."""
+
+    def __init__(self, cfg: TierdConfig, store: Callable[[], MessageStore | None]) -> None:
+        self.cfg = cfg
+        self._provider = store
+        self.draining = False
+        self.metrics = ServiceMetrics(store, lambda: self.draining)
+        self._writes = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    @property
+    def writes_in_flight(self) -> int:
+        return self._writes
+
+    def store(self) -> MessageStore:
+        """The open store, or a 503 ``not_ready`` while it is still opening (or already closed)."""
+        store = self._provider()
+        if store is None or store.hot.closed:
+            raise NotReadyError("the store is not open (still recovering, or shutting down); retry shortly")
+        return store
+
+    @contextlib.contextmanager
+    def writing(self) -> Iterator[MessageStore]:
+        """Scope of one write request: refused while draining, counted so that draining can wait
+        until every write that was accepted has been acknowledged."""
+        if self.draining:
+            raise DrainingError(
+                "the server is shutting down and accepts no new writes; retry on another instance"
+            )
+        store = self.store()
+        self._writes += 1
+        self._idle.clear()
+        try:
+            yield store
+        finally:
+            self._writes -= 1
+            if not self._writes:
+                self._idle.set()
+
+    async def drain(self, timeout: float) -> bool:
+        """Refuse new writes and wait (at most ``timeout`` s) for those in flight; True when idle."""
+        self.draining = True
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout)
+        except TimeoutError:
+            return False
+        return True
+
+    def readiness(self) -> dict[str, bool]:
+        store = self._provider()
+        is_open = store is not None and not store.hot.closed
+        cold = store is None or store.tiering is None or store.tiering.ready.is_set()
+        return {"store_open": is_open, "cold_tier_ready": is_open and cold, "draining": self.draining}
+
+
+async def _service(request: Request) -> Service:
+    # async on purpose: FastAPI runs a sync dependency in a worker thread (a thread hop per request).
+    svc: Service = request.app.state.service
+    return svc
+
+
+Svc = Annotated[Service, Depends(_service)]
+Topic = Annotated[
+    str,
+    Path(pattern=TOPIC_PATTERN, description="Topic name: 1–255 characters from A-Z a-z 0-9 _ % | -."),
+]
+QueueId = Annotated[int, Path(ge=0, le=65535, description="Queue id (below `store.max_queues`).")]
+
+
+_Body = TypeVar("_Body", bound=BaseModel)
+
+
+async def _parse(request: Request, model: type[_Body]) -> _Body:
+    """Validate the raw request body with ``model_validate_json`` (one pass in pydantic-core:
+    JSON, schema and base64 bodies; see :mod:`tierd.service.schemas`). Errors take the same path
+    as FastAPI's own validation errors."""
+    raw = await request.body()
+    try:
+        return model.model_validate_json(raw)
+    except ValidationError as e:
+        errors = [
+            {**err, "loc": ("body", *err["loc"])} for err in e.errors(include_url=False, include_input=False)
+        ]
+        raise RequestValidationError(errors) from None
+
+
+def _request_body(model: type[BaseModel]) -> dict[str, Any]:
+    """OpenAPI ``requestBody`` for a route that parses its body itself (see :func:`_parse`)."""
+    ref = {"$ref": f"#/components/schemas/{model.__name__}"}
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": ref}}}}
+
+
+def _errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI entries for the error statuses a route can return (all share :class:`ErrorOut`)."""
+    meaning = {
+        400: "Invalid argument (bad topic, properties, base64 body, queue id...).",
+        401: "Missing or wrong bearer token (only when `server.token` is set).",
+        404: "Unknown topic (or route).",
+        413: "Message or request body too large.",
+        422: "Request does not match the schema.",
+        500: "Unexpected server error (details only in the server log).",
+        502: "The cold-tier backend failed.",
+        503: "Not ready (store opening, cold tier unreachable) or draining for shutdown.",
+        507: "Hot store full: writes refused until space frees.",
+    }
+    return {s: {"model": ErrorOut, "description": meaning[s]} for s in sorted({401, 500, *statuses})}
+
+
+router = APIRouter()
+WRITE_ERRORS = _errors(400, 413, 422, 503, 507)
+READ_ERRORS = _errors(400, 422, 502, 503)
+
+
+@router.post(
+    "/v1/topics/{topic}/messages",
+    response_model=PutOut,
+    tags=["produce"],
+    summary="Produce one message",
+    responses=WRITE_ERRORS,
+    openapi_extra=_request_body(MessageIn),
+)
+async def produce(topic: Topic, request: Request, svc: Svc) -> PutOut:
+    """Append one message to the hot store; returns once it is acknowledged (after fsync when
+    `store.flush = "sync"`). Without `queue_id` the store picks a queue round-robin."""
+    message = await _parse(request, MessageIn)
+    with svc.writing() as store:
+        return PutOut.of(await store.put(message.to_message(topic)))
+
+
+@router.post(
+    "/v1/topics/{topic}/messages:batch",
+    response_model=BatchOut,
+    tags=["produce"],
+    summary="Produce a batch of messages",
+    responses=WRITE_ERRORS,
+    openapi_extra=_request_body(BatchIn),
+)
+async def produce_batch(topic: Topic, request: Request) -> Response:
+    """Append 1–1024 messages in one store call (the fast path: one commitlog append). The batch
+    is validated whole: one bad message refuses all of them. Messages without `queue_id` all go
+    to one queue picked round-robin."""
+    svc: Service = request.app.state.service  # not a dependency: this is the hot path
+    batch = await _parse(request, BatchIn)
+    messages = [m.to_message(topic) for m in batch.messages]
+    with svc.writing() as store:
+        res = await store.put_batch(messages)
+    # Plain dicts from the result's columns, not models: building PutResult objects and
+    # validating them would cost more than the append itself.
+    prefix = store.hot.store_host.hex().upper()
+    results = [
+        {"queue_id": q, "queue_offset": o, "commitlog_offset": p, "msg_id": f"{prefix}{p:016X}"}
+        for q, o, p in zip(
+            res.queue_ids.tolist(), res.queue_offsets.tolist(), res.commitlog_offsets.tolist(), strict=True
+        )
+    ]
+    return JSONResponse({"count": len(results), "results": results})
+
+
+@router.get(
+    "/v1/topics/{topic}/queues/{queue}/messages",
+    response_model=GetOut,
+    tags=["consume"],
+    summary="Read a queue from an offset",
+    responses=READ_ERRORS,
+)
+async def consume(
+    topic: Topic,
+    queue: QueueId,
+    svc: Svc,
+    offset: Annotated[int, Query(ge=0, le=MAX_INT64, description="First queue offset to read.")] = 0,
+    max: Annotated[
+        int, Query(ge=1, le=MAX_GET, description=f"At most this many messages (≤ {MAX_GET}).")
+    ] = 32,
+    policy: Annotated[
+        ReadPolicy | None,
+        Query(
+            description="Which tier serves the read; default `tiered.storage_level` (see docs/reading.md)."
+        ),
+    ] = None,
+) -> dict[str, Any]:
+    """Messages from `offset` on. Nothing found is not an error: `status` says why (RocketMQ's
+    GetMessageStatus) and `next_offset` where to continue. `source` is the tier that served it."""
+    return GetOut.of(await svc.store().get(topic, queue, offset, max, policy))
+
+
+@router.get(
+    "/v1/topics/{topic}/keys/{key}",
+    response_model=QueryOut,
+    tags=["consume"],
+    summary="Find messages by key",
+    responses=READ_ERRORS,
+)
+async def query(
+    topic: Topic,
+    key: Annotated[
+        str,
+        Path(
+            min_length=1, max_length=4096, description="A key given at produce time, or a message's UNIQ_KEY."
+        ),
+    ],
+    svc: Svc,
+    max: Annotated[
+        int, Query(ge=1, le=MAX_QUERY, description=f"At most this many messages (≤ {MAX_QUERY}).")
+    ] = 32,
+    begin: Annotated[int, Query(ge=0, le=MAX_INT64, description="Earliest store timestamp (ms).")] = 0,
+    end: Annotated[int, Query(ge=0, le=MAX_INT64, description="Latest store timestamp (ms).")] = MAX_INT64,
+) -> dict[str, Any]:
+    """Messages of `topic` carrying `key`, from both tiers, newest first."""
+    found = await svc.store().query(topic, key, max, begin, end)
+    return {"messages": [MessageOut.of(m) for m in found]}
+
+
+@router.get(
+    "/v1/topics", response_model=TopicsOut, tags=["admin"], summary="List topics", responses=_errors(503)
+)
+async def topics(svc: Svc) -> TopicsOut:
+    """Every topic with its queue ids, across both tiers."""
+    return TopicsOut(topics=[TopicOut(name=t, queues=q) for t, q in svc.store().topics().items()])
+
+
+@router.get(
+    "/v1/topics/{topic}/queues",
+    response_model=QueuesOut,
+    tags=["admin"],
+    summary="List a topic's queues",
+    responses=_errors(400, 404, 422, 503),
+)
+async def queues(topic: Topic, svc: Svc) -> QueuesOut:
+    """Each queue's offsets in both tiers and how many messages wait to be tiered."""
+    return QueuesOut(topic=topic, queues=[QueueOut.of(q) for q in svc.store().queues(topic)])
+
+
+@router.get(
+    "/v1/segments",
+    response_model=SegmentsOut,
+    tags=["admin"],
+    summary="List cold segments",
+    responses=READ_ERRORS,
+)
+async def segments(
+    svc: Svc,
+    topic: Annotated[str | None, Query(pattern=TOPIC_PATTERN, description="Only this topic.")] = None,
+    queue: Annotated[int | None, Query(ge=0, le=65535, description="Only this queue id.")] = None,
+    type: Annotated[
+        SegmentType | None, Query(description="Only this file type (CL/CQ are short forms).")
+    ] = None,
+) -> SegmentsOut:
+    """Segments of the cold tier as the running store knows them (current to the last commit).
+    Empty when tiering is disabled."""
+    rows = await svc.store().segments(topic, queue, type)
+    return SegmentsOut(segments=[SegmentOut.of(r) for r in rows])
+
+
+@router.post(
+    "/v1/admin/tier",
+    response_model=TierOut,
+    tags=["admin"],
+    summary="Commit everything pending to the cold tier now",
+    responses=_errors(502, 503),
+)
+async def tier(svc: Svc) -> TierOut:
+    """Dispatch and commit every queue now instead of waiting for `dispatch_interval`; returns
+    once the bytes are on the backend and the bucket manifests are current."""
+    with svc.writing() as store:
+        if store.tiering is not None and not store.tiering.ready.is_set():
+            raise NotReadyError(
+                "the cold tier is not ready yet", reason=str(store.tiering.start_error or "starting")
+            )
+        return TierOut(committed=await store.tier_now())
+
+
+@router.get(
+    "/metrics",
+    tags=["ops"],
+    summary="Prometheus metrics",
+    response_class=Response,
+    responses={200: {"content": {"text/plain": {}}, "description": "Prometheus text format."}, **_errors()},
+)
+async def metrics(svc: Svc) -> Response:
+    """RocketMQ's tiered-store metric set in Prometheus naming (docs/metrics.md). Needs the token
+    when one is configured."""
+    from prometheus_client import CONTENT_TYPE_LATEST
+
+    return Response(svc.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+
+@router.get("/healthz", response_model=StatusOut, tags=["ops"], summary="Liveness")
+async def healthz() -> StatusOut:
+    """200 while the process serves HTTP (even during recovery or draining). Never needs a token."""
+    return StatusOut(status="ok")
+
+
+@router.get(
+    "/readyz",
+    response_model=StatusOut,
+    tags=["ops"],
+    summary="Readiness",
+    responses={503: {"model": ErrorOut, "description": "Opening, cold tier not ready, or draining."}},
+)
+async def readyz(svc: Svc) -> Any:
+    """200 once recovery finished and (with tiering) the cold tier is ready; 503 before that and
+    while draining. Never needs a token."""
+    state = svc.readiness()
+    if state["store_open"] and state["cold_tier_ready"] and not state["draining"]:
+        return StatusOut(status="ready")
+    reason = (
+        "draining" if state["draining"] else "opening" if not state["store_open"] else "cold tier not ready"
+    )
+    return error_response(503, "not_ready", f"not ready: {reason}", state)
+
+
+DESCRIPTION = """\
+tierd's HTTP API: produce and consume messages of a RocketMQ-style store with a tiered (cold)
+backend. Bodies travel as base64 in JSON. Every error is JSON
+`{"error": code, "message": ..., "detail": {...}}` — never a stack trace.
+
+When `server.token` is set, every route except `/healthz` and `/readyz` needs
+`Authorization: Bearer <token>` (401 `unauthorized` otherwise). Limits: see docs/http.md.
+"""
+
+
+def create_app(cfg: TierdConfig, store: MessageStore | Callable[[], MessageStore | None]) -> FastAPI:
+    """The ASGI app. ``store`` is the open store, or a provider returning it once open (None
+    before: data routes answer 503 ``not_ready``, health routes work)."""
+    if callable(store):
+        provider = store
+    else:
+        opened = store
+
+        def provider() -> MessageStore | None:
+            return opened
+
+    app = FastAPI(
+        title="tierd",
+        version="0.1.0",
+        description=DESCRIPTION,
+        redoc_url=None,
+        openapi_tags=[
+            {"name": "produce", "description": "Append messages to the hot store."},
+            {"name": "consume", "description": "Read by queue offset or by key, across both tiers."},
+            {"name": "admin", "description": "Topics, queues, cold segments, tiering."},
+            {"name": "ops", "description": "Health, readiness and metrics."},
+        ],
+    )
+    svc = Service(cfg, provider)
+    app.state.service = svc
+    install_error_handlers(app)
+    app.include_router(router)
+    # Starlette wraps in reverse order of adding: the last added runs first (outermost).
+    app.add_middleware(CatchAllMiddleware)
+    app.add_middleware(BodyLimitMiddleware, limit=request_limit(cfg.store.max_message_size))
+    app.add_middleware(BearerAuthMiddleware, token=cfg.server.token)
+    app.add_middleware(HttpMetricsMiddleware, metrics=svc.metrics)
+    _document_security(app)
+    return app
+
+
+def _document_security(app: FastAPI) -> None:
+    """Declare the bearer scheme in the OpenAPI document (enforced by middleware, so FastAPI
+    cannot see it by itself): required on every operation but the health probes."""
+    base = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is not None:
+            return app.openapi_schema
+        schema = base()
+        # Bodies parsed by _parse are invisible to FastAPI: publish their schemas ourselves.
+        components = schema.setdefault("components", {}).setdefault("schemas", {})
+        for model in (BatchIn, MessageIn):
+            js = model.model_json_schema(ref_template="#/components/schemas/{model}")
+            components.update(js.pop("$defs", {}))
+            components[model.__name__] = js
+        schema.setdefault("components", {}).setdefault("securitySchemes", {})["bearerAuth"] = {
+            "type": "http",
+            "scheme": "bearer",
+            "description": "`server.token`; only enforced when configured.",
+        }
+        for path, ops in schema.get("paths", {}).items():
+            for op in ops.values():
+                op["security"] = [] if path in ("/healthz", "/readyz") else [{"bearerAuth": []}, {}]
+        app.openapi_schema = schema
+        return schema
+
+    app.openapi = openapi  # type: ignore[method-assign]

@@ -1,0 +1,235 @@
+"""``tierd serve``: the HTTP API and the store in one asyncio process.
+
+Life of the daemon (each step logs one line):
+
+1. **Bind** ``server.host:server.port`` ourselves (port 0 = a free port) and start uvicorn's
+   ``Server`` on that socket inside our loop, then log ``listening on http://HOST:PORT`` with the
+   real port. Binding first means ``/healthz`` answers during a long recovery, and a port in use
+   is a clean one-line error instead of uvicorn's ``sys.exit``.
+2. **Open** the store (``MessageStore.open``: hot-store recovery, then the tiering service —
+   dispatcher, index service, retention, manifest upkeep — in the background). Log ``ready``.
+   ``/readyz`` turns 200 once the store is open and, with tiering, the cold tier is ready.
+3. On **SIGTERM/SIGINT**: *drain* — produce routes answer 503 ``draining`` and ``/readyz`` 503,
+   while reads keep working; wait for writes in flight (their acknowledgements are promises).
+4. **Commit** what is pending to the cold tier, bounded by ``server.shutdown_grace`` (what does
+   not make it is committed at the next start — the hot store keeps it until then).
+5. **Stop** HTTP (finish responses in flight), then **close** the store (flushes the hot store,
+   saves tiering metadata and manifests), log ``stopped cleanly`` and return: exit code 0.
+
+Why not ``uvicorn.run``: it owns the loop and the signals. Here the store and the server share
+one loop, and shutdown must be *ordered* (refuse writes → commit → stop HTTP → close), which
+uvicorn's own signal handling (stop serving at once, re-raise the signal) would break.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import socket
+import time
+from typing import TYPE_CHECKING, Any
+
+import uvicorn
+
+from tierd.errors import ConfigError
+from tierd.service.app import create_app
+from tierd.store import MessageStore
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Coroutine, Iterator
+
+    from fastapi import FastAPI
+
+    from tierd.config import TierdConfig
+    from tierd.service.app import Service
+
+log = logging.getLogger("tierd.service")
+
+#: Longest wait for writes in flight when draining (they are single appends: milliseconds).
+DRAIN_TIMEOUT = 10.0
+#: Longest wait for HTTP responses in flight once the server stops.
+HTTP_STOP_TIMEOUT = 5
+
+
+class _Server(uvicorn.Server):
+    """uvicorn's server without its signal handling (ours orders the shutdown) and with an
+    event for "listening" (instead of polling ``started``)."""
+
+    def __init__(self, config: uvicorn.Config) -> None:
+        super().__init__(config)
+        self.listening = asyncio.Event()
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets=sockets)
+        self.listening.set()
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A listening TCP socket on ``host:port``, or a :class:`~tierd.errors.ConfigError` naming both.
+
+    The socket is made with an explicit ``IPPROTO_TCP``: asyncio only sets ``TCP_NODELAY`` on
+    accepted connections whose socket says so, and without it every small response waits for
+    the client's delayed ACK (≈ 40 ms per request on Linux).
+    """
+    try:
+        family, type_, proto, _, addr = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP, flags=socket.AI_PASSIVE
+        )[0]
+        sock = socket.socket(family, type_, proto)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind(addr)
+            sock.listen(1024)
+        except BaseException:
+            sock.close()
+            raise
+    except OSError as e:
+        raise ConfigError(
+            f"cannot listen on {host}:{port} (server.host, server.port): {e.strerror or e}",
+            host=host,
+            port=port,
+        ) from e
+    return sock
+
+
+def url_of(sock: socket.socket) -> str:
+    host, port = sock.getsockname()[:2]
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+class Daemon:
+    """One serving process. :meth:`run` is the whole life; :meth:`request_stop` (thread-safe via
+    the loop) begins the shutdown. Tests drive it in a thread; ``serve`` wires it to signals."""
+
+    def __init__(self, cfg: TierdConfig) -> None:
+        self.cfg = cfg
+        self.store: MessageStore | None = None
+        self.url: str | None = None
+        self.app: FastAPI = create_app(cfg, lambda: self.store)
+        self.service: Service = self.app.state.service
+        self._stop = asyncio.Event()
+        self.loop: asyncio.AbstractEventLoop | None = None
+
+    def request_stop(self) -> None:
+        if self.loop is not None:
+            self.loop.call_soon_threadsafe(self._stop.set)
+
+    async def run(self, on_ready: Callable[[Daemon], None] | None = None) -> None:
+        self.loop = asyncio.get_running_loop()
+        sock = bind(self.cfg.server.host, self.cfg.server.port)
+        self.url = url_of(sock)
+        server = _Server(
+            uvicorn.Config(
+                self.app,
+                lifespan="off",  # the store's lifecycle is ours, not the app's
+                log_config=None,  # keep the process's logging as the CLI set it up
+                access_log=False,
+                timeout_graceful_shutdown=HTTP_STOP_TIMEOUT,
+                server_header=False,
+            )
+        )
+        http = asyncio.create_task(server.serve(sockets=[sock]), name="tierd-http")
+        try:
+            await _first(server.listening.wait(), http)
+            log.info("listening on %s", self.url)
+            log.info("opening store at %s (recovering if needed)", self.cfg.store.dir)
+            store = await MessageStore.open(self.cfg)
+            self.store = store
+            self.service.metrics.attach(store)
+            topics = store.topics()
+            log.info(
+                "ready: %d topic(s), flush=%s, tiering %s; stop with Ctrl-C or SIGTERM",
+                len(topics),
+                self.cfg.store.flush,
+                f"to {self.cfg.backend.name} {self.cfg.backend.url}" if store.tiering is not None else "off",
+            )
+            if on_ready is not None:
+                on_ready(self)
+            await _first(self._stop.wait(), http)
+            await self._shutdown(store, server, http)
+        finally:
+            server.should_exit = True
+            with contextlib.suppress(Exception):
+                await http
+            if self.store is not None and not self.store.hot.closed:
+                await self.store.close()
+        log.info("stopped cleanly")
+
+    async def _shutdown(self, store: MessageStore, server: _Server, http: asyncio.Task[None]) -> None:
+        grace = self.cfg.server.shutdown_grace
+        started = time.monotonic()
+        log.info("draining: refusing new writes, waiting for %d in flight", self.service.writes_in_flight)
+        if not await self.service.drain(DRAIN_TIMEOUT):
+            log.warning("writes still in flight after %.0f s; closing anyway", DRAIN_TIMEOUT)
+        tiering = store.tiering
+        before = tiering.dispatcher.stats.messages_dispatched if tiering is not None else 0
+        if tiering is not None and tiering.ready.is_set():
+            log.info("committing pending messages to the cold tier (grace %.0f s)", grace)
+            try:
+                await asyncio.wait_for(store.tier_now(), grace)
+            except TimeoutError:
+                log.warning("tiering unfinished after %.0f s; it resumes at the next start", grace)
+            except Exception as e:
+                log.warning("final tiering round failed (%s); it resumes at the next start", e)
+        elif tiering is not None:
+            log.warning("cold tier never became ready; pending messages stay in the hot store for next start")
+        server.should_exit = True
+        await http
+        # store.close runs its own grace-bounded final commit: give it only what is left, so the
+        # whole shutdown stays within server.shutdown_grace (plus the short drain/HTTP waits and
+        # one second, so a commit that finished just now is not reported as timed out).
+        left = max(1.0, grace - (time.monotonic() - started))
+        store.config = store.config.with_overrides(server={"shutdown_grace": left})
+        await store.close()
+        if tiering is not None:
+            log.info(
+                "committed %d message(s) to the cold tier during shutdown",
+                tiering.dispatcher.stats.messages_dispatched - before,
+            )
+        log.info("hot store flushed and closed")
+
+
+async def _first(waiting: Coroutine[Any, Any, Any], http: asyncio.Task[None]) -> None:
+    """Wait for ``waiting`` unless the HTTP server task ends first — then re-raise its failure
+    (or report that it stopped), instead of waiting forever."""
+    task = asyncio.ensure_future(waiting)
+    try:
+        await asyncio.wait({task, http}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        if not task.done():
+            task.cancel()
+    if not task.done() or task.cancelled():
+        http.result()  # raises what stopped the server
+        raise RuntimeError("the HTTP server stopped unexpectedly")
+
+
+def serve(cfg: TierdConfig) -> None:
+    """Run the daemon until SIGTERM/SIGINT (blocking). Tierd errors propagate (the CLI prints
+    them as one line, exit 1)."""
+    asyncio.run(_serve(cfg))
+
+
+async def _serve(cfg: TierdConfig) -> None:
+    daemon = Daemon(cfg)
+    loop = asyncio.get_running_loop()
+
+    def on_signal(sig: signal.Signals) -> None:
+        if daemon._stop.is_set():
+            log.warning("%s again: shutdown already in progress", sig.name)
+            return
+        log.info("%s received: shutting down", sig.name)
+        daemon._stop.set()
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, on_signal, sig)
+    try:
+        await daemon.run()
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)

@@ -1,0 +1,176 @@
+"""Every HTTP error leaves as ``{"error": code, "message": ..., "detail": {...}}``.
+
+Why one shape: clients (the CLI, scripts, other services) branch on the stable ``error`` code, not
+on prose or on which layer failed — a typed :class:`~tierd.errors.TierdError` from the store, a
+request that failed schema validation, an unknown route and an unexpected bug all look alike.
+No stack trace ever reaches a client: unexpected exceptions are logged here, server-side, with
+their traceback, and the client gets a 500 with a generic message.
+
+The errors the HTTP layer adds itself (authentication, draining, readiness, request size) are
+typed errors too, so routes and middleware raise them like any other tierd error.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import TYPE_CHECKING, Any
+
+from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.responses import JSONResponse
+
+from tierd.errors import MessageTooLargeError, StoreClosedError, TierdError
+
+if TYPE_CHECKING:
+    from fastapi import FastAPI
+    from starlette.requests import Request
+    from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+log = logging.getLogger(__name__)
+
+
+class UnauthorizedError(TierdError, PermissionError):
+    """Missing or wrong ``Authorization: Bearer`` token (``server.token`` is set)."""
+
+    code = "unauthorized"
+    http_status = 401
+
+
+class DrainingError(StoreClosedError):
+    """The daemon is shutting down: it finishes what it has and accepts no new writes."""
+
+    code = "draining"
+    http_status = 503
+
+
+class NotReadyError(StoreClosedError):
+    """The store is still opening (recovery) or the cold tier is not reachable yet."""
+
+    code = "not_ready"
+    http_status = 503
+
+
+class RequestTooLargeError(MessageTooLargeError):
+    """The request body exceeds the service's request size limit (see docs/http.md)."""
+
+    code = "request_too_large"
+    http_status = 413
+
+
+#: Codes for HTTP statuses Starlette raises itself (routing), so they keep the common shape.
+_STATUS_CODES = {
+    404: "not_found",
+    405: "method_not_allowed",
+    413: "request_too_large",
+}
+
+
+def _jsonable(value: Any) -> Any:
+    """``value`` if it serialises as JSON, else its ``repr`` (detail values come from deep inside
+    the store — numpy integers, paths — and must never turn an error report into a 500)."""
+    try:
+        json.dumps(value)
+    except (TypeError, ValueError):
+        if isinstance(value, dict):
+            return {str(k): _jsonable(v) for k, v in value.items()}
+        if isinstance(value, list | tuple):
+            return [_jsonable(v) for v in value]
+        return repr(value)
+    return value
+
+
+def error_body(code: str, message: str, detail: dict[str, Any] | None = None) -> dict[str, Any]:
+    return {"error": code, "message": message, "detail": _jsonable(detail or {})}
+
+
+def error_response(
+    status: int, code: str, message: str, detail: dict[str, Any] | None = None
+) -> JSONResponse:
+    headers = {"WWW-Authenticate": 'Bearer realm="tierd"'} if status == 401 else None
+    return JSONResponse(error_body(code, message, detail), status_code=status, headers=headers)
+
+
+def tierd_error_response(exc: TierdError) -> JSONResponse:
+    return error_response(exc.http_status, exc.code, exc.message, exc.detail)
+
+
+async def _on_tierd_error(_: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, TierdError)
+    if exc.http_status >= 500:
+        log.warning("%s %s: %s", exc.code, exc.http_status, exc.message)
+    return tierd_error_response(exc)
+
+
+async def _on_validation_error(_: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RequestValidationError)
+    # Only location, message and type: pydantic's ``input``/``ctx`` may hold whole request bodies
+    # (a 5 MiB base64 string) or exception objects.
+    errors = [
+        {"loc": [str(p) for p in e.get("loc", ())], "msg": str(e.get("msg", "")), "type": str(e.get("type"))}
+        for e in exc.errors()
+    ]
+    first = errors[0] if errors else {"loc": [], "msg": "invalid request"}
+    where = ".".join(first["loc"])
+    more = f" (and {len(errors) - 1} more problem(s))" if len(errors) > 1 else ""
+    if errors and all(e["type"] == "bytes_invalid_encoding" for e in errors):
+        # Well-formed JSON, wrong bytes: a bad value (400), like any other the store refuses.
+        return error_response(
+            400, "invalid_argument", f"{where} is not valid base64: {first['msg']}{more}", {"errors": errors}
+        )
+    return error_response(
+        422,
+        "invalid_request",
+        f"{where}: {first['msg']}{more}" if where else str(first["msg"]),
+        {"errors": errors},
+    )
+
+
+async def _on_http_error(_: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, StarletteHTTPException)
+    code = _STATUS_CODES.get(exc.status_code, "http_error")
+    return error_response(exc.status_code, code, str(exc.detail))
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    app.add_exception_handler(TierdError, _on_tierd_error)
+    app.add_exception_handler(RequestValidationError, _on_validation_error)
+    app.add_exception_handler(StarletteHTTPException, _on_http_error)
+
+
+class CatchAllMiddleware:
+    """Turn any exception nobody handled into a logged traceback and a JSON 500.
+
+    Starlette's own last-resort handler re-raises after answering (so the server logs it again
+    and test clients crash); this one answers, logs once, and stops there. If the response had
+    already started there is nothing left to say to the client: the connection is cut.
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def tracking_send(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracking_send)
+        except TierdError as e:  # raised outside a route (e.g. by a middleware below us)
+            if started:
+                raise
+            await tierd_error_response(e)(scope, receive, send)
+        except Exception:
+            log.exception("unexpected error serving %s %s", scope.get("method"), scope.get("path"))
+            if started:
+                raise
+            await error_response(500, "internal", "internal server error; see the server log")(
+                scope, receive, send
+            )

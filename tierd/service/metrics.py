@@ -1,0 +1,301 @@
+"""Prometheus metrics: RocketMQ's tiered-store set, in Prometheus naming (docs/metrics.md).
+
+Three sources, chosen so that no hot path grows a metrics call it did not already have:
+
+* **HTTP latency** — measured by :class:`HttpMetricsMiddleware` around every request.
+* **Backend latency and bytes** — :meth:`ServiceMetrics.observe_backend`, installed as the
+  :attr:`~tierd.tiered.segment.DriverRoot.observer` of the store's cold-tier root; FileSegment
+  reports each driver call there.
+* **Everything else** (dispatch lag, dispatched messages, cache hits, storage size, fallbacks,
+  index counters) — :class:`StoreCollector` reads the counters the store keeps anyway
+  (``DispatchStats``, ``CacheStats``, ``IndexStats``, ``TierRouter.fallbacks``) *at scrape
+  time*. Scrapes come every 15–60 s; the store's own counters are plain integer increments.
+
+Each :class:`ServiceMetrics` owns its :class:`~prometheus_client.CollectorRegistry` — never the
+process-global one — so two stores in one process (tests, embedding) never collide.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterator
+
+    from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+    from tierd.store import MessageStore
+
+#: RocketMQ's provider RPC latency buckets (ms), in seconds.
+BACKEND_LATENCY_BUCKETS = (0.001, 0.003, 0.005, 0.007, 0.01, 0.1, 0.2, 0.4, 0.6, 0.8, 1.0, 1.5, 3.0, 10.0)
+#: RocketMQ's upload/download size buckets (1K, 10K, 100K, 1M, 10M, 32M, 50M, 100M).
+BYTES_BUCKETS = (1e3, 1e4, 1e5, 1e6, 1e7, 32e6, 50e6, 100e6)
+#: Methods labelled as themselves; anything else (client-controlled) is ``other``.
+_METHODS = frozenset({"GET", "POST", "PUT", "DELETE", "HEAD", "OPTIONS", "PATCH"})
+HTTP_LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0)
+
+
+class ServiceMetrics:
+    def __init__(self, store: Callable[[], MessageStore | None], draining: Callable[[], bool]) -> None:
+        self.registry = CollectorRegistry()
+        self.http_latency = Histogram(
+            "tierd_http_request_duration_seconds",
+            "HTTP API latency by route template, method and status.",
+            ["route", "method", "status"],
+            buckets=HTTP_LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.backend_latency = Histogram(
+            "tierd_backend_request_duration_seconds",
+            "Cold-tier backend call latency by operation (write, read, seal, size, create) and success.",
+            ["operation", "success"],
+            buckets=BACKEND_LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.upload_bytes = Histogram(
+            "tierd_backend_upload_bytes",
+            "Bytes per successful backend write (segment commits and seals' payload).",
+            buckets=BYTES_BUCKETS,
+            registry=self.registry,
+        )
+        self.download_bytes = Histogram(
+            "tierd_backend_download_bytes",
+            "Bytes per successful backend read.",
+            buckets=BYTES_BUCKETS,
+            registry=self.registry,
+        )
+        self.registry.register(StoreCollector(store, draining))
+
+    def observe_backend(self, operation: str, seconds: float, nbytes: int, ok: bool) -> None:
+        """The :data:`~tierd.tiered.segment.BackendObserver` installed on the cold-tier root."""
+        self.backend_latency.labels(operation, "true" if ok else "false").observe(seconds)
+        if ok and operation == "write":
+            self.upload_bytes.observe(nbytes)
+        elif ok and operation == "read":
+            self.download_bytes.observe(nbytes)
+
+    def attach(self, store: MessageStore) -> None:
+        """Start timing the store's backend calls."""
+        if store.tiering is not None:
+            store.tiering.root.observer = self.observe_backend
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class StoreCollector(Collector):
+    """Reads the store's own counters at scrape time (see the module docstring)."""
+
+    def __init__(self, store: Callable[[], MessageStore | None], draining: Callable[[], bool]) -> None:
+        self.store = store
+        self.draining = draining
+
+    def describe(self) -> list[Metric]:
+        # Families depend on whether the store is open: no describe-time registration checks.
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        store = self.store()
+        yield _gauge(
+            "tierd_draining", "1 while the daemon is shutting down (writes refused).", self.draining()
+        )
+        yield _gauge(
+            "tierd_store_open", "1 once the store finished opening (recovery done).", store is not None
+        )
+        if store is None or store.hot.closed:
+            return
+        hot = store.hot
+        yield _gauge(
+            "tierd_hot_writes_refused",
+            "1 while the hot store refuses writes (disk nearly full and nothing may be deleted).",
+            hot.full_reason is not None,
+        )
+        yield _gauge(
+            "tierd_hot_commitlog_max_offset_bytes", "Hot commitlog write position.", hot.commitlog.max_offset
+        )
+        router = store.router
+        yield _counter(
+            "tierd_get_fallbacks",
+            "Cold reads that failed and were served from the hot store instead.",
+            router.fallbacks,
+        )
+        reads = CounterMetricFamily(
+            "tierd_get_requests", "Queue reads by the tier that served them.", labels=["source"]
+        )
+        for source, n in sorted(router.reads.items()):
+            reads.add_metric([source], n)
+        yield reads
+        tiering = store.tiering
+        yield _gauge("tierd_tiering_enabled", "1 when the cold tier is configured.", tiering is not None)
+        if tiering is None:
+            return
+        yield _gauge(
+            "tierd_cold_tier_ready", "1 once the cold tier loaded its metadata.", tiering.ready.is_set()
+        )
+        yield from self._dispatch(store)
+        yield from self._cache(store)
+        yield from self._storage(store)
+        yield from self._index(store)
+
+    def _dispatch(self, store: MessageStore) -> Iterator[Metric]:
+        assert store.tiering is not None
+        stats = store.tiering.dispatcher.stats
+        yield _counter(
+            "tierd_messages_dispatched", "Messages committed to the cold tier.", stats.messages_dispatched
+        )
+        yield _counter(
+            "tierd_dispatch_bytes", "Commitlog bytes committed to the cold tier.", stats.bytes_uploaded
+        )
+        yield _counter("tierd_dispatch_commits", "Queue commits to the cold tier.", stats.commits)
+        yield _counter(
+            "tierd_dispatch_commit_failures", "Failed queue commits (retried).", stats.commit_failures
+        )
+        yield _counter("tierd_dispatch_rounds", "Dispatcher rounds.", stats.rounds)
+        # Lag is computed here, from the live offsets, rather than read from DispatchStats: the
+        # dispatcher records it at the start of a queue's round, so after a round (or tier_now)
+        # its value is one round stale.
+        behind = GaugeMetricFamily(
+            "tierd_dispatch_lag_messages",
+            "Per queue: acknowledged messages not yet committed to the cold tier.",
+            labels=["topic", "queue_id"],
+        )
+        lag = GaugeMetricFamily(
+            "tierd_dispatch_lag_seconds",
+            "Per queue: age of the oldest message not yet committed cold (0 when caught up).",
+            labels=["topic", "queue_id"],
+        )
+        hot = store.hot
+        flat = store.tiering.flat
+        now_ms = time.time() * 1000
+        for (topic, qid), assigned in sorted(hot.commitlog.queue_offsets.items()):
+            ff = flat.get(topic, qid)
+            cq = hot.cqs.get((topic, qid))
+            if ff is not None and ff.initialised:
+                cold = ff.max_offset
+            else:
+                cold = cq.min_offset if cq is not None else 0
+            n = max(0, assigned - cold)
+            ts = hot.store_time(topic, qid, cold) if n else -1
+            behind.add_metric([topic, str(qid)], n)
+            lag.add_metric([topic, str(qid)], max(0.0, (now_ms - ts) / 1000) if ts >= 0 else 0.0)
+        yield behind
+        yield lag
+
+    def _cache(self, store: MessageStore) -> Iterator[Metric]:
+        cache = store.router.fetcher.cache
+        s = cache.stats
+        yield _counter("tierd_read_ahead_cache_hits", "Cold reads served from the read-ahead cache.", s.hits)
+        yield _counter(
+            "tierd_read_ahead_cache_misses", "Cold reads that loaded a batch from the backend.", s.misses
+        )
+        yield _counter(
+            "tierd_read_ahead_cache_evictions", "Batches dropped (budget or idle expiry).", s.evictions
+        )
+        yield _counter(
+            "tierd_read_ahead_prefetches", "Batches loaded ahead of a sequential reader.", s.prefetches
+        )
+        yield _counter(
+            "tierd_cold_read_backend_requests", "Backend reads made by cold fetches.", s.backend_reads
+        )
+        yield _gauge("tierd_read_ahead_cache_bytes", "Bytes held by the read-ahead cache.", cache.bytes)
+        yield _gauge(
+            "tierd_read_ahead_cache_batches", "Batches held by the read-ahead cache.", len(cache._batches)
+        )
+
+    def _storage(self, store: MessageStore) -> Iterator[Metric]:
+        assert store.tiering is not None
+        sizes = {"COMMIT_LOG": 0, "CONSUME_QUEUE": 0, "INDEX": 0}
+        counts = dict.fromkeys(sizes, 0)
+        oldest: dict[str, int] = {}
+        for (topic, _), ff in list(store.tiering.flat.files.items()):
+            for kind, flat in (("COMMIT_LOG", ff.commitlog), ("CONSUME_QUEUE", ff.consumequeue)):
+                for seg in flat.segments:
+                    sizes[kind] += seg.commit_position
+                    counts[kind] += 1
+            first = ff.commitlog.segments[0].min_timestamp if ff.commitlog.segments else None
+            if first is not None:
+                oldest[topic] = min(first, oldest.get(topic, first))
+        for info in store.tiering.index.uploaded_infos():
+            sizes["INDEX"] += info.size
+            counts["INDEX"] += 1
+        size = GaugeMetricFamily(
+            "tierd_storage_size_bytes", "Committed cold-tier bytes by file type.", labels=["file_type"]
+        )
+        segments = GaugeMetricFamily(
+            "tierd_storage_segments", "Cold-tier segments by file type.", labels=["file_type"]
+        )
+        for kind in sizes:
+            size.add_metric([kind], sizes[kind])
+            segments.add_metric([kind], counts[kind])
+        yield size
+        yield segments
+        reserve = GaugeMetricFamily(
+            "tierd_storage_message_reserve_seconds",
+            "Per topic: age of the oldest message in the cold tier.",
+            labels=["topic"],
+        )
+        now_ms = time.time() * 1000
+        for topic, ts in sorted(oldest.items()):
+            reserve.add_metric([topic], max(0.0, (now_ms - ts) / 1000))
+        yield reserve
+
+    def _index(self, store: MessageStore) -> Iterator[Metric]:
+        assert store.tiering is not None
+        s = store.tiering.index.stats
+        yield _counter("tierd_cold_index_items_added", "Keys added to the cold index.", s.items_added)
+        yield _counter("tierd_cold_index_queries", "Key queries that consulted the cold index.", s.queries)
+        yield _counter("tierd_cold_index_hits", "Candidate hits returned by the cold index.", s.hits)
+        yield _counter("tierd_cold_index_uploads", "Index files compacted and uploaded.", s.uploads)
+        yield _counter("tierd_cold_index_uploaded_bytes", "Bytes of index files uploaded.", s.uploaded_bytes)
+        files = GaugeMetricFamily(
+            "tierd_cold_index_files", "Cold index files by where they are.", labels=["state"]
+        )
+        files.add_metric(["local"], s.local_files)
+        files.add_metric(["uploaded"], s.uploaded_files)
+        yield files
+
+
+def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, doc, value=float(value))
+
+
+def _counter(name: str, doc: str, value: float) -> CounterMetricFamily:
+    return CounterMetricFamily(name, doc, value=float(value))
+
+
+class HttpMetricsMiddleware:
+    """Times every HTTP request. The ``route`` label is the matched route *template*
+    (``/v1/topics/{topic}/messages``), or ``unmatched`` — never the raw path, whose
+    cardinality a client (or a fuzzer) controls."""
+
+    def __init__(self, app: ASGIApp, metrics: ServiceMetrics) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        status = 500
+        start = time.perf_counter()
+
+        async def recording_send(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, recording_send)
+        finally:
+            route = scope.get("route")
+            template = getattr(route, "path_format", None) or getattr(route, "path", None) or "unmatched"
+            method = scope["method"] if scope["method"] in _METHODS else "other"
+            self.metrics.http_latency.labels(template, method, str(status)).observe(
+                time.perf_counter() - start
+            )
