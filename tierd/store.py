@@ -227,10 +227,12 @@ class MessageStore(_StoreCore):
         await asyncio.to_thread(self._hot().wait_dispatched, 30)
         return await self.tiering.tier_now()
 
-    async def close(self) -> None:
+    async def close(self, grace: float | None = None) -> None:
+        """Close both tiers; pending messages get ``grace`` seconds (default
+        ``server.shutdown_grace``) to reach the cold tier, the rest goes at the next start."""
         await self.router.fetcher.aclose()
         if self.tiering is not None:
-            await self.tiering.close(self.config.server.shutdown_grace)
+            await self.tiering.close(self.config.server.shutdown_grace if grace is None else grace)
             self.tiering = self.router.tiering = None
         await asyncio.to_thread(self.hot.close)
 
@@ -380,11 +382,13 @@ class BlockingMessageStore(_StoreCore):
     ) -> list[MessageExt]:
         return self._run(self._query(topic, key, max_count, begin, end))
 
-    def close(self) -> None:
+    def close(self, grace: float | None = None) -> None:
+        """Close both tiers; pending messages get ``grace`` seconds (default
+        ``server.shutdown_grace``) to reach the cold tier, the rest goes at the next start."""
         if self._loop is not None:
             self._loop.run(self.router.fetcher.aclose())
         if self.tiering is not None and self._loop is not None:
-            self._loop.run(self.tiering.close(self.config.server.shutdown_grace))
+            self._loop.run(self.tiering.close(self.config.server.shutdown_grace if grace is None else grace))
             self.tiering = self.router.tiering = None
         if self._loop is not None:
             self._loop.stop()

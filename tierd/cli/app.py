@@ -82,12 +82,12 @@ class Context:
     def store(self, *, finish_tiering: bool = False) -> Iterator[BlockingMessageStore]:
         """Open the configured store. Read-only commands close without waiting to commit pending
         messages to the cold tier (``finish_tiering=False``); the daemon does that on its own."""
-        cfg = self.config()
-        if not finish_tiering:
-            cfg = cfg.model_copy(update={"server": cfg.server.model_copy(update={"shutdown_grace": 0.0})})
-        with BlockingMessageStore.open(cfg) as store:
+        store = BlockingMessageStore.open(self.config())
+        try:
             store.wait_ready()  # commands show both tiers, so the cold one must have loaded
             yield store
+        finally:
+            store.close(grace=None if finish_tiering else 0.0)
 
 
 def obj(ctx: typer.Context) -> Context:

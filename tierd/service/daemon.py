@@ -185,8 +185,7 @@ class Daemon:
         # whole shutdown stays within server.shutdown_grace (plus the short drain/HTTP waits and
         # one second, so a commit that finished just now is not reported as timed out).
         left = max(1.0, grace - (time.monotonic() - started))
-        store.config = store.config.with_overrides(server={"shutdown_grace": left})
-        await store.close()
+        await store.close(grace=left)
         if tiering is not None:
             log.info(
                 "committed %d message(s) to the cold tier during shutdown",

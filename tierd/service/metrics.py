@@ -204,7 +204,7 @@ class StoreCollector(Collector):
         )
         yield _gauge("tierd_read_ahead_cache_bytes", "Bytes held by the read-ahead cache.", cache.bytes)
         yield _gauge(
-            "tierd_read_ahead_cache_batches", "Batches held by the read-ahead cache.", len(cache._batches)
+            "tierd_read_ahead_cache_batches", "Batches held by the read-ahead cache.", cache.batch_count
         )
 
     def _storage(self, store: MessageStore) -> Iterator[Metric]:

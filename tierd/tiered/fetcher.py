@@ -166,6 +166,11 @@ class ReadAheadCache:
         while self.bytes > self.max_bytes and self._batches:
             self._drop(next(iter(self._batches)))
 
+    @property
+    def batch_count(self) -> int:
+        """Batches held now (a metric)."""
+        return len(self._batches)
+
     def invalidate(self, key: QueueKey) -> None:
         for first in list(self._starts.get(key, [])):
             self._drop((*key, first))
