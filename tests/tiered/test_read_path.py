@@ -227,3 +227,61 @@ def test_a_sequential_reader_finds_the_next_batch_loaded_ahead(tmp_path: Path) -
         assert misses_after == misses_before == 1
         assert prefetches >= 1
         assert bodies == [_body(i) for i in range(60)]
+
+
+def _batch_of(n: int) -> tuple[bytes, list[int], list[int]]:
+    from tierd.local.codec import encode_host, encode_record, topic_field
+
+    magic, topic = topic_field(b"h")
+    records, offsets = [], []
+    pos = 0
+    for i in range(n):
+        r = encode_record(
+            _body(i),
+            topic,
+            magic,
+            b"",
+            0,
+            0,
+            i,
+            pos,
+            0,
+            1_000,
+            encode_host("127.0.0.1:1"),
+            2_000,
+            encode_host("127.0.0.1:10911"),
+        )
+        records.append(r)
+        offsets.append(pos)
+        pos += len(r)
+    return b"".join(records), offsets, [len(r) for r in records]
+
+
+def test_large_batches_decode_with_the_collector_paused_and_always_resume_it() -> None:
+    import gc
+
+    import numpy as np
+
+    from tierd.errors import CorruptRecordError
+    from tierd.tiered.fetcher import GC_PAUSE_MIN, ColdBatch
+
+    n = GC_PAUSE_MIN * 4
+    data, offsets, sizes = _batch_of(n)
+
+    def batch(raw: bytes) -> ColdBatch:
+        return ColdBatch("h", 0, 0, np.array(offsets, np.int64), np.array(sizes, np.int64), raw)
+
+    assert gc.isenabled()
+    assert [m.body for m in batch(data).messages(0, n)] == [_body(i) for i in range(n)]
+    assert gc.isenabled()
+    broken = bytearray(data)
+    broken[offsets[n // 2] + sizes[n // 2] - 10] ^= 0xFF  # inside record n/2
+    with pytest.raises(CorruptRecordError, match=f"offset {n // 2}"):
+        batch(bytes(broken)).messages(0, n)
+    assert gc.isenabled()
+    gc.disable()  # a caller that turned the collector off keeps it off
+    try:
+        batch(data).messages(0, n)
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
