@@ -9,8 +9,10 @@ Prints one JSON object:
 
 The server is a real ``tierd serve`` **subprocess** and the clients run here: on a 2-core
 machine, a server sharing the GIL with its own load generator would measure the client as much
-as the server. Clients use the standard library's ``http.client`` on threads (one keep-alive
-connection each) because a heavyweight client would again bench itself. Tiering is off, as in
+as the server. Clients are threads with one keep-alive socket each that send pre-built HTTP/1.1
+requests and read just the status line, headers and ``Content-Length`` bytes of each response
+(what ``wrk`` does): on 2 cores, every microsecond the load generator spends is taken from the
+server, and ``http.client`` spends ~0.3 ms per request parsing headers with ``email``. Tiering is off, as in
 ``bench/append.py``: the comparison is the produce path, not the dispatcher competing for CPU.
 
 Usage: ``python bench/http_produce.py [--batches N] [--batch B] [--clients C]``.
@@ -21,12 +23,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
-import http.client
 import json
 import os
 import re
 import select
 import signal
+import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -127,6 +130,28 @@ def _start_server(root: Path) -> tuple[subprocess.Popen[str], str, int]:
     raise RuntimeError("tierd serve did not become ready")
 
 
+def _read_response(sock: socket.socket, buf: bytes) -> tuple[int, bytes, bytes]:
+    """One HTTP/1.1 response: (status, body, bytes already received of the next one)."""
+    while b"\r\n\r\n" not in buf:
+        more = sock.recv(65536)
+        if not more:
+            raise RuntimeError("server closed the connection")
+        buf += more
+    head, _, rest = buf.partition(b"\r\n\r\n")
+    status = int(head[9:12])
+    length = 0
+    for line in head.split(b"\r\n")[1:]:
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length":
+            length = int(value)
+    while len(rest) < length:
+        more = sock.recv(65536)
+        if not more:
+            raise RuntimeError("server closed the connection")
+        rest += more
+    return status, rest[:length], rest[length:]
+
+
 def _http(root: Path, payloads: list[bytes], clients: int, batch: int) -> dict[str, float]:
     proc, host, port = _start_server(root)
     try:
@@ -137,20 +162,25 @@ def _http(root: Path, payloads: list[bytes], clients: int, batch: int) -> dict[s
         start = threading.Barrier(clients + 1)
 
         def client(share: list[bytes]) -> None:
-            conn = http.client.HTTPConnection(host, port)
-            headers = {"Content-Type": "application/json"}
+            sock = socket.create_connection((host, port))
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            head = (
+                f"POST /v1/topics/bench/messages:batch HTTP/1.1\r\nHost: {host}:{port}\r\n"
+                "Content-Type: application/json\r\nContent-Length: "
+            ).encode()
+            requests = [head + str(len(p)).encode() + b"\r\n\r\n" + p for p in share]
             mine = []
+            buf = b""
             start.wait()
-            for p in share:
+            for req in requests:
                 t = time.perf_counter()
-                conn.request("POST", "/v1/topics/bench/messages:batch", p, headers)
-                r = conn.getresponse()
-                data = r.read()
+                sock.sendall(req)
+                status, body, buf = _read_response(sock, buf)
                 mine.append(time.perf_counter() - t)
-                if r.status != 200:
-                    errors.append(data.decode()[:200])
+                if status != 200:
+                    errors.append(body.decode()[:200])
                     break
-            conn.close()
+            sock.close()
             with lock:
                 lat.extend(mine)
 
@@ -183,19 +213,29 @@ def main() -> None:
     ap.add_argument("--batches", type=int, default=3000)
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--clients", type=int, default=4)
+    ap.add_argument("--repeat", type=int, default=3, help="interleaved runs of each side (noisy machine)")
     args = ap.parse_args()
     batches, payloads = _payloads(args.batches, args.batch)
+    in_runs, http_runs = [], []
     with tempfile.TemporaryDirectory(dir=os.environ.get("TIERD_BENCH_DIR")) as tmp:
         root = Path(tmp)
-        in_proc = asyncio.run(_in_process(root / "inproc", batches))
-        over_http = _http(root / "http", payloads, args.clients, args.batch)
+        for i in range(args.repeat):
+            in_runs.append(asyncio.run(_in_process(root / f"inproc{i}", batches)))
+            http_runs.append(_http(root / f"http{i}", payloads, args.clients, args.batch))
+    in_median = statistics.median(r["msgs_per_s"] for r in in_runs)
+    http_median = statistics.median(r["msgs_per_s"] for r in http_runs)
+    best_in = max(in_runs, key=lambda r: r["msgs_per_s"])
+    best_http = max(http_runs, key=lambda r: r["msgs_per_s"])
     out = {
         "batch": args.batch,
         "body_bytes": BODY,
-        "in_process": in_proc,
-        "http": over_http,
-        "ratio": over_http["msgs_per_s"] / in_proc["msgs_per_s"],
-        "targets": {"ratio": ">= 0.3"},
+        "in_process": best_in,
+        "http": best_http,
+        "in_process_runs_msgs_per_s": [r["msgs_per_s"] for r in in_runs],
+        "http_runs_msgs_per_s": [r["msgs_per_s"] for r in http_runs],
+        "ratio": http_median / in_median,
+        "ratio_best_vs_best": best_http["msgs_per_s"] / best_in["msgs_per_s"],
+        "targets": {"ratio": ">= 0.3 (median HTTP run / median in-process run)"},
     }
     json.dump(out, sys.stdout, indent=2)
     print()
