@@ -158,6 +158,15 @@ def _hosts(
     buf: npt.NDArray[np.uint8], pos: npt.NDArray[np.int64], v6: npt.NDArray[np.bool_]
 ) -> tuple[pa.Array, npt.NDArray[np.uint8]]:
     """Host strings (decoded once per distinct value) and the raw 20-byte padded host bytes."""
+    if not v6.any():  # IPv4 only (the usual case): 8-byte values, unique as integers
+        idx = pos[:, None] + np.arange(8)
+        raw8 = buf[idx]
+        values = raw8.view(">u8").ravel()
+        uniq, inverse = np.unique(values, return_inverse=True)
+        names = [decode_host(int(u).to_bytes(8, "big")) for u in uniq.tolist()]
+        raw = np.zeros((len(pos), 20), np.uint8)
+        raw[:, :8] = raw8
+        return pa.array(names, pa.string()).take(pa.array(inverse.astype(np.int32))), raw
     raw = buf[(pos[:, None] + np.arange(20)).clip(max=len(buf) - 1)]
     raw[~v6, 8:] = 0
     keyed = np.empty((len(pos), 21), np.uint8)
