@@ -9,6 +9,8 @@ producers ──HTTP──▶ tierd serve ──▶ hot store (tmp dir)
 from __future__ import annotations
 
 import base64
+import json
+import subprocess
 import threading
 import time
 from typing import TYPE_CHECKING, Any
@@ -19,7 +21,7 @@ from tierd import BlockingMessageStore, TierdConfig
 from tierd.testing.s3server import create_bucket
 
 from ..tiered.conftest import run
-from .conftest import TierdProcess, service_config, toml
+from .conftest import TIERD, TierdProcess, service_config, toml
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -105,6 +107,32 @@ def test_serve_over_s3_with_a_token(
         for seg in segments:  # each listed segment is really in the bucket (whole or as chunks)
             assert any(k.startswith(f"tierd/{seg['path']}") for k in keys), (seg["path"], keys)
         assert "tierd_messages_dispatched_total 65.0" in c.get("/metrics").text
+
+        # The admin CLI reads the same bucket straight from its manifests while the daemon runs.
+        ls = subprocess.run(
+            [
+                *TIERD,
+                "--config",
+                str(cfg),
+                "--output",
+                "json",
+                "segments",
+                "ls",
+                "--topic",
+                "orders",
+                "--queue",
+                "2",
+                "--backend-url",
+                TierdConfig.load(cfg, env={}).backend.url,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert ls.returncode == 0, ls.stderr
+        listed = {(r["type"], r["base_offset"], r["size"], r["path"]) for r in json.loads(ls.stdout)}
+        assert listed == {(s["type"], s["base_offset"], s["size"], s["path"]) for s in segments}
 
         assert tierd.terminate() == 0
     finally:
