@@ -282,3 +282,13 @@ def test_a_real_subprocess_round_trip(cfg: Path) -> None:
     assert base64.b64decode(json.loads(got.stdout)["messages"][0]["body"]) == b"from a shell"
     bad = run("queues", "ls", "nope")
     assert (bad.returncode, bad.stderr.strip()) == (1, "tierd: error: topic 'nope' does not exist")
+
+
+def test_a_store_held_by_a_running_daemon_gets_a_hint(cfg: Path) -> None:
+    from tierd import BlockingMessageStore, TierdConfig
+
+    with BlockingMessageStore.open(TierdConfig.load(cfg)):  # stands in for `tierd serve`
+        res = tierd(cfg, "topics", "ls", code=1)
+    assert "is in use by another process" in res.stderr
+    assert "Is `tierd serve` running on it?" in res.stderr
+    assert res.stderr.count("\n") == 1

@@ -32,7 +32,7 @@ from rich.progress import (
 from rich.table import Table
 
 from tierd import BlockingMessageStore, TierdConfig
-from tierd.errors import TierdError
+from tierd.errors import StoreLockedError, TierdError
 
 log = logging.getLogger("tierd")
 P = ParamSpec("P")
@@ -82,7 +82,14 @@ class Context:
     def store(self, *, finish_tiering: bool = False) -> Iterator[BlockingMessageStore]:
         """Open the configured store. Read-only commands close without waiting to commit pending
         messages to the cold tier (``finish_tiering=False``); the daemon does that on its own."""
-        store = BlockingMessageStore.open(self.config())
+        try:
+            store = BlockingMessageStore.open(self.config())
+        except StoreLockedError as e:
+            raise StoreLockedError(
+                f"{e}. Is `tierd serve` running on it? Use its HTTP API (docs/http.md), or read the "
+                "bucket directly with `tierd segments ls --backend-url URL`",
+                **e.detail,
+            ) from e
         try:
             store.wait_ready()  # commands show both tiers, so the cold one must have loaded
             yield store
