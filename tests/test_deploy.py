@@ -28,6 +28,17 @@ def test_manifests_parse_and_the_sidecar_runs_tierd_serve() -> None:
     deployment = yaml.safe_load((REPO / "deploy" / "k8s" / "base" / "deployment.yaml").read_text())
     sidecar = next(c for c in deployment["spec"]["template"]["spec"]["containers"] if c["name"] == "tierd")
     assert "tierd --config /etc/tierd/tierd.toml serve" in sidecar["command"][-1]
+    # probes reach the API on loopback (the profile binds 127.0.0.1) at the health routes
+    probes = {
+        k: " ".join(sidecar[k]["exec"]["command"])
+        for k in ("startupProbe", "livenessProbe", "readinessProbe")
+    }
+    assert "127.0.0.1:8080/readyz" in probes["readinessProbe"]
+    assert "127.0.0.1:8080/healthz" in probes["livenessProbe"]
+    cfg = TierdConfig.load(REPO / "deploy" / "k8s" / "base" / "tierd.toml", env={})
+    assert (cfg.server.host, cfg.server.port) == ("127.0.0.1", 8080)
+    grace = deployment["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
+    assert grace > cfg.server.shutdown_grace  # the drain finishes before the kubelet's SIGKILL
     for path in (REPO / "deploy").rglob("*.yaml"):
         assert yaml.safe_load(path.read_text()) is not None, path
 
