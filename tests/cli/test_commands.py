@@ -292,3 +292,33 @@ def test_a_store_held_by_a_running_daemon_gets_a_hint(cfg: Path) -> None:
     assert "is in use by another process" in res.stderr
     assert "Is `tierd serve` running on it?" in res.stderr
     assert res.stderr.count("\n") == 1
+
+
+def test_verify_lists_a_sealed_segment_whose_checksum_no_longer_matches(tmp_path: Path) -> None:
+    cfg = _config(tmp_path)
+    cfg.write_text(cfg.read_text().replace("[tiered]\n", "[tiered]\ncommitlog_segment_size = 8000\n"))
+    _produce_lines(cfg, "orders", 200, "key-kept-in-properties")
+    tierd(cfg, "tier")
+    sealed = [r for r in tierd_json(cfg, "segments", "ls", "--type", "CL") if r["sealed"]]
+    assert sealed, "the test needs a sealed commitlog segment"
+    path = tmp_path / "cold" / sealed[0]["path"]
+    raw = bytearray(path.read_bytes())
+    at = raw.index(b"key-kept-in-properties")  # a property value: no record CRC covers it
+    raw[at] ^= 0x20
+    path.chmod(0o644)  # sealed posix segments are read-only
+    path.write_bytes(bytes(raw))
+    problems = json.loads(tierd(cfg, "--output", "json", "verify", code=1).stdout)["problems"]
+    assert [p["area"] for p in problems] == ["cold-segment"], problems
+    assert "CRC32C is" in problems[0]["message"]
+    assert sealed[0]["path"] in problems[0]["where"]
+
+
+def test_a_cold_tier_that_lost_committed_bytes_fails_fast_with_the_reason(cfg: Path, tmp_path: Path) -> None:
+    _produce_lines(cfg, "orders", 40, "k")
+    tierd(cfg, "tier")
+    segment = next(p for p in (tmp_path / "cold").rglob("*") if p.is_file() and "COMMIT_LOG" in p.parts)
+    segment.write_bytes(segment.read_bytes()[:-50])  # the backend lost acknowledged bytes
+    res = tierd(cfg, "queues", "ls", "orders", code=1)
+    # reported as soon as start-up fails, not as "not ready after 30 s": retrying cannot fix it
+    assert res.stderr.startswith("tierd: error: the cold tier cannot start: orders/0: ")
+    assert "but the commitlog holds only" in res.stderr

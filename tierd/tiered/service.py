@@ -8,12 +8,13 @@ until it succeeds the hot store keeps accepting writes and hot retention deletes
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from tierd.errors import BackendError, InvalidArgumentError, NotFoundError, TierdError
+from tierd.errors import BackendError, CorruptionError, InvalidArgumentError, NotFoundError, TierdError
 from tierd.tiered.dispatcher import Dispatcher
 from tierd.tiered.flatstore import FlatFileStore
 from tierd.tiered.index import ColdIndexService
@@ -29,6 +30,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 START_RETRY_CAP = 30.0
+#: How often a waiter for start-up looks at the last start failure.
+READY_POLL = 0.2
 #: Cold retention runs this often (RocketMQ's tieredStoreDeleteFileInterval).
 RETENTION_INTERVAL = 3600.0
 
@@ -151,14 +154,23 @@ class TieringService:
 
     async def wait_ready(self, timeout: float = 30.0) -> None:
         """Wait for start-up (metadata loaded, backend reachable); a clear error when it does not
-        come within ``timeout`` seconds, naming the backend's last failure."""
-        try:
-            await asyncio.wait_for(self.ready.wait(), timeout)
-        except TimeoutError:
-            raise BackendError(
-                f"the cold tier is not ready after {timeout:.0f} s: {self.start_error or 'still starting'}",
-                backend=repr(self.root),
-            ) from None
+        come within ``timeout`` seconds, naming the backend's last failure — at once when that
+        failure is not one that retrying fixes (corrupt data, bad settings)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while not self.ready.is_set():
+            err = self.start_error
+            if isinstance(err, CorruptionError | InvalidArgumentError):
+                detail = {**err.detail, "backend": repr(self.root)}
+                raise BackendError(f"the cold tier cannot start: {err}", **detail) from err
+            left = deadline - loop.time()
+            if left <= 0:
+                raise BackendError(
+                    f"the cold tier is not ready after {timeout:.0f} s: {err or 'still starting'}",
+                    backend=repr(self.root),
+                )
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.ready.wait(), min(left, READY_POLL))
 
     async def tier_now(self, timeout: float | None = None) -> int:
         """Commit everything pending to the cold tier now (waits for start-up first), then bring
