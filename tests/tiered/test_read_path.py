@@ -230,7 +230,7 @@ def test_a_sequential_reader_finds_the_next_batch_loaded_ahead(tmp_path: Path) -
 
 
 def _batch_of(n: int) -> tuple[bytes, list[int], list[int]]:
-    from tierd.local.codec import encode_host, encode_record, topic_field
+    from tierd.local.codec import encode_host, encode_properties, encode_record, topic_field
 
     magic, topic = topic_field(b"h")
     records, offsets = [], []
@@ -240,7 +240,7 @@ def _batch_of(n: int) -> tuple[bytes, list[int], list[int]]:
             _body(i),
             topic,
             magic,
-            b"",
+            encode_properties({"KEYS": f"k{i}", "UNIQ_KEY": f"U{i:08d}"}) if i % 2 else b"",
             0,
             0,
             i,
@@ -285,3 +285,34 @@ def test_large_batches_decode_with_the_collector_paused_and_always_resume_it() -
         assert not gc.isenabled()
     finally:
         gc.enable()
+
+
+@pytest.mark.parametrize(
+    ("topic", "queue_id", "first", "message"),
+    [
+        ("other", 0, 0, "but the consume queue says other/0 offset 0"),
+        ("h", 3, 0, "but the consume queue says h/3 offset 0"),
+        ("h", 0, 7, "but the consume queue says h/0 offset 7"),
+    ],
+)
+def test_a_batch_holding_another_queues_records_is_refused_naming_both(
+    topic: str, queue_id: int, first: int, message: str
+) -> None:
+    import numpy as np
+
+    from tierd.errors import CorruptRecordError
+    from tierd.tiered.fetcher import ColdBatch
+
+    data, offsets, sizes = _batch_of(300)  # records of h/0 at offsets 0..299
+    batch = ColdBatch(topic, queue_id, first, np.array(offsets, np.int64), np.array(sizes, np.int64), data)
+    with pytest.raises(CorruptRecordError, match=message):
+        batch.messages(first, first + 300)
+    good = ColdBatch("h", 0, 0, np.array(offsets, np.int64), np.array(sizes, np.int64), data)
+    got = good.messages(10, 300)
+    assert [m.queue_offset for m in got] == list(range(10, 300))
+    assert {(m.topic, m.queue_id, m.born_host, m.store_host) for m in got} == {
+        ("h", 0, "127.0.0.1:1", "127.0.0.1:10911")
+    }
+    assert all(m.size == s for m, s in zip(got, sizes[10:], strict=True))
+    assert good.records is not None  # the batch-wise path gives what the per-record decoder gives
+    assert got == [good.records.message(i) for i in range(10, 300)]

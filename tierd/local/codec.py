@@ -509,6 +509,7 @@ def encode_batch(
 _I4 = np.dtype(">i4")
 _U4 = np.dtype(">u4")
 _I8 = np.dtype(">i8")
+_U8 = np.dtype(">u8")
 
 
 def _gather(buf: npt.NDArray[np.uint8], pos: npt.NDArray[np.int64], dtype: np.dtype[Any]) -> npt.NDArray[Any]:
@@ -523,13 +524,16 @@ class RecordBatch:
     read path's "parse lazily, check CRC in bulk"). Records with IPv6 hosts fall back to
     :func:`decode_record`."""
 
-    __slots__ = ("_cols", "data", "sizes", "starts")
+    __slots__ = ("_cols", "_hosts", "_queue_checked", "_topic_pos", "data", "sizes", "starts")
 
     def __init__(self, data: bytes, starts: npt.NDArray[np.int64], sizes: npt.NDArray[np.int64]) -> None:
         self.data = data
         self.starts = starts
         self.sizes = sizes
         self._cols: list[tuple[int, ...]] | None = None
+        self._hosts: tuple[list[str], list[str]] | None = None
+        self._queue_checked: tuple[str, int, int] | None = None
+        self._topic_pos: tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]] | None = None
 
     def _columns(self) -> list[tuple[int, ...]] | None:
         if self._cols is not None:
@@ -563,6 +567,7 @@ class RecordBatch:
         props_len = buf[topic_end].astype(np.int64) * 256 + buf[topic_end + 1].astype(np.int64)
         if np.any(topic_end + 2 + props_len != s + total):
             return None
+        self._topic_pos = (topic_start, topic_end)
         # One tuple per record, built in C (zip): message() then unpacks instead of indexing.
         self._cols = list(
             zip(
@@ -585,6 +590,107 @@ class RecordBatch:
             )
         )
         return self._cols
+
+    def queue_messages(
+        self, start: int, stop: int, topic: str, queue_id: int, first_queue_offset: int
+    ) -> list[MessageExt] | None:
+        """Records ``[start, stop)`` of a batch that must be consecutive messages of one queue,
+        record ``i`` having queue offset ``first_queue_offset + i``, each CRC-checked. What is
+        the same for every record (topic, queue id, offsets, hosts) is checked and decoded once
+        per batch with numpy, not per message. None when anything differs from that shape
+        (IPv6 hosts, a foreign record, a bad CRC...): the caller then decodes message by message
+        and reports the precise problem."""
+        rows = self._columns()
+        if rows is None or not self._is_queue(topic, queue_id, first_queue_offset):
+            return None
+        hosts = self._hosts
+        assert hosts is not None
+        born_hosts, store_hosts = hosts
+        data = self.data
+        crc32 = zlib.crc32
+        out: list[MessageExt] = []
+        append = out.append
+        for i in range(start, stop):
+            (
+                crc,
+                _,
+                flag,
+                queue_offset,
+                phys,
+                sysflag,
+                born_ts,
+                store_ts,
+                reconsume,
+                prepared,
+                body_start,
+                body_end,
+                _,
+                topic_end,
+                end,
+            ) = rows[i]
+            body = data[body_start:body_end]
+            if (crc32(body) & 0x7FFFFFFF) != crc:
+                return None
+            raw_props = data[topic_end + 2 : end]
+            try:
+                raw_props.decode()
+            except UnicodeDecodeError:
+                return None
+            append(
+                MessageExt(
+                    topic,
+                    queue_id,
+                    queue_offset,
+                    body,
+                    LazyProperties(raw_props) if raw_props else _NO_PROPERTIES,
+                    store_ts,
+                    born_ts,
+                    born_hosts[i],
+                    store_hosts[i],
+                    phys,
+                    end - body_start + HEADER_V4,
+                    flag,
+                    sysflag,
+                    reconsume,
+                    prepared,
+                    crc,
+                )
+            )
+        return out
+
+    def _is_queue(self, topic: str, queue_id: int, first_queue_offset: int) -> bool:
+        """Whether every record belongs to ``topic``/``queue_id`` at consecutive offsets from
+        ``first_queue_offset`` (checked once, with numpy); also decodes the host columns."""
+        key = (topic, queue_id, first_queue_offset)
+        if self._queue_checked == key:
+            return True
+        buf = np.frombuffer(self.data, np.uint8)
+        s = self.starts
+        n = len(s)
+        expected = topic.encode()
+        queue_ids = _gather(buf, s + POS_QUEUE_ID, _I4)
+        offsets = _gather(buf, s + POS_QUEUE_OFFSET, _I8)
+        assert self._topic_pos is not None
+        topic_start, topic_end = self._topic_pos
+        topic_len = topic_end - topic_start
+        if (
+            np.any(queue_ids != queue_id)
+            or np.any(offsets != first_queue_offset + np.arange(n))
+            or np.any(topic_len != len(expected))
+        ):
+            return False
+        if expected:
+            got = buf[topic_start[:, None] + np.arange(len(expected))]
+            if not (got == np.frombuffer(expected, np.uint8)).all():
+                return False
+        born = _gather(buf, s + POS_BORN_HOST, _U8).tolist()
+        store = _gather(buf, s + POS_BORN_HOST + 16, _U8).tolist()
+        names: dict[int, str] = {}
+        for v in set(born) | set(store):
+            names[v] = decode_host(v.to_bytes(8, "big"))
+        self._hosts = ([names[v] for v in born], [names[v] for v in store])
+        self._queue_checked = key
+        return True
 
     def message(self, i: int) -> MessageExt:
         """Record ``i``, CRC-checked; raises :class:`CorruptRecordError` if it is not valid."""

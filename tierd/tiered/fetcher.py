@@ -91,8 +91,12 @@ class ColdBatch:
     def _messages(self, start: int, stop: int) -> list[MessageExt]:
         if self.records is None:
             self.records = RecordBatch(self.data, self.flat_offsets - self.flat_offsets[0], self.sizes)
-        decode = self.records.message
         topic, queue_id, first = self.topic, self.queue_id, self.first
+        fast = self.records.queue_messages(start - first, stop - first, topic, queue_id, first)
+        if fast is not None:
+            return fast
+        # Message by message: slower, and names exactly what is wrong with which record.
+        decode = self.records.message
         sizes = self.sizes
         out: list[MessageExt] = []
         for queue_offset in range(start, stop):
