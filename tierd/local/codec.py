@@ -603,60 +603,13 @@ class RecordBatch:
         rows = self._columns()
         if rows is None or not self._is_queue(topic, queue_id, first_queue_offset):
             return None
-        hosts = self._hosts
-        assert hosts is not None
-        born_hosts, store_hosts = hosts
-        data = self.data
-        crc32 = zlib.crc32
-        out: list[MessageExt] = []
-        append = out.append
-        for i in range(start, stop):
-            (
-                crc,
-                _,
-                flag,
-                queue_offset,
-                phys,
-                sysflag,
-                born_ts,
-                store_ts,
-                reconsume,
-                prepared,
-                body_start,
-                body_end,
-                _,
-                topic_end,
-                end,
-            ) = rows[i]
-            body = data[body_start:body_end]
-            if (crc32(body) & 0x7FFFFFFF) != crc:
-                return None
-            raw_props = data[topic_end + 2 : end]
-            try:
-                raw_props.decode()
-            except UnicodeDecodeError:
-                return None
-            append(
-                MessageExt(
-                    topic,
-                    queue_id,
-                    queue_offset,
-                    body,
-                    LazyProperties(raw_props) if raw_props else _NO_PROPERTIES,
-                    store_ts,
-                    born_ts,
-                    born_hosts[i],
-                    store_hosts[i],
-                    phys,
-                    end - body_start + HEADER_V4,
-                    flag,
-                    sysflag,
-                    reconsume,
-                    prepared,
-                    crc,
-                )
-            )
-        return out
+        assert self._hosts is not None
+        born, store = self._hosts
+        build = self._build
+        try:
+            return [build(rows[i], topic, born[i], store[i]) for i in range(start, stop)]
+        except CorruptRecordError:
+            return None
 
     def _is_queue(self, topic: str, queue_id: int, first_queue_offset: int) -> bool:
         """Whether every record belongs to ``topic``/``queue_id`` at consecutive offsets from
@@ -698,6 +651,19 @@ class RecordBatch:
         if rows is None:
             start = int(self.starts[i])
             return decode_record(self.data, start, limit=start + int(self.sizes[i]), check_crc=True)
+        row = rows[i]
+        data = self.data
+        start = row[10] - HEADER_V4
+        try:
+            topic = data[row[12] : row[13]].decode()
+        except UnicodeDecodeError as e:
+            raise _fail(f"topic is not UTF-8 ({e.reason})", start) from e
+        born = decode_host(data[start + 48 : start + 56])
+        store = decode_host(data[start + 64 : start + 72])
+        return self._build(row, topic, born, store)
+
+    def _build(self, row: tuple[int, ...], topic: str, born_host: str, store_host: str) -> MessageExt:
+        """The message of one column row: body CRC and property encoding checked here."""
         (
             crc,
             queue_id,
@@ -711,21 +677,19 @@ class RecordBatch:
             prepared,
             body_start,
             body_end,
-            topic_start,
+            _,
             topic_end,
             end,
-        ) = rows[i]
+        ) = row
         data = self.data
-        start = body_start - HEADER_V4
         body = data[body_start:body_end]
         if (zlib.crc32(body) & 0x7FFFFFFF) != crc:
-            raise _fail(f"body CRC mismatch (stored {crc})", start)
+            raise _fail(f"body CRC mismatch (stored {crc})", body_start - HEADER_V4)
+        raw_props = data[topic_end + 2 : end]
         try:
-            topic = data[topic_start:topic_end].decode()
-            raw_props = data[topic_end + 2 : end]
             raw_props.decode()
         except UnicodeDecodeError as e:
-            raise _fail(f"topic or properties are not UTF-8 ({e.reason})", start) from e
+            raise _fail(f"properties are not UTF-8 ({e.reason})", body_start - HEADER_V4) from e
         return MessageExt(
             topic,
             queue_id,
@@ -734,10 +698,10 @@ class RecordBatch:
             LazyProperties(raw_props) if raw_props else _NO_PROPERTIES,
             store_ts,
             born_ts,
-            decode_host(data[start + 48 : start + 56]),
-            decode_host(data[start + 64 : start + 72]),
+            born_host,
+            store_host,
             phys,
-            end - start,
+            end - body_start + HEADER_V4,
             flag,
             sysflag,
             reconsume,
