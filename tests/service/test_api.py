@@ -15,6 +15,7 @@ import pytest
 
 from tierd import TierdConfig
 from tierd.service.app import create_app
+from tierd.service.schemas import BatchOut
 
 from .conftest import Running, running, service_config
 
@@ -63,8 +64,16 @@ def test_produce_tier_and_read_back_from_the_cold_tier(svc: Running) -> None:
         },
     )
     assert batch.status_code == 200, batch.text
+    assert batch.headers["content-type"] == "application/json"
+    BatchOut.model_validate_json(batch.content)  # the hand-built JSON has the documented shape
     results = batch.json()["results"]
     assert batch.json()["count"] == 5
+    hot = c.get(
+        f"/v1/topics/orders/queues/{put['queue_id']}/messages",
+        params={"offset": put["queue_offset"] + 1, "max": 5, "policy": "DISABLE"},
+    ).json()["messages"]
+    assert [r["msg_id"] for r in results] == [m["msg_id"] for m in hot]
+    assert [r["commitlog_offset"] for r in results] == [m["commitlog_offset"] for m in hot]
     assert [r["queue_offset"] for r in results] == list(
         range(put["queue_offset"] + 1, put["queue_offset"] + 6)
     )
