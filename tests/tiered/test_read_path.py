@@ -316,3 +316,29 @@ def test_a_batch_holding_another_queues_records_is_refused_naming_both(
     assert all(m.size == s for m, s in zip(got, sizes[10:], strict=True))
     assert good.records is not None  # the batch-wise path gives what the per-record decoder gives
     assert got == [good.records.message(i) for i in range(10, 300)]
+
+
+def test_consume_queue_units_read_ahead_serve_the_next_batches(tmp_path: Path) -> None:
+    with _store_with_history(tmp_path, read_ahead_count=200, read_ahead_size=20 * BODY) as store:
+        assert store.tiering is not None
+        ff = store.tiering.flat.get("h", 0)
+        assert ff is not None
+        fetcher = ColdFetcher(
+            store.config.tiered.model_copy(update={"read_ahead_count": 200, "read_ahead_size": 20 * BODY})
+        )
+
+        async def scenario() -> tuple[list[int], list[bytes]]:
+            reads, bodies = [], []
+            offset = 0
+            for _ in range(5):  # batches are cut by read_ahead_size (< 20 messages each)
+                got = await fetcher._load_shared(ff, offset)
+                reads.append(fetcher.cache.stats.backend_reads)
+                bodies += [m.body for m in got.messages(offset, got.end)]
+                offset = got.end
+            return reads, bodies
+
+        reads, bodies = run(store, scenario())
+        # one consume-queue read (200 units) + one commitlog read, then commitlog reads only
+        assert reads == [2, 3, 4, 5, 6]
+        assert bodies == [_body(i) for i in range(len(bodies))]
+        assert len(bodies) > 40

@@ -39,6 +39,8 @@ log = logging.getLogger(__name__)
 MAX_PREFETCHES = 4
 #: Reads of at least this many messages are decoded in a worker thread.
 THREAD_DECODE_MIN = 1024
+#: Smallest budget of the consume-queue unit cache (an eighth of ``tiered.cache_max_bytes``).
+UNIT_CACHE_MIN = 1 << 20
 #: Queues whose last read position is remembered (oldest forgotten first).
 SEQUENTIAL_QUEUES = 4096
 #: Reads of at least this many messages decode with the cyclic garbage collector paused.
@@ -201,10 +203,54 @@ class ReadAheadCache:
             self._drop((*key, first))
 
 
+class UnitCache:
+    """Consume-queue units read beyond the batch they were read for, per queue (LRU, byte
+    bound). A sequential reader then pays one consume-queue read per ``read_ahead_count``
+    messages, not one per batch. Committed units never change, so entries need no validation;
+    :meth:`invalidate` drops a queue's (topic deleted)."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self.bytes = 0
+        self._units: OrderedDict[QueueKey, tuple[int, npt.NDArray[np.int64], npt.NDArray[np.int64]]] = (
+            OrderedDict()
+        )
+
+    def take(self, key: QueueKey, offset: int) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]] | None:
+        """Units from ``offset`` on, if this queue's cached run covers it."""
+        entry = self._units.get(key)
+        if entry is None:
+            return None
+        first, flat, sizes = entry
+        if not first <= offset < first + len(flat):
+            return None
+        self._units.move_to_end(key)
+        return flat[offset - first :], sizes[offset - first :]
+
+    def put(
+        self, key: QueueKey, first: int, flat: npt.NDArray[np.int64], sizes: npt.NDArray[np.int64]
+    ) -> None:
+        self.invalidate(key)
+        nbytes = flat.nbytes + sizes.nbytes
+        if nbytes > self.max_bytes:
+            return
+        self._units[key] = (first, flat, sizes)
+        self.bytes += nbytes
+        while self.bytes > self.max_bytes:
+            _, (_, f, z) = self._units.popitem(last=False)
+            self.bytes -= f.nbytes + z.nbytes
+
+    def invalidate(self, key: QueueKey) -> None:
+        entry = self._units.pop(key, None)
+        if entry is not None:
+            self.bytes -= entry[1].nbytes + entry[2].nbytes
+
+
 class ColdFetcher:
     def __init__(self, cfg: TieredConfig) -> None:
         self.cfg = cfg
         self.cache = ReadAheadCache(cfg.cache_max_bytes, cfg.cache_expire)
+        self.units = UnitCache(max(UNIT_CACHE_MIN, cfg.cache_max_bytes // 8))
         self._prefetching: set[asyncio.Task[None]] = set()
         #: Where the last read of each queue ended: a read starting there is sequential.
         self._sequential: dict[QueueKey, int] = {}
@@ -290,14 +336,21 @@ class ColdFetcher:
         return self.cache._inflight
 
     async def _load(self, ff: FlatMessageFile, offset: int) -> ColdBatch:
-        cq_end = ff.consumequeue.segment_end(offset * UNIT_SIZE) // UNIT_SIZE
-        count = min(self.cfg.read_ahead_count, ff.max_offset - offset, max(1, cq_end - offset))
-        units = await ff.read_units(offset, count)
-        self.cache.stats.backend_reads += 1
-        if not len(units):
-            raise CorruptionError(f"cold consume queue {ff.topic}/{ff.queue_id} returned no unit at {offset}")
-        flat = units["offset"].astype(np.int64)
-        sizes = units["size"].astype(np.int64)
+        key = (ff.topic, ff.queue_id)
+        cached = self.units.take(key, offset)
+        if cached is not None:
+            flat, sizes = cached
+        else:
+            cq_end = ff.consumequeue.segment_end(offset * UNIT_SIZE) // UNIT_SIZE
+            count = min(self.cfg.read_ahead_count, ff.max_offset - offset, max(1, cq_end - offset))
+            units = await ff.read_units(offset, count)
+            self.cache.stats.backend_reads += 1
+            if not len(units):
+                raise CorruptionError(
+                    f"cold consume queue {ff.topic}/{ff.queue_id} returned no unit at {offset}"
+                )
+            flat = units["offset"].astype(np.int64)
+            sizes = units["size"].astype(np.int64)
         ends = flat + sizes - flat[0]
         limit = min(self.cfg.read_ahead_size, ff.commitlog.segment_end(int(flat[0])) - int(flat[0]))
         n = max(1, int(np.searchsorted(ends, limit, side="right")))
@@ -315,4 +368,6 @@ class ColdFetcher:
                 f"short cold commitlog read for {ff.topic}/{ff.queue_id}: wanted {length} "
                 f"bytes at {int(flat[0])}, got {len(data)}"
             )
+        if n < len(flat):  # units read beyond this batch serve the next one (no second CQ read)
+            self.units.put(key, offset + n, flat[n:], sizes[n:])
         return ColdBatch(ff.topic, ff.queue_id, offset, flat[:n], sizes[:n], data)
