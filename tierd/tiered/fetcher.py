@@ -37,8 +37,8 @@ log = logging.getLogger(__name__)
 #: Background batch loads at once (across queues): enough to keep a few sequential readers ahead
 #: without turning a scan of many queues into a burst of backend reads.
 MAX_PREFETCHES = 4
-#: Reads of at least this many messages are decoded in a worker thread.
-THREAD_DECODE_MIN = 1024
+#: Messages decoded between two turns of the event loop.
+DECODE_SLICE = 1024
 #: Smallest budget of the consume-queue unit cache (an eighth of ``tiered.cache_max_bytes``).
 UNIT_CACHE_MIN = 1 << 20
 #: Queues whose last read position is remembered (oldest forgotten first).
@@ -270,11 +270,12 @@ class ColdFetcher:
             stop = min(batch.end, offset + max_count - len(out))
             if self._sequential.get(key) == offset or stop > (batch.first + batch.end) // 2:
                 self._prefetch(ff, batch.end)
-            if stop - offset >= THREAD_DECODE_MIN:
-                # Off the event loop: the loop keeps receiving the next batch meanwhile.
-                out.extend(await asyncio.to_thread(batch.messages, offset, stop))
-            else:
-                out.extend(batch.messages(offset, stop))
+            # In slices, yielding to the loop in between: a prefetch in flight keeps receiving
+            # while a long read decodes (one thread, so no fight for the GIL).
+            for a in range(offset, stop, DECODE_SLICE):
+                if a > offset:
+                    await asyncio.sleep(0)
+                out.extend(batch.messages(a, min(stop, a + DECODE_SLICE)))
             offset = stop
         if out:
             self._sequential[key] = offset
