@@ -245,6 +245,12 @@ def test_missing_config_file_is_one_line(tmp_path: Path) -> None:
     assert "missing.toml" in res.stderr
 
 
+def test_version() -> None:
+    res = runner.invoke(app, ["--version"])
+    assert res.exit_code == 0
+    assert res.stdout.startswith("tierd 0.")
+
+
 def test_help_teaches_every_command() -> None:
     res = runner.invoke(app, ["--help"])
     assert res.exit_code == 0

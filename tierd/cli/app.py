@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import enum
 import functools
+import importlib.metadata
 import json
 import logging
 import sys
@@ -102,6 +103,12 @@ def obj(ctx: typer.Context) -> Context:
     return c
 
 
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"tierd {importlib.metadata.version('tierd')}")
+        raise typer.Exit()
+
+
 @app.callback()
 def root(
     ctx: typer.Context,
@@ -120,6 +127,10 @@ def root(
     log_level: Annotated[
         str | None, typer.Option("--log-level", help="DEBUG, INFO, WARNING or ERROR (default: [log] level).")
     ] = None,
+    version: Annotated[
+        bool,
+        typer.Option("--version", help="Print the tierd version and exit.", is_eager=True, callback=_version),
+    ] = False,
 ) -> None:
     if log_level is not None and log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
         raise typer.BadParameter(
