@@ -308,3 +308,17 @@ def test_corrupt_total_size_fails(tmp_path: Path) -> None:
     storage, _, ranges = _plan(url)
     with pytest.raises(CorruptRecordError, match=f"{path} at position {len(data) // 3}.*total size 7"):
         _rows(storage, ranges)
+
+
+def test_spans_compacts_ordered_ranges_including_empty_and_adjacent_ones() -> None:
+    import numpy as np
+    import pyarrow as pa
+
+    from tierd.spark.decode import _spans
+
+    data = b"hdrAAAhdrhdrBBBBCChdr"
+    starts = np.array([3, 9, 12, 16, 21], np.int64)
+    ends = np.array([6, 9, 16, 18, 21], np.int64)
+    got = _spans(pa.py_buffer(data), starts, ends, pa.binary())
+    assert got.to_pylist() == [b"AAA", b"", b"BBBB", b"CC", b""]
+    assert _spans(pa.py_buffer(data), starts[:0], ends[:0], pa.string()).to_pylist() == []
