@@ -6,10 +6,11 @@ validation happens once in the store (``tierd.local.validation``), not in ``__po
 
 from __future__ import annotations
 
+import binascii
 import enum
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
@@ -101,6 +102,31 @@ class MessageExt:
     @property
     def uniq_key(self) -> str | None:
         return self.properties.get(PROPERTY_UNIQ_KEY)
+
+    def to_json(self) -> dict[str, Any]:
+        """Every field, JSON-ready (body in standard base64): the one shape both the HTTP API
+        and ``tierd --output json`` use for a message."""
+        return {
+            "topic": self.topic,
+            "queue_id": self.queue_id,
+            "queue_offset": self.queue_offset,
+            "body": binascii.b2a_base64(self.body, newline=False).decode("ascii"),
+            "keys": list(self.keys),
+            "tags": self.tags,
+            "properties": dict(self.properties),
+            "msg_id": self.msg_id,
+            "store_timestamp": self.store_timestamp,
+            "born_timestamp": self.born_timestamp,
+            "born_host": self.born_host,
+            "store_host": self.store_host,
+            "commitlog_offset": self.commitlog_offset,
+            "size": self.size,
+            "flag": self.flag,
+            "sys_flag": self.sys_flag,
+            "reconsume_times": self.reconsume_times,
+            "prepared_transaction_offset": self.prepared_transaction_offset,
+            "body_crc": self.body_crc,
+        }
 
 
 class GetStatus(enum.Enum):

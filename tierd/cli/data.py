@@ -3,7 +3,7 @@ operators looking at real messages."""
 
 from __future__ import annotations
 
-import base64
+import dataclasses
 import datetime as dt
 import sys
 from pathlib import Path
@@ -16,28 +16,6 @@ from tierd.errors import InvalidArgumentError
 from tierd.message import Message, MessageExt, ReadPolicy
 
 PREVIEW = 60
-
-
-def message_dict(m: MessageExt) -> dict[str, Any]:
-    """Every field of a fetched message, JSON-ready (body in base64, like the HTTP API)."""
-    return {
-        "topic": m.topic,
-        "queue_id": m.queue_id,
-        "queue_offset": m.queue_offset,
-        "commitlog_offset": m.commitlog_offset,
-        "msg_id": m.msg_id,
-        "keys": list(m.keys),
-        "tags": m.tags,
-        "properties": dict(m.properties),
-        "store_timestamp": m.store_timestamp,
-        "born_timestamp": m.born_timestamp,
-        "born_host": m.born_host,
-        "store_host": m.store_host,
-        "sys_flag": m.sys_flag,
-        "reconsume_times": m.reconsume_times,
-        "size": m.size,
-        "body": base64.b64encode(m.body).decode(),
-    }
 
 
 def _when(ms: int) -> str:
@@ -127,17 +105,7 @@ def produce(
     with c.store() as store:
         results = [store.put(msgs[0])] if len(msgs) == 1 else list(store.put_batch(msgs))
     if c.json:
-        emit_json(
-            [
-                {
-                    "queue_id": r.queue_id,
-                    "queue_offset": r.queue_offset,
-                    "commitlog_offset": r.commitlog_offset,
-                    "msg_id": r.msg_id,
-                }
-                for r in results
-            ]
-        )
+        emit_json([dataclasses.asdict(r) for r in results])
     elif len(results) == 1:
         r = results[0]
         echo(f"stored {topic}/{r.queue_id}@{r.queue_offset} msg_id={r.msg_id}")
@@ -181,7 +149,7 @@ def consume(
                 "next_offset": res.next_offset,
                 "min_offset": res.min_offset,
                 "max_offset": res.max_offset,
-                "messages": [message_dict(m) for m in res.messages],
+                "messages": [m.to_json() for m in res.messages],
             }
         )
         return
@@ -212,7 +180,7 @@ def query(
     with c.store() as store:
         hits = store.query(topic, key, max_count, begin, end)
     if c.json:
-        emit_json([message_dict(m) for m in hits])
+        emit_json([m.to_json() for m in hits])
         return
     emit_table(None, MESSAGE_COLUMNS, _message_rows(hits))
     echo(f"{len(hits)} message(s) with key {key!r}")

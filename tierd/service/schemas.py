@@ -14,7 +14,6 @@ and in docs/http.md.
 
 from __future__ import annotations
 
-import binascii
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
@@ -159,27 +158,7 @@ class MessageOut(_Model):
     def of(cls, m: MessageExt) -> dict[str, Any]:
         """A plain dict (not a model instance): reads return thousands of these, and the response
         model validates them once anyway."""
-        return {
-            "topic": m.topic,
-            "queue_id": m.queue_id,
-            "queue_offset": m.queue_offset,
-            "body": binascii.b2a_base64(m.body, newline=False).decode("ascii"),
-            "keys": list(m.keys),
-            "tags": m.tags,
-            "properties": dict(m.properties),
-            "msg_id": m.msg_id,
-            "store_timestamp": m.store_timestamp,
-            "born_timestamp": m.born_timestamp,
-            "born_host": m.born_host,
-            "store_host": m.store_host,
-            "commitlog_offset": m.commitlog_offset,
-            "size": m.size,
-            "flag": m.flag,
-            "sys_flag": m.sys_flag,
-            "reconsume_times": m.reconsume_times,
-            "prepared_transaction_offset": m.prepared_transaction_offset,
-            "body_crc": m.body_crc,
-        }
+        return m.to_json()
 
 
 class GetOut(_Model):
