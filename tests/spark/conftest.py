@@ -35,7 +35,6 @@ from tierd.tiered.segment import FileType
 
 if TYPE_CHECKING:
     from collections.abc import Iterator, Sequence
-    from pathlib import Path
 
     from pyspark.sql import SparkSession
 
@@ -79,24 +78,6 @@ def pushdown(spark: SparkSession) -> Iterator[Any]:
 
 
 # ----------------------------------------------------------------------------- produced data
-def store_config(root: Path, backend: dict[str, Any], **tiered: Any) -> TierdConfig:
-    """Small files everywhere (the hot store preallocates; tests must not allocate GiBs)."""
-    return TierdConfig.from_dict(
-        {
-            "store": {
-                "dir": str(root / "hot"),
-                "index_slots": 64,
-                "index_items": 4000,
-                "commitlog_file_size": 4 * 1024 * 1024,
-                "max_message_size": 1024 * 1024,
-                "consumequeue_file_units": 10_000,
-            },
-            "backend": backend,
-            "tiered": {"dispatch_interval": 3600, **tiered},
-        }
-    )
-
-
 @dataclass(frozen=True)
 class Produced:
     """What the store acknowledged: (topic, queue_id, queue_offset) → (body, keys, tags)."""

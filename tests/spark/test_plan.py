@@ -26,7 +26,8 @@ from tierd.spark.plan import (
 )
 from tierd.spark.storage import ColdStorage
 
-from .conftest import Produced, Rec, craft_queue, messages, produce, store_config
+from ..tiered.conftest import cold_config
+from .conftest import Produced, Rec, craft_queue, messages, produce
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -39,7 +40,7 @@ def cold(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Produced]:
     """600 messages in 3 commits over 2 topics × 2 queues; 20 kB commitlog segments (several
     sealed, the last one of each queue open)."""
     root = tmp_path_factory.mktemp("plan")
-    cfg = store_config(
+    cfg = cold_config(
         root,
         {"name": "posix", "url": str(root / "cold"), "storage_options": {"fsync": False}},
         commitlog_segment_size=20_000,

@@ -19,7 +19,8 @@ from tierd.spark.decode import ARROW_SCHEMA
 from tierd.spark.source import SPARK_SCHEMA
 from tierd.testing.s3server import create_bucket
 
-from .conftest import Produced, Rec, craft_queue, messages, produce, store_config
+from ..tiered.conftest import cold_config
+from .conftest import Produced, Rec, craft_queue, messages, produce
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -38,7 +39,7 @@ def s3_cold(
     bucket = create_bucket(moto_server)
     url = f"s3://{bucket}/cold"
     so = moto_server.storage_options
-    cfg = store_config(
+    cfg = cold_config(
         tmp_path_factory.mktemp("s3src"),
         {"name": "s3", "url": url, "storage_options": so},
         commitlog_segment_size=24_000,
@@ -57,7 +58,7 @@ def s3_cold(
 @pytest.fixture(scope="module")
 def file_cold(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Produced]:
     root = tmp_path_factory.mktemp("filesrc")
-    cfg = store_config(
+    cfg = cold_config(
         root,
         {"name": "posix", "url": str(root / "cold"), "storage_options": {"fsync": False}},
         commitlog_segment_size=24_000,
