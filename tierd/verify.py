@@ -22,12 +22,12 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
-import google_crc32c
 import numpy as np
 
 from tierd.errors import TierdError
 from tierd.local.codec import BLANK, INVALID, VALID, parse_record_view, scan_record
 from tierd.local.consumequeue import UNIT_SIZE, decode_units
+from tierd.tiered.flatfile import stored_crc32c
 from tierd.tiered.manifest import ManifestSegment, read_queue_manifest
 
 if TYPE_CHECKING:
@@ -195,15 +195,10 @@ async def _verify_segments(file: FlatAppendFile, report: VerifyReport, tally: _T
             )
             continue
         if info.sealed and info.crc32c is not None:
-            crc, pos = 0, 0
-            while pos < seg.commit_position:
-                piece = await seg.read(pos, min(READ_PIECE, seg.commit_position - pos))
-                crc = google_crc32c.extend(crc, piece)
-                pos += len(piece)
-                tally.add(len(piece), "cold segment checksums")
-            if f"{crc:08x}" != info.crc32c:
+            crc = await stored_crc32c(seg, lambda n: tally.add(n, "cold segment checksums"))
+            if crc != info.crc32c:
                 report.problems.append(
-                    Problem("cold-segment", seg.path, f"CRC32C is {crc:08x}, recorded {info.crc32c}")
+                    Problem("cold-segment", seg.path, f"CRC32C is {crc}, recorded {info.crc32c}")
                 )
 
 

@@ -25,6 +25,8 @@ from tierd.tiered import paths
 from tierd.tiered.segment import AppendResult, DriverRoot, FileSegment, FileType
 
 log = logging.getLogger(__name__)
+#: Bytes read per request when a segment's checksum is computed from the backend.
+CRC_PIECE = 16 * 1024 * 1024
 
 #: Called after the set of segments changed (created, sealed, deleted) so metadata is persisted
 #: *before* data is written into a new segment.
@@ -236,15 +238,9 @@ class FlatAppendFile:
 
     async def _content_crc(self, seg: FileSegment) -> str:
         """CRC32C of a segment's committed bytes: the running value when this process wrote all
-        of it, else read back in 16 MiB pieces."""
+        of it, else read back."""
         crc = self._running_crc.get(seg.base_offset)
-        if crc is None:
-            crc, pos = 0, 0
-            while pos < seg.commit_position:
-                piece = await seg.read(pos, 16 * 1024 * 1024)
-                crc = google_crc32c.extend(crc, piece)
-                pos += len(piece)
-        return f"{crc:08x}"
+        return f"{crc:08x}" if crc is not None else await stored_crc32c(seg)
 
     async def commit(self) -> int:
         """Commit every segment with buffered bytes, oldest first; then close and seal the full
@@ -325,3 +321,16 @@ class FlatAppendFile:
         self.segments = []
         self.unsealed_full = []
         await self.on_change(self)
+
+
+async def stored_crc32c(seg: FileSegment, on_piece: Callable[[int], None] | None = None) -> str:
+    """CRC32C (8 hex digits) of a segment's committed bytes as the backend holds them, read in
+    16 MiB pieces; ``on_piece(bytes)`` after each (progress)."""
+    crc, pos = 0, 0
+    while pos < seg.commit_position:
+        piece = await seg.read(pos, min(CRC_PIECE, seg.commit_position - pos))
+        crc = google_crc32c.extend(crc, piece)
+        pos += len(piece)
+        if on_piece is not None:
+            on_piece(len(piece))
+    return f"{crc:08x}"
