@@ -524,7 +524,7 @@ class RecordBatch:
     read path's "parse lazily, check CRC in bulk"). Records with IPv6 hosts fall back to
     :func:`decode_record`."""
 
-    __slots__ = ("_cols", "_hosts", "_queue_checked", "_topic_pos", "data", "sizes", "starts")
+    __slots__ = ("_cols", "_hosts", "_identity", "_queue_checked", "data", "sizes", "starts")
 
     def __init__(self, data: bytes, starts: npt.NDArray[np.int64], sizes: npt.NDArray[np.int64]) -> None:
         self.data = data
@@ -533,7 +533,8 @@ class RecordBatch:
         self._cols: list[tuple[int, ...]] | None = None
         self._hosts: tuple[list[str], list[str]] | None = None
         self._queue_checked: tuple[str, int, int] | None = None
-        self._topic_pos: tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]] | None = None
+        #: Queue id, queue offset, topic start and end of every record (for :meth:`_is_queue`).
+        self._identity: tuple[npt.NDArray[Any], ...] | None = None
 
     def _columns(self) -> list[tuple[int, ...]] | None:
         if self._cols is not None:
@@ -567,14 +568,16 @@ class RecordBatch:
         props_len = buf[topic_end].astype(np.int64) * 256 + buf[topic_end + 1].astype(np.int64)
         if np.any(topic_end + 2 + props_len != s + total):
             return None
-        self._topic_pos = (topic_start, topic_end)
+        queue_ids = _gather(buf, s + POS_QUEUE_ID, _I4).astype(np.int64)
+        queue_offsets = _gather(buf, s + POS_QUEUE_OFFSET, _I8)
+        self._identity = (queue_ids, queue_offsets, topic_start, topic_end)
         # One tuple per record, built in C (zip): message() then unpacks instead of indexing.
         self._cols = list(
             zip(
                 _gather(buf, s + POS_BODY_CRC, _U4).astype(np.int64).tolist(),
-                _gather(buf, s + POS_QUEUE_ID, _I4).astype(np.int64).tolist(),
+                queue_ids.tolist(),
                 _gather(buf, s + POS_FLAG, _I4).astype(np.int64).tolist(),
-                _gather(buf, s + POS_QUEUE_OFFSET, _I8).tolist(),
+                queue_offsets.tolist(),
                 _gather(buf, s + POS_PHYSICAL_OFFSET, _I8).tolist(),
                 sysflag.tolist(),
                 _gather(buf, s + POS_BORN_TIMESTAMP, _I8).tolist(),
@@ -621,10 +624,8 @@ class RecordBatch:
         s = self.starts
         n = len(s)
         expected = topic.encode()
-        queue_ids = _gather(buf, s + POS_QUEUE_ID, _I4)
-        offsets = _gather(buf, s + POS_QUEUE_OFFSET, _I8)
-        assert self._topic_pos is not None
-        topic_start, topic_end = self._topic_pos
+        assert self._identity is not None
+        queue_ids, offsets, topic_start, topic_end = self._identity
         topic_len = topic_end - topic_start
         if (
             np.any(queue_ids != queue_id)
