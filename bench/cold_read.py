@@ -49,7 +49,6 @@ def _config(root: Path, endpoint: dict[str, Any], bucket: str) -> TierdConfig:
                 "consumequeue_segment_size": 2_000_000,
                 "read_ahead_count": 65536,
                 "read_ahead_size": BATCH_BYTES,
-                "cache_max_bytes": 64 << 20,
                 "dispatch_interval": 3600,
             },
         }

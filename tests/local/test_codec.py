@@ -108,6 +108,16 @@ def test_encode_matches_hand_built_golden_bytes() -> None:
     assert _encode_like_golden() == golden_v1()
 
 
+@settings(max_examples=200)
+@given(st.binary(max_size=5000))
+def test_body_crc_function_is_zlibs_crc32(data: bytes) -> None:
+    """The fast CRC (ISA-L) must be exactly zlib's CRC-32 for every input type we pass it."""
+    want = zlib.crc32(data)
+    assert codec.crc32(data) == want
+    assert codec.crc32(memoryview(data)) == want
+    assert codec.crc32(bytearray(data)) == want
+
+
 def test_fixed_overhead_is_91_bytes_v1_and_92_v2() -> None:
     empty_v1 = _encode_like_golden(body=b"", topic_part=b"\x00", properties=b"")
     assert len(empty_v1) == 91

@@ -342,3 +342,92 @@ def test_consume_queue_units_read_ahead_serve_the_next_batches(tmp_path: Path) -
         assert reads == [2, 3, 4, 5, 6]
         assert bodies == [_body(i) for i in range(len(bodies))]
         assert len(bodies) > 40
+
+
+def test_a_sequential_reader_keeps_two_batches_loading_ahead_and_no_more(tmp_path: Path) -> None:
+    """The next request goes out when the previous one lands, not when the reader arrives: a
+    reader in batch k has k+1 and k+2 loaded (READ_AHEAD_DEPTH), never k+3."""
+    with _store_with_history(tmp_path, read_ahead_count=50) as store:
+        assert store.tiering is not None
+        ff = store.tiering.flat.get("h", 0)
+        assert ff is not None
+        fetcher = ColdFetcher(store.config.tiered.model_copy(update={"read_ahead_count": 50}))
+        key = ("h", 0)
+
+        async def settle() -> None:
+            deadline = asyncio.get_running_loop().time() + 10
+            while fetcher.cache.stats.prefetches < 2:
+                assert asyncio.get_running_loop().time() < deadline, "read-ahead did not happen"
+                await asyncio.sleep(0.01)
+            while fetcher._prefetching:  # a finished load may start the next one: wait for all
+                await asyncio.gather(*fetcher._prefetching)
+
+        async def scenario() -> tuple[list[int], int, list[bytes]]:
+            got = await fetcher.read(ff, 0, 10)
+            got += await fetcher.read(ff, 10, 10)  # continues where the last read ended
+            await settle()
+            loaded = [b.first for b in (fetcher.cache.find(key, o) for o in (50, 100, 150)) if b]
+            prefetches = fetcher.cache.stats.prefetches
+            got += await fetcher.read(ff, 20, 100)  # to 120: served from the cache, k+3 follows
+            await fetcher.aclose()
+            return loaded, prefetches, [m.body for m in got]
+
+        loaded, prefetches, bodies = run(store, scenario())
+        assert loaded == [50, 100]
+        assert prefetches == 2
+        assert bodies == [_body(i) for i in range(120)]
+
+
+def test_read_ahead_depth_shrinks_to_what_the_cache_holds(tmp_path: Path) -> None:
+    with _store_with_history(tmp_path, read_ahead_count=50) as store:
+        assert store.tiering is not None
+        ff = store.tiering.flat.get("h", 0)
+        assert ff is not None
+        fetcher = ColdFetcher(store.config.tiered.model_copy(update={"read_ahead_count": 50}))
+
+        async def scenario() -> list[int]:
+            first = await fetcher._load_shared(ff, 0)
+            fetcher.cache.max_bytes = first.nbytes * 2  # room for the reader's batch + one
+            await fetcher.read(ff, 0, 10)
+            await fetcher.read(ff, 10, 10)
+            deadline = asyncio.get_running_loop().time() + 10
+            while fetcher.cache.stats.prefetches < 1:
+                assert asyncio.get_running_loop().time() < deadline, "read-ahead did not happen"
+                await asyncio.sleep(0.01)
+            while fetcher._prefetching:
+                await asyncio.gather(*fetcher._prefetching)
+            await fetcher.aclose()
+            return [o for o in (0, 50, 100) if fetcher.cache.find(("h", 0), o) is not None]
+
+        assert run(store, scenario()) == [0, 50]
+
+
+def test_batches_are_full_wherever_unit_reads_or_cq_segments_end(tmp_path: Path) -> None:
+    """A batch spans read_ahead_size (or its commitlog segment's end, stretched by at most an
+    eighth to swallow a short tail) however the consume queue is cut: unit reads of 7 and CQ
+    segments of 30 units do not produce short batches and extra commitlog round trips."""
+    size = 20 * BODY
+    tiered = {"read_ahead_count": 7 * 40, "read_ahead_size": size, "consumequeue_segment_size": 30 * 20}
+    with _store_with_history(tmp_path, **tiered) as store:
+        assert store.tiering is not None
+        ff = store.tiering.flat.get("h", 0)
+        assert ff is not None
+        fetcher = ColdFetcher(store.config.tiered.model_copy(update=tiered))
+        record = max(len(_body(0)) + 200, 1)  # a record's size, generously
+
+        async def scenario() -> tuple[list[tuple[int, int, int]], list[bytes]]:
+            shapes, bodies, offset = [], [], 0
+            while offset < ff.max_offset:
+                b = await fetcher._load_shared(ff, offset)
+                start = int(b.flat_offsets[0])
+                shapes.append((len(b.data), ff.commitlog.segment_end(start) - start, b.end))
+                bodies += [m.body for m in b.messages(offset, b.end)]
+                offset = b.end
+            return shapes, bodies
+
+        shapes, bodies = run(store, scenario())
+        assert bodies == [_body(i) for i in range(400)]
+        assert len(ff.consumequeue.segments) > 5  # the CQ really is cut in many places
+        for nbytes, to_segment_end, end in shapes:
+            assert nbytes <= size + size // 8
+            assert nbytes > size - record or nbytes == to_segment_end or end == ff.max_offset

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import ipaddress
 import struct
-import zlib
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from functools import lru_cache
@@ -26,12 +25,18 @@ from typing import TYPE_CHECKING, Any, Final
 
 import numpy as np
 import numpy.typing as npt
+from isal.isal_zlib import crc32 as crc32  # re-exported: see the note above MAGIC_V1
 
 from tierd.errors import CorruptRecordError, InvalidArgumentError
 from tierd.message import MessageExt
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
+
+# The body CRC is zlib's CRC-32 (masked to 31 bits, as RocketMQ stores it). ``crc32`` here is
+# ISA-L's (``isal``): the same function, ~0.08 µs per 1 KiB body instead of zlib 1.2's
+# ~0.4 µs — one call per message on every write and every read, so it was a fifth of a cold
+# read's per-message cost. Every module computing body CRCs imports it from here.
 
 MAGIC_V1: Final = 0xDAA320A7
 MAGIC_V2: Final = 0xDAA320AB
@@ -248,7 +253,7 @@ def encode_record(
     body_len = len(body)
     props_len = len(properties)
     total = hdr.size + body_len + len(topic_part) + 2 + props_len
-    crc = (zlib.crc32(body) & 0x7FFFFFFF) if body_crc is None else body_crc
+    crc = (crc32(body) & 0x7FFFFFFF) if body_crc is None else body_crc
     return b"".join(
         (
             hdr.pack(
@@ -346,7 +351,7 @@ def decode_record(
     if topic_end + 2 + props_len != rec_end:
         raise _fail(f"field lengths add up to {topic_end + 2 + props_len - pos}, total size says {size}", pos)
     body = bytes(buf[body_start:body_end])
-    if check_crc and (zlib.crc32(body) & 0x7FFFFFFF) != crc:
+    if check_crc and (crc32(body) & 0x7FFFFFFF) != crc:
         raise _fail(f"body CRC mismatch (stored {crc})", pos)
     try:
         topic = bytes(buf[body_end + tlen_width : topic_end]).decode()
@@ -420,7 +425,7 @@ def _view(buf: bytes | memoryview, pos: int, limit: int, check_crc: bool) -> tup
     props_len = int.from_bytes(buf[topic_end : topic_end + 2], "big")
     if topic_end + 2 + props_len != rec_end:
         raise _fail(f"field lengths add up to {topic_end + 2 + props_len - pos}, total size says {size}", pos)
-    if check_crc and (zlib.crc32(buf[body_start:body_end]) & 0x7FFFFFFF) != crc:
+    if check_crc and (crc32(buf[body_start:body_end]) & 0x7FFFFFFF) != crc:
         raise _fail(f"body CRC mismatch (stored {crc})", pos)
     try:
         topic = bytes(buf[body_end + tlen_width : topic_end]).decode()
@@ -684,7 +689,7 @@ class RecordBatch:
         ) = row
         data = self.data
         body = data[body_start:body_end]
-        if (zlib.crc32(body) & 0x7FFFFFFF) != crc:
+        if (crc32(body) & 0x7FFFFFFF) != crc:
             raise _fail(f"body CRC mismatch (stored {crc})", body_start - HEADER_V4)
         raw_props = data[topic_end + 2 : end]
         try:

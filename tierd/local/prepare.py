@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import itertools
 import threading
-import zlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -18,7 +17,7 @@ import numpy as np
 import numpy.typing as npt
 
 from tierd.errors import InvalidArgumentError, MessageTooLargeError
-from tierd.local.codec import HEADER_V4, encode_host, tags_code, topic_field
+from tierd.local.codec import HEADER_V4, crc32, encode_host, tags_code, topic_field
 from tierd.local.validation import (
     RECORD_OVERHEAD_LIMIT,
     build_properties,
@@ -137,7 +136,7 @@ class Preparer:
         return PreparedOne(
             (topic, qid),
             body,
-            zlib.crc32(body) & 0x7FFFFFFF,
+            crc32(body) & 0x7FFFFFFF,
             magic,
             topic_part,
             pb,
@@ -244,7 +243,7 @@ class Preparer:
                 size=int(sizes[j]),
                 limit=limit,
             )
-        crcs = np.fromiter(map(zlib.crc32, bodies), np.uint32, count=n) & np.uint32(0x7FFFFFFF)
+        crcs = np.fromiter(map(crc32, bodies), np.uint32, count=n) & np.uint32(0x7FFFFFFF)
         return PreparedBatch(
             bodies=bodies,
             tails=tails,

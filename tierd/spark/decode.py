@@ -1,7 +1,7 @@
 """Commitlog bytes → Arrow record batches, column-wise (FORMATS §1.1).
 
 A Spark task spends its time per row, so nothing here builds a Python object per record except
-what cannot be avoided: one memoryview slice per body and one ``zlib.crc32`` call per body (the
+what cannot be avoided: one memoryview slice per body and one ``crc32`` call per body (the
 CRC check is not optional). Everything else is numpy over the whole buffer (fixed header fields
 gathered at per-record positions, so IPv4 and IPv6 hosts mix freely) or pyarrow compute
 (properties split into the map column, KEYS into the array column, TAGS looked up). Hosts are
@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import struct
-import zlib
 from typing import TYPE_CHECKING, Any, Final
 
 import numpy as np
@@ -40,6 +39,7 @@ from tierd.local.codec import (
     POS_SYSFLAG,
     SYSFLAG_BORNHOST_V6,
     SYSFLAG_STOREHOST_V6,
+    crc32,
     decode_host,
     decode_record,
 )
@@ -332,7 +332,7 @@ def decode_records(
             _raise_first(data, s, ends, bad, fail, flat_base=flat_base, topic=topic, queue_id=queue_id)
     mv = memoryview(data)
     bodies = map(mv.__getitem__, map(slice, body_start.tolist(), body_end.tolist()))  # no list
-    crc = np.fromiter(map(zlib.crc32, bodies), np.int64, n) & 0x7FFFFFFF
+    crc = np.fromiter(map(crc32, bodies), np.int64, n) & 0x7FFFFFFF
     stored = _gather(buf, s + POS_BODY_CRC, _U4).astype(np.int64)
     bad = crc != stored
     if bad.any():

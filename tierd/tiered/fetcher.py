@@ -37,6 +37,14 @@ log = logging.getLogger(__name__)
 #: Background batch loads at once (across queues): enough to keep a few sequential readers ahead
 #: without turning a scan of many queues into a burst of backend reads.
 MAX_PREFETCHES = 4
+#: Batches a sequential reader keeps loaded or loading beyond the one it is in (fewer when the
+#: cache cannot hold them). Two keep the backend busy without a gap: the next batch's request
+#: goes out as soon as the previous one has arrived, not when the reader reaches it (a backend
+#: that takes longer per batch than decoding would otherwise idle while the reader decodes).
+READ_AHEAD_DEPTH = 2
+#: A batch takes the rest of its commitlog segment when that rest exceeds ``read_ahead_size`` by
+#: at most 1/TAIL_SHARE of it (instead of leaving a sliver for a read of its own).
+TAIL_SHARE = 8
 #: Messages decoded between two turns of the event loop.
 DECODE_SLICE = 1024
 #: Smallest budget of the consume-queue unit cache (an eighth of ``tiered.cache_max_bytes``).
@@ -269,7 +277,7 @@ class ColdFetcher:
                 self.cache.stats.hits += 1
             stop = min(batch.end, offset + max_count - len(out))
             if self._sequential.get(key) == offset or stop > (batch.first + batch.end) // 2:
-                self._prefetch(ff, batch.end)
+                self._read_ahead(ff, batch)
             # In slices, yielding to the loop in between: a prefetch in flight keeps receiving
             # while a long read decodes (one thread, so no fight for the GIL).
             for a in range(offset, stop, DECODE_SLICE):
@@ -283,18 +291,29 @@ class ColdFetcher:
                 self._sequential.pop(next(iter(self._sequential)))
         return out
 
-    def _prefetch(self, ff: FlatMessageFile, offset: int) -> None:
-        """Start loading the batch at ``offset`` in the background. Called for a reader that
-        continues where its last read ended, or is past the middle of a batch: it reads
-        sequentially, and the backend round trip for the next batch then overlaps with
-        decoding this one (the consumer finds it cached or in flight)."""
+    def _read_ahead(self, ff: FlatMessageFile, current: ColdBatch) -> None:
+        """Keep the batches after ``current`` (the reader's) loaded, up to
+        :data:`READ_AHEAD_DEPTH` of them (as many as the cache holds beside ``current``, counted
+        at its size): start loading the first that is neither cached nor in flight. Called for a reader that
+        continues where its last read ended or is past the middle of a batch (it reads
+        sequentially), and again each time a background load completes — so the next request
+        goes out while the reader still decodes, and backend round trips overlap decoding."""
         key = (ff.topic, ff.queue_id)
-        if (
-            offset >= ff.max_offset
-            or (*key, offset) in self._inflight
-            or self.cache.find(key, offset) is not None
-            or len(self._prefetching) >= MAX_PREFETCHES
-        ):
+        depth = max(1, min(READ_AHEAD_DEPTH, self.cache.max_bytes // max(1, current.nbytes) - 1))
+        off = current.end
+        for _ in range(depth):
+            if off >= ff.max_offset or (*key, off) in self._inflight:
+                return  # the end, or a load whose completion continues from there
+            batch = self.cache.find(key, off)
+            if batch is None:
+                self._prefetch(ff, off)
+                return
+            off = batch.end
+
+    def _prefetch(self, ff: FlatMessageFile, offset: int) -> None:
+        """Start loading the batch at ``offset`` in the background (at most
+        :data:`MAX_PREFETCHES` at once, across queues)."""
+        if len(self._prefetching) >= MAX_PREFETCHES:
             return
         task = asyncio.get_running_loop().create_task(self._prefetch_one(ff, offset))
         self._prefetching.add(task)
@@ -312,6 +331,12 @@ class ColdFetcher:
             self.cache.stats.prefetches += 1
         except Exception as e:  # the reader that needs this batch loads it again and sees the error
             log.debug("prefetch of %s/%d at %d failed: %s", ff.topic, ff.queue_id, offset, e)
+            return
+        key = (ff.topic, ff.queue_id)
+        pos = self._sequential.get(key)
+        reader = None if pos is None else self.cache.find(key, pos)
+        if reader is not None:  # a sequential reader: keep the batches after its own coming
+            self._read_ahead(ff, reader)
 
     async def _load_shared(self, ff: FlatMessageFile, offset: int) -> ColdBatch:
         k = (ff.topic, ff.queue_id, offset)
@@ -336,25 +361,55 @@ class ColdFetcher:
     def _inflight(self) -> dict[tuple[str, int, int], asyncio.Future[ColdBatch]]:
         return self.cache._inflight
 
-    async def _load(self, ff: FlatMessageFile, offset: int) -> ColdBatch:
+    def _limit(self, ff: FlatMessageFile, flat: npt.NDArray[np.int64]) -> int:
+        """Bytes the batch starting at ``flat[0]`` may span: ``read_ahead_size``, cut at the end
+        of its commitlog segment (one backend read per batch) — or stretched to that end when
+        at most ``read_ahead_size / TAIL_SHARE`` would be left: a separate read for a segment's
+        last few records costs a whole round trip (object stores charge per request, and their
+        latency is per request too)."""
+        start = int(flat[0])
+        to_end = ff.commitlog.segment_end(start) - start
+        size = self.cfg.read_ahead_size
+        return to_end if to_end <= size + size // TAIL_SHARE else min(size, to_end)
+
+    async def _units(
+        self, ff: FlatMessageFile, offset: int
+    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+        """Units from ``offset`` enough for one batch: the cached run left by the previous
+        batch, extended by consume-queue reads (one per CQ segment touched, up to
+        ``read_ahead_count`` units each) until they span the batch's byte limit, reach
+        ``read_ahead_count`` units or the committed end. A batch is thus never cut short by
+        where a unit read or a CQ segment happened to end; units beyond it are cached for the
+        next batch, so the consume queue is still read once per ``read_ahead_count`` units."""
         key = (ff.topic, ff.queue_id)
+        want = self.cfg.read_ahead_count
         cached = self.units.take(key, offset)
-        if cached is not None:
-            flat, sizes = cached
-        else:
-            cq_end = ff.consumequeue.segment_end(offset * UNIT_SIZE) // UNIT_SIZE
-            count = min(self.cfg.read_ahead_count, ff.max_offset - offset, max(1, cq_end - offset))
-            units = await ff.read_units(offset, count)
+        flats, sizes = ([cached[0]], [cached[1]]) if cached is not None else ([], [])
+        have = len(cached[0]) if cached is not None else 0
+        while have < want and offset + have < ff.max_offset:
+            if have and int(flats[-1][-1] + sizes[-1][-1] - flats[0][0]) >= self._limit(ff, flats[0]):
+                break  # they cover a whole batch
+            nxt = offset + have
+            cq_end = ff.consumequeue.segment_end(nxt * UNIT_SIZE) // UNIT_SIZE
+            units = await ff.read_units(nxt, min(want, ff.max_offset - nxt, max(1, cq_end - nxt)))
             self.cache.stats.backend_reads += 1
             if not len(units):
                 raise CorruptionError(
-                    f"cold consume queue {ff.topic}/{ff.queue_id} returned no unit at {offset}"
+                    f"cold consume queue {ff.topic}/{ff.queue_id} returned no unit at {nxt}"
                 )
-            flat = units["offset"].astype(np.int64)
-            sizes = units["size"].astype(np.int64)
+            flats.append(units["offset"].astype(np.int64))
+            sizes.append(units["size"].astype(np.int64))
+            have += len(units)
+        if len(flats) == 1:
+            return flats[0], sizes[0]
+        return np.concatenate(flats), np.concatenate(sizes)
+
+    async def _load(self, ff: FlatMessageFile, offset: int) -> ColdBatch:
+        key = (ff.topic, ff.queue_id)
+        flat, sizes = await self._units(ff, offset)
         ends = flat + sizes - flat[0]
-        limit = min(self.cfg.read_ahead_size, ff.commitlog.segment_end(int(flat[0])) - int(flat[0]))
-        n = max(1, int(np.searchsorted(ends, limit, side="right")))
+        limit = self._limit(ff, flat)
+        n = min(self.cfg.read_ahead_count, max(1, int(np.searchsorted(ends, limit, side="right"))))
         if np.any(flat[1:n] != flat[: n - 1] + sizes[: n - 1]):
             raise CorruptionError(
                 f"cold consume queue {ff.topic}/{ff.queue_id} units from {offset} are not "
