@@ -517,10 +517,17 @@ _I8 = np.dtype(">i8")
 _U8 = np.dtype(">u8")
 
 
-def _gather(buf: npt.NDArray[np.uint8], pos: npt.NDArray[np.int64], dtype: np.dtype[Any]) -> npt.NDArray[Any]:
-    idx = (pos[:, None] + np.arange(dtype.itemsize)).ravel()
-    out: npt.NDArray[Any] = buf[idx].view(dtype)
-    return out
+def gather_at(
+    buf: npt.NDArray[np.uint8], pos: npt.NDArray[np.int64], dtype: np.dtype[Any]
+) -> npt.NDArray[Any]:
+    """The ``dtype`` value stored at each byte position ``pos`` of ``buf`` (any alignment): one
+    fancy index into a view whose element ``i`` is the value starting at byte ``i`` (stride 1),
+    rather than gathering ``itemsize`` bytes per value — 2-3x faster per field. Positions must
+    leave room for the whole value (else IndexError)."""
+    view: npt.NDArray[Any] = np.ndarray(
+        (max(0, len(buf) - dtype.itemsize + 1),), dtype=dtype, buffer=buf, strides=(1,)
+    )
+    return view[pos]
 
 
 class RecordBatch:
@@ -548,12 +555,12 @@ class RecordBatch:
         s = self.starts
         if len(s) == 0 or int(s[-1] + self.sizes[-1]) > len(buf):
             return None
-        sysflag = _gather(buf, s + POS_SYSFLAG, _I4).astype(np.int64)
+        sysflag = gather_at(buf, s + POS_SYSFLAG, _I4).astype(np.int64)
         if np.any(sysflag & (SYSFLAG_BORNHOST_V6 | SYSFLAG_STOREHOST_V6)):
             return None
-        total = _gather(buf, s, _I4).astype(np.int64)
-        magic = _gather(buf, s + POS_MAGIC, _U4).astype(np.int64)
-        body_len = _gather(buf, s + HEADER_V4 - 4, _I4).astype(np.int64)
+        total = gather_at(buf, s, _I4).astype(np.int64)
+        magic = gather_at(buf, s + POS_MAGIC, _U4).astype(np.int64)
+        body_len = gather_at(buf, s + HEADER_V4 - 4, _I4).astype(np.int64)
         v2 = magic == MAGIC_V2
         if (
             np.any(total != self.sizes)
@@ -573,22 +580,22 @@ class RecordBatch:
         props_len = buf[topic_end].astype(np.int64) * 256 + buf[topic_end + 1].astype(np.int64)
         if np.any(topic_end + 2 + props_len != s + total):
             return None
-        queue_ids = _gather(buf, s + POS_QUEUE_ID, _I4).astype(np.int64)
-        queue_offsets = _gather(buf, s + POS_QUEUE_OFFSET, _I8)
+        queue_ids = gather_at(buf, s + POS_QUEUE_ID, _I4).astype(np.int64)
+        queue_offsets = gather_at(buf, s + POS_QUEUE_OFFSET, _I8)
         self._identity = (queue_ids, queue_offsets, topic_start, topic_end)
         # One tuple per record, built in C (zip): message() then unpacks instead of indexing.
         self._cols = list(
             zip(
-                _gather(buf, s + POS_BODY_CRC, _U4).astype(np.int64).tolist(),
+                gather_at(buf, s + POS_BODY_CRC, _U4).astype(np.int64).tolist(),
                 queue_ids.tolist(),
-                _gather(buf, s + POS_FLAG, _I4).astype(np.int64).tolist(),
+                gather_at(buf, s + POS_FLAG, _I4).astype(np.int64).tolist(),
                 queue_offsets.tolist(),
-                _gather(buf, s + POS_PHYSICAL_OFFSET, _I8).tolist(),
+                gather_at(buf, s + POS_PHYSICAL_OFFSET, _I8).tolist(),
                 sysflag.tolist(),
-                _gather(buf, s + POS_BORN_TIMESTAMP, _I8).tolist(),
-                _gather(buf, s + POS_BORN_HOST + 8, _I8).tolist(),
-                _gather(buf, s + 72, _I4).astype(np.int64).tolist(),
-                _gather(buf, s + 76, _I8).tolist(),
+                gather_at(buf, s + POS_BORN_TIMESTAMP, _I8).tolist(),
+                gather_at(buf, s + POS_BORN_HOST + 8, _I8).tolist(),
+                gather_at(buf, s + 72, _I4).astype(np.int64).tolist(),
+                gather_at(buf, s + 76, _I8).tolist(),
                 (s + HEADER_V4).tolist(),
                 body_end.tolist(),
                 topic_start.tolist(),
@@ -642,8 +649,8 @@ class RecordBatch:
             got = buf[topic_start[:, None] + np.arange(len(expected))]
             if not (got == np.frombuffer(expected, np.uint8)).all():
                 return False
-        born = _gather(buf, s + POS_BORN_HOST, _U8).tolist()
-        store = _gather(buf, s + POS_BORN_HOST + 16, _U8).tolist()
+        born = gather_at(buf, s + POS_BORN_HOST, _U8).tolist()
+        store = gather_at(buf, s + POS_BORN_HOST + 16, _U8).tolist()
         names: dict[int, str] = {}
         for v in set(born) | set(store):
             names[v] = decode_host(v.to_bytes(8, "big"))

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import struct
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Final
 
 import numpy as np
 import pyarrow as pa
@@ -42,6 +42,7 @@ from tierd.local.codec import (
     crc32,
     decode_host,
     decode_record,
+    gather_at,
 )
 from tierd.message import KEY_SEPARATOR, PROPERTY_KEYS, PROPERTY_TAGS
 from tierd.spark.plan import row_mask
@@ -128,12 +129,6 @@ def frame(data: bytes, fail: Callable[[int, str], CorruptRecordError]) -> Framin
         append(pos)
         pos += size
     return Framing(np.array(starts, np.int64), pos)
-
-
-def _gather(buf: npt.NDArray[np.uint8], pos: npt.NDArray[np.int64], dtype: np.dtype[Any]) -> npt.NDArray[Any]:
-    idx = (pos[:, None] + np.arange(dtype.itemsize)).ravel()
-    out: npt.NDArray[Any] = buf[idx].view(dtype)
-    return out
 
 
 def _u16(buf: npt.NDArray[np.uint8], pos: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
@@ -289,8 +284,8 @@ def decode_records(
     if n:
         ends[-1] = end
     sizes = ends - s
-    magic = _gather(buf, s + POS_MAGIC, _U4)
-    sysflag = _gather(buf, s + POS_SYSFLAG, _I4).astype(np.int64)
+    magic = gather_at(buf, s + POS_MAGIC, _U4)
+    sysflag = gather_at(buf, s + POS_SYSFLAG, _I4).astype(np.int64)
     born_v6 = (sysflag & SYSFLAG_BORNHOST_V6) != 0
     store_v6 = (sysflag & SYSFLAG_STOREHOST_V6) != 0
     born_len = np.where(born_v6, 20, 8)
@@ -298,7 +293,7 @@ def decode_records(
     header = HEADER_V4 - 16 + born_len + store_len
     bad = ((magic != MAGIC_V1) & (magic != MAGIC_V2)) | (sizes < header + 3)
     safe = np.where(bad, s, s + header - 4)  # keep gathers in bounds until the record is judged
-    body_len = _gather(buf, safe, _I4).astype(np.int64)
+    body_len = gather_at(buf, safe, _I4).astype(np.int64)
     body_start = s + header
     body_end = body_start + body_len
     v2 = magic == MAGIC_V2
@@ -311,9 +306,9 @@ def decode_records(
     bad |= topic_end + 2 > ends
     props_len = _u16(buf, np.where(bad, s, topic_end))
     bad |= topic_end + 2 + props_len != ends
-    phys = _gather(buf, s + POS_PHYSICAL_OFFSET, _I8)
+    phys = gather_at(buf, s + POS_PHYSICAL_OFFSET, _I8)
     expected_phys = flat_base + s
-    qids = _gather(buf, s + POS_QUEUE_ID, _I4)
+    qids = gather_at(buf, s + POS_QUEUE_ID, _I4)
     topic_b = topic.encode()
     if bad.any():
         _raise_first(data, s, ends, bad, fail)
@@ -333,12 +328,12 @@ def decode_records(
     mv = memoryview(data)
     bodies = map(mv.__getitem__, map(slice, body_start.tolist(), body_end.tolist()))  # no list
     crc = np.fromiter(map(crc32, bodies), np.int64, n) & 0x7FFFFFFF
-    stored = _gather(buf, s + POS_BODY_CRC, _U4).astype(np.int64)
+    stored = gather_at(buf, s + POS_BODY_CRC, _U4).astype(np.int64)
     bad = crc != stored
     if bad.any():
         _raise_first(data, s, ends, bad, fail)
-    queue_offsets = _gather(buf, s + POS_QUEUE_OFFSET, _I8).astype(np.int64)
-    store_ms = _gather(buf, s + POS_BORN_HOST + born_len, _I8).astype(np.int64)
+    queue_offsets = gather_at(buf, s + POS_QUEUE_OFFSET, _I8).astype(np.int64)
+    store_ms = gather_at(buf, s + POS_BORN_HOST + born_len, _I8).astype(np.int64)
     keep = select(queue_offsets, store_ms) if select is not None else None
     if keep is not None:
         idx = np.flatnonzero(keep)
@@ -373,8 +368,8 @@ def decode_records(
     born_host, _ = _hosts(buf, s + POS_BORN_HOST, born_v6)
     store_host_pos = s + POS_BORN_HOST + born_len + 8
     store_host, store_raw = _hosts(buf, store_host_pos, store_v6)
-    born_ms = _gather(buf, s + POS_BORN_TIMESTAMP, _I8).astype(np.int64)
-    reconsume = _gather(buf, store_host_pos + store_len, _I4).astype(np.int32)
+    born_ms = gather_at(buf, s + POS_BORN_TIMESTAMP, _I8).astype(np.int64)
+    reconsume = gather_at(buf, store_host_pos + store_len, _I4).astype(np.int32)
     ts = ARROW_SCHEMA.field("store_timestamp").type
     columns = [
         pa.repeat(pa.scalar(topic, pa.string()), n),
