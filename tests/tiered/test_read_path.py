@@ -431,3 +431,21 @@ def test_batches_are_full_wherever_unit_reads_or_cq_segments_end(tmp_path: Path)
         for nbytes, to_segment_end, end in shapes:
             assert nbytes <= size + size // 8
             assert nbytes > size - record or nbytes == to_segment_end or end == ff.max_offset
+
+
+def test_no_background_load_starts_after_the_fetcher_is_closed(tmp_path: Path) -> None:
+    with _store_with_history(tmp_path, read_ahead_count=50) as store:
+        assert store.tiering is not None
+        ff = store.tiering.flat.get("h", 0)
+        assert ff is not None
+        fetcher = ColdFetcher(store.config.tiered.model_copy(update={"read_ahead_count": 50}))
+
+        async def scenario() -> tuple[int, list[bytes]]:
+            got = await fetcher.read(ff, 0, 10)
+            await fetcher.aclose()
+            got += await fetcher.read(ff, 10, 40)  # reads still work, sequential, past the middle
+            return len(fetcher._prefetching), [m.body for m in got]
+
+        pending, bodies = run(store, scenario())
+        assert pending == 0
+        assert bodies == [_body(i) for i in range(50)]

@@ -260,6 +260,7 @@ class ColdFetcher:
         self.cache = ReadAheadCache(cfg.cache_max_bytes, cfg.cache_expire)
         self.units = UnitCache(max(UNIT_CACHE_MIN, cfg.cache_max_bytes // 8))
         self._prefetching: set[asyncio.Task[None]] = set()
+        self._closed = False
         #: Where the last read of each queue ended: a read starting there is sequential.
         self._sequential: dict[QueueKey, int] = {}
 
@@ -313,17 +314,20 @@ class ColdFetcher:
     def _prefetch(self, ff: FlatMessageFile, offset: int) -> None:
         """Start loading the batch at ``offset`` in the background (at most
         :data:`MAX_PREFETCHES` at once, across queues)."""
-        if len(self._prefetching) >= MAX_PREFETCHES:
+        if self._closed or len(self._prefetching) >= MAX_PREFETCHES:
             return
         task = asyncio.get_running_loop().create_task(self._prefetch_one(ff, offset))
         self._prefetching.add(task)
         task.add_done_callback(self._prefetching.discard)
 
     async def aclose(self) -> None:
-        """Cancel background loads (the store is closing)."""
-        for task in list(self._prefetching):
-            task.cancel()
-        await asyncio.gather(*self._prefetching, return_exceptions=True)
+        """Cancel background loads (the store is closing); none start after this."""
+        self._closed = True
+        while self._prefetching:
+            tasks = list(self._prefetching)
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _prefetch_one(self, ff: FlatMessageFile, offset: int) -> None:
         try:
