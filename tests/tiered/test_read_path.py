@@ -449,3 +449,25 @@ def test_no_background_load_starts_after_the_fetcher_is_closed(tmp_path: Path) -
         pending, bodies = run(store, scenario())
         assert pending == 0
         assert bodies == [_body(i) for i in range(50)]
+
+
+def test_a_sequential_readers_consume_queue_reads_cover_several_batches(tmp_path: Path) -> None:
+    with _store_with_history(tmp_path, read_ahead_count=50) as store:
+        assert store.tiering is not None
+        ff = store.tiering.flat.get("h", 0)
+        assert ff is not None
+        fetcher = ColdFetcher(store.config.tiered.model_copy(update={"read_ahead_count": 50}))
+
+        async def scenario() -> tuple[int, int, int, int]:
+            one = await fetcher._load_shared(ff, 0)  # a random read: 50 units, all used
+            after_random = fetcher.units.take(("h", 0), one.end)
+            ahead = await fetcher._load_shared(ff, 100, ahead=True)  # a sequential reader's load
+            run_ = fetcher.units.take(("h", 0), ahead.end)
+            left_random = 0 if after_random is None else len(after_random[0])
+            return len(one.sizes), left_random, ahead.end, 0 if run_ is None else len(run_[0])
+
+        batch, left_random, ahead_end, left_ahead = run(store, scenario())
+        assert batch == 50
+        assert left_random == 0
+        # SEQUENTIAL_UNIT_READ (4) batches' worth of units from 100; the batch used its part
+        assert left_ahead == 100 + 50 * 4 - ahead_end > 50

@@ -45,6 +45,10 @@ READ_AHEAD_DEPTH = 2
 #: A batch takes the rest of its commitlog segment when that rest exceeds ``read_ahead_size`` by
 #: at most 1/TAIL_SHARE of it (instead of leaving a sliver for a read of its own).
 TAIL_SHARE = 8
+#: A sequential reader's consume-queue reads take this many times ``read_ahead_count`` units.
+SEQUENTIAL_UNIT_READ = 4
+#: Bytes a cached unit takes (flat offset + size, two int64).
+UNIT_ROW_BYTES = 16
 #: Messages decoded between two turns of the event loop.
 DECODE_SLICE = 1024
 #: Smallest budget of the consume-queue unit cache (an eighth of ``tiered.cache_max_bytes``).
@@ -273,7 +277,7 @@ class ColdFetcher:
             batch = self.cache.find(key, offset)
             if batch is None:
                 self.cache.stats.misses += 1
-                batch = await self._load_shared(ff, offset)
+                batch = await self._load_shared(ff, offset, ahead=self._sequential.get(key) == offset)
             else:
                 self.cache.stats.hits += 1
             stop = min(batch.end, offset + max_count - len(out))
@@ -331,7 +335,7 @@ class ColdFetcher:
 
     async def _prefetch_one(self, ff: FlatMessageFile, offset: int) -> None:
         try:
-            await self._load_shared(ff, offset)
+            await self._load_shared(ff, offset, ahead=True)
             self.cache.stats.prefetches += 1
         except Exception as e:  # the reader that needs this batch loads it again and sees the error
             log.debug("prefetch of %s/%d at %d failed: %s", ff.topic, ff.queue_id, offset, e)
@@ -342,7 +346,7 @@ class ColdFetcher:
         if reader is not None:  # a sequential reader: keep the batches after its own coming
             self._read_ahead(ff, reader)
 
-    async def _load_shared(self, ff: FlatMessageFile, offset: int) -> ColdBatch:
+    async def _load_shared(self, ff: FlatMessageFile, offset: int, *, ahead: bool = False) -> ColdBatch:
         k = (ff.topic, ff.queue_id, offset)
         fut = self._inflight.get(k)
         if fut is not None:
@@ -350,7 +354,7 @@ class ColdFetcher:
         fut = asyncio.get_running_loop().create_future()
         self._inflight[k] = fut
         try:
-            batch = await self._load(ff, offset)
+            batch = await self._load(ff, offset, ahead)
         except BaseException as e:
             fut.set_exception(e)
             fut.exception()  # mark retrieved: the waiters re-raise it
@@ -377,16 +381,23 @@ class ColdFetcher:
         return to_end if to_end <= size + size // TAIL_SHARE else min(size, to_end)
 
     async def _units(
-        self, ff: FlatMessageFile, offset: int
+        self, ff: FlatMessageFile, offset: int, ahead: bool
     ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
         """Units from ``offset`` enough for one batch: the cached run left by the previous
         batch, extended by consume-queue reads (one per CQ segment touched, up to
         ``read_ahead_count`` units each) until they span the batch's byte limit, reach
         ``read_ahead_count`` units or the committed end. A batch is thus never cut short by
         where a unit read or a CQ segment happened to end; units beyond it are cached for the
-        next batch, so the consume queue is still read once per ``read_ahead_count`` units."""
+        next batch, so the consume queue is still read once per ``read_ahead_count`` units.
+
+        ``ahead``: a sequential reader's load — its unit reads take
+        :data:`SEQUENTIAL_UNIT_READ` times as many units (within the unit cache's budget), so
+        it pays one consume-queue round trip per several batches."""
         key = (ff.topic, ff.queue_id)
         want = self.cfg.read_ahead_count
+        read = want
+        if ahead:
+            read = max(want, min(want * SEQUENTIAL_UNIT_READ, self.units.max_bytes // (4 * UNIT_ROW_BYTES)))
         cached = self.units.take(key, offset)
         flats, sizes = ([cached[0]], [cached[1]]) if cached is not None else ([], [])
         have = len(cached[0]) if cached is not None else 0
@@ -395,7 +406,7 @@ class ColdFetcher:
                 break  # they cover a whole batch
             nxt = offset + have
             cq_end = ff.consumequeue.segment_end(nxt * UNIT_SIZE) // UNIT_SIZE
-            units = await ff.read_units(nxt, min(want, ff.max_offset - nxt, max(1, cq_end - nxt)))
+            units = await ff.read_units(nxt, min(read, ff.max_offset - nxt, max(1, cq_end - nxt)))
             self.cache.stats.backend_reads += 1
             if not len(units):
                 raise CorruptionError(
@@ -408,9 +419,9 @@ class ColdFetcher:
             return flats[0], sizes[0]
         return np.concatenate(flats), np.concatenate(sizes)
 
-    async def _load(self, ff: FlatMessageFile, offset: int) -> ColdBatch:
+    async def _load(self, ff: FlatMessageFile, offset: int, ahead: bool = False) -> ColdBatch:
         key = (ff.topic, ff.queue_id)
-        flat, sizes = await self._units(ff, offset)
+        flat, sizes = await self._units(ff, offset, ahead)
         ends = flat + sizes - flat[0]
         limit = self._limit(ff, flat)
         n = min(self.cfg.read_ahead_count, max(1, int(np.searchsorted(ends, limit, side="right"))))
