@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import json
 from typing import TYPE_CHECKING, Any
 
 import httpx
@@ -184,6 +185,13 @@ def test_bad_input_is_a_4xx_in_the_common_shape(svc: Running) -> None:
     )
     assert_error(c.get("/v1/topics/bad%20topic/queues/0/messages"), 422, "invalid_request")
     assert_error(c.get("/v1/segments", params={"type": "BLOB"}), 422, "invalid_request")
+    # integers must be written as integers (schemathesis found `queue=0.0` accepted as 0)
+    for text in ("0.0", "+1", " 1", "1_000"):
+        body = assert_error(c.get("/v1/segments", params={"queue": text}), 422, "invalid_request")
+        assert "decimal integer" in body["message"] + json.dumps(body["detail"])
+        assert_error(c.get("/v1/topics/t/queues/0/messages", params={"offset": text}), 422, "invalid_request")
+        assert_error(c.get(f"/v1/topics/t/queues/{text.strip()}.5/messages"), 422, "invalid_request")
+    assert c.get("/v1/segments", params={"queue": "0"}).status_code == 200
     assert_error(c.get("/v1/topics/unknown/queues"), 404, "not_found")
     assert_error(c.get("/v1/nothing-here"), 404, "not_found")
     assert_error(c.delete("/v1/topics"), 405, "method_not_allowed")

@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 from fastapi import APIRouter, Depends, FastAPI, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, BeforeValidator, ValidationError
 
 # FastAPI reads route annotations at runtime: this import must stay a real one.
 from tierd.message import ReadPolicy  # noqa: TC001
@@ -139,7 +140,21 @@ Topic = Annotated[
     str,
     Path(pattern=TOPIC_PATTERN, description="Topic name: 1–255 characters from A-Z a-z 0-9 _ % | -."),
 ]
-QueueId = Annotated[int, Path(ge=0, le=65535, description="Queue id (below `store.max_queues`).")]
+_DECIMAL = re.compile(r"-?[0-9]+")
+
+
+def _decimal_text(value: object) -> object:
+    """Integers in paths and query strings must be written as decimal integers: pydantic's lax
+    parsing would also take ``0.0``, `` 1``, ``+1`` or ``1_000``, which the schema (type
+    integer) does not allow — accepting them silently reads the wrong thing for a typo."""
+    if isinstance(value, str) and not _DECIMAL.fullmatch(value):
+        raise ValueError(f"must be a decimal integer, got {value!r}")
+    return value
+
+
+#: An integer path or query parameter (see :func:`_decimal_text`).
+IntText = BeforeValidator(_decimal_text)
+QueueId = Annotated[int, IntText, Path(ge=0, le=65535, description="Queue id (below `store.max_queues`).")]
 
 
 _Body = TypeVar("_Body", bound=BaseModel)
@@ -249,9 +264,9 @@ async def consume(
     topic: Topic,
     queue: QueueId,
     svc: Svc,
-    offset: Annotated[int, Query(ge=0, le=MAX_INT64, description="First queue offset to read.")] = 0,
+    offset: Annotated[int, IntText, Query(ge=0, le=MAX_INT64, description="First queue offset to read.")] = 0,
     max: Annotated[
-        int, Query(ge=1, le=MAX_GET, description=f"At most this many messages (≤ {MAX_GET}).")
+        int, IntText, Query(ge=1, le=MAX_GET, description=f"At most this many messages (≤ {MAX_GET}).")
     ] = 32,
     policy: Annotated[
         ReadPolicy | None,
@@ -282,10 +297,14 @@ async def query(
     ],
     svc: Svc,
     max: Annotated[
-        int, Query(ge=1, le=MAX_QUERY, description=f"At most this many messages (≤ {MAX_QUERY}).")
+        int, IntText, Query(ge=1, le=MAX_QUERY, description=f"At most this many messages (≤ {MAX_QUERY}).")
     ] = 32,
-    begin: Annotated[int, Query(ge=0, le=MAX_INT64, description="Earliest store timestamp (ms).")] = 0,
-    end: Annotated[int, Query(ge=0, le=MAX_INT64, description="Latest store timestamp (ms).")] = MAX_INT64,
+    begin: Annotated[
+        int, IntText, Query(ge=0, le=MAX_INT64, description="Earliest store timestamp (ms).")
+    ] = 0,
+    end: Annotated[
+        int, IntText, Query(ge=0, le=MAX_INT64, description="Latest store timestamp (ms).")
+    ] = MAX_INT64,
 ) -> dict[str, Any]:
     """Messages of `topic` carrying `key`, from both tiers, newest first."""
     found = await svc.store().query(topic, key, max, begin, end)
@@ -322,7 +341,7 @@ async def queues(topic: Topic, svc: Svc) -> QueuesOut:
 async def segments(
     svc: Svc,
     topic: Annotated[str | None, Query(pattern=TOPIC_PATTERN, description="Only this topic.")] = None,
-    queue: Annotated[int | None, Query(ge=0, le=65535, description="Only this queue id.")] = None,
+    queue: Annotated[int | None, IntText, Query(ge=0, le=65535, description="Only this queue id.")] = None,
     type: Annotated[
         SegmentType | None, Query(description="Only this file type (CL/CQ are short forms).")
     ] = None,
