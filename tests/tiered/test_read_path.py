@@ -402,6 +402,28 @@ def test_read_ahead_depth_shrinks_to_what_the_cache_holds(tmp_path: Path) -> Non
         assert run(store, scenario()) == [0, 50]
 
 
+def test_no_read_ahead_when_the_cache_holds_only_the_readers_batch(tmp_path: Path) -> None:
+    with _store_with_history(tmp_path, read_ahead_count=50) as store:
+        assert store.tiering is not None
+        ff = store.tiering.flat.get("h", 0)
+        assert ff is not None
+        fetcher = ColdFetcher(store.config.tiered.model_copy(update={"read_ahead_count": 50}))
+
+        async def scenario() -> tuple[int, int, list[bytes]]:
+            first = await fetcher._load_shared(ff, 0)
+            fetcher.cache.max_bytes = first.nbytes * 2 - 1  # one batch fits, two do not
+            got = await fetcher.read(ff, 0, 10)
+            got += await fetcher.read(ff, 10, 40)  # sequential, past the middle
+            started = len(fetcher._prefetching)
+            got += await fetcher.read(ff, 50, 50)
+            await fetcher.aclose()
+            return started, fetcher.cache.stats.prefetches, [m.body for m in got]
+
+        started, prefetches, bodies = run(store, scenario())
+        assert (started, prefetches) == (0, 0)
+        assert bodies == [_body(i) for i in range(100)]
+
+
 def test_batches_are_full_wherever_unit_reads_or_cq_segments_end(tmp_path: Path) -> None:
     """A batch spans read_ahead_size (or its commitlog segment's end, stretched by at most an
     eighth to swallow a short tail) however the consume queue is cut: unit reads of 7 and CQ

@@ -304,7 +304,9 @@ class ColdFetcher:
         sequentially), and again each time a background load completes — so the next request
         goes out while the reader still decodes, and backend round trips overlap decoding."""
         key = (ff.topic, ff.queue_id)
-        depth = max(1, min(READ_AHEAD_DEPTH, self.cache.max_bytes // max(1, current.nbytes) - 1))
+        depth = min(READ_AHEAD_DEPTH, self.cache.max_bytes // max(1, current.nbytes) - 1)
+        if depth < 1:
+            return  # a loaded-ahead batch would evict the reader's own (or not be kept at all)
         off = current.end
         for _ in range(depth):
             if off >= ff.max_offset or (*key, off) in self._inflight:
