@@ -91,6 +91,7 @@ MIN_RECORD_SIZE: Final = HEADER_V4 + 3
 #: stores configured far above the 4 MiB default while still catching garbage sizes).
 MAX_RECORD_SIZE: Final = 256 * 1024 * 1024
 
+_U2 = np.dtype(">u2")
 _I4 = np.dtype(">i4")
 _U4 = np.dtype(">u4")
 _I8 = np.dtype(">i8")
@@ -129,10 +130,6 @@ def frame(data: bytes, fail: Callable[[int, str], CorruptRecordError]) -> Framin
         append(pos)
         pos += size
     return Framing(np.array(starts, np.int64), pos)
-
-
-def _u16(buf: npt.NDArray[np.uint8], pos: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
-    return buf[pos].astype(np.int64) * 256 + buf[pos + 1].astype(np.int64)
 
 
 def _offsets(lengths: npt.NDArray[np.int64]) -> npt.NDArray[np.int32]:
@@ -300,11 +297,13 @@ def decode_records(
     tlen_width = np.where(v2, 2, 1)
     bad |= (body_len < 0) | (body_end + tlen_width + 2 > ends)
     body_end_safe = np.where(bad, s, body_end)
-    topic_len = np.where(v2, _u16(buf, body_end_safe), buf[body_end_safe].astype(np.int64))
+    topic_len = np.where(
+        v2, gather_at(buf, body_end_safe, _U2).astype(np.int64), buf[body_end_safe].astype(np.int64)
+    )
     topic_start = body_end + tlen_width
     topic_end = topic_start + topic_len
     bad |= topic_end + 2 > ends
-    props_len = _u16(buf, np.where(bad, s, topic_end))
+    props_len = gather_at(buf, np.where(bad, s, topic_end), _U2).astype(np.int64)
     bad |= topic_end + 2 + props_len != ends
     phys = gather_at(buf, s + POS_PHYSICAL_OFFSET, _I8)
     expected_phys = flat_base + s

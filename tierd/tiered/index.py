@@ -102,7 +102,7 @@ from tierd.errors import (
     SegmentSealedError,
     StoreClosedError,
 )
-from tierd.local.codec import HEADER_V4, MAGIC_V1, MAGIC_V2, POS_MAGIC, POS_SYSFLAG
+from tierd.local.codec import HEADER_V4, MAGIC_V1, MAGIC_V2, POS_MAGIC, POS_SYSFLAG, gather_at
 from tierd.local.index import index_key, key_hash
 from tierd.local.mapped_file import fsync_dir
 from tierd.message import KEY_SEPARATOR, PROPERTY_KEYS, PROPERTY_UNIQ_KEY
@@ -198,6 +198,8 @@ DEFAULT_UPLOAD_PIECE: Final = 64 * 1024 * 1024
 DEFAULT_MAX_FILE_AGE_MS: Final = 3_600_000
 _HEADER_READ_CONCURRENCY: Final = 16
 
+_U2: Final = np.dtype(">u2")
+_U4: Final = np.dtype(">u4")
 U32Array = npt.NDArray[np.uint32]
 I64Array = npt.NDArray[np.int64]
 U8Array = npt.NDArray[np.uint8]
@@ -764,15 +766,6 @@ class _UploadedFile:
 
 
 # ----------------------------------------------------------------------------- key extraction
-def _gather_be(buf: U8Array, pos: I64Array, width: int) -> I64Array:
-    """Big-endian unsigned ints of ``width`` bytes at each position (positions must be valid)."""
-    out = np.zeros(len(pos), dtype=np.int64)
-    for k in range(width):
-        out <<= 8
-        out |= buf[pos + k]
-    return out
-
-
 def _property_offsets(records: bytes, sizes: I64Array) -> tuple[I64Array, I64Array]:
     """(start, end) of every record's properties, computed for the whole batch with numpy.
 
@@ -788,16 +781,16 @@ def _property_offsets(records: bytes, sizes: I64Array) -> tuple[I64Array, I64Arr
         )
     starts = ends - sizes
     last = len(records) - 1
-    magic = _gather_be(buf, starts + POS_MAGIC, 4)
-    sysflag = _gather_be(buf, starts + POS_SYSFLAG, 4)
+    magic = gather_at(buf, starts + POS_MAGIC, _U4).astype(np.int64)
+    sysflag = gather_at(buf, starts + POS_SYSFLAG, _U4).astype(np.int64)
     hosts = np.where(sysflag & 0x10, 20, 8) + np.where(sysflag & 0x20, 20, 8)
     body_start = starts + (HEADER_V4 - 16) + hosts  # fixed header bytes besides the two hosts
-    body_len = _gather_be(buf, np.minimum(body_start - 4, last - 3), 4)
+    body_len = gather_at(buf, np.minimum(body_start - 4, last - 3), _U4).astype(np.int64)
     v2 = magic == MAGIC_V2
     tpos = np.minimum(body_start + body_len, last - 1)
-    topic_len = np.where(v2, _gather_be(buf, tpos, 2), buf[tpos].astype(np.int64))
+    topic_len = np.where(v2, gather_at(buf, tpos, _U2).astype(np.int64), buf[tpos].astype(np.int64))
     props_start = body_start + body_len + np.where(v2, 2, 1) + topic_len + 2
-    props_len = _gather_be(buf, np.clip(props_start - 2, 0, last - 1), 2)
+    props_len = gather_at(buf, np.clip(props_start - 2, 0, last - 1), _U2).astype(np.int64)
     ok = (
         ((magic == MAGIC_V1) | v2)
         & (body_len < 2**31)
