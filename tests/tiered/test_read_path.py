@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import functools
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -18,6 +18,9 @@ from tierd import BlockingMessageStore, GetStatus, Message, MessageStore, ReadPo
 from tierd.tiered.fetcher import ColdFetcher
 
 from .conftest import cold_config, run
+
+if TYPE_CHECKING:
+    from tierd.tiered.flatmessage import FlatMessageFile
 
 BODY = 1000
 
@@ -45,6 +48,25 @@ def _store_with_history(tmp_path: Path, **tiered: Any) -> BlockingMessageStore:
 
 def _body(i: int) -> bytes:
     return b"%04d" % i * (BODY // 4)
+
+
+def _flat_and_fetcher(store: BlockingMessageStore) -> tuple[FlatMessageFile, ColdFetcher]:
+    """Queue h/0's cold flat file and a fresh fetcher with the store's tiered settings."""
+    assert store.tiering is not None
+    ff = store.tiering.flat.get("h", 0)
+    assert ff is not None
+    return ff, ColdFetcher(store.config.tiered)
+
+
+async def _settle(fetcher: ColdFetcher, prefetches: int) -> None:
+    """Wait (with a deadline) for ``prefetches`` background loads, then for every load they
+    started in turn."""
+    deadline = asyncio.get_running_loop().time() + 10
+    while fetcher.cache.stats.prefetches < prefetches:
+        assert asyncio.get_running_loop().time() < deadline, "read-ahead did not happen"
+        await asyncio.sleep(0.01)
+    while fetcher._prefetching:  # a finished load may start the next one: wait for all
+        await asyncio.gather(*fetcher._prefetching)
 
 
 def test_status_table_over_both_tiers(tmp_path: Path) -> None:
@@ -154,12 +176,7 @@ def test_cold_read_error_falls_back_to_hot_or_reports_found_null(tmp_path: Path)
 
 def test_cache_stays_within_its_byte_bound_and_concurrent_readers_share_a_read(tmp_path: Path) -> None:
     with _store_with_history(tmp_path, cache_max_bytes=50 * BODY, read_ahead_count=16) as store:
-        assert store.tiering is not None
-        ff = store.tiering.flat.get("h", 0)
-        assert ff is not None
-        fetcher = ColdFetcher(
-            store.config.tiered.model_copy(update={"cache_max_bytes": 50 * BODY, "read_ahead_count": 16})
-        )
+        ff, fetcher = _flat_and_fetcher(store)
         for offset in range(0, 400, 16):  # a flood of distinct offsets
             run(store, fetcher.read(ff, offset, 1))
             assert fetcher.cache.bytes <= 50 * BODY + 16 * 20
@@ -199,10 +216,7 @@ def test_async_facade_reads_cold(tmp_path: Path) -> None:
 
 def test_a_sequential_reader_finds_the_next_batch_loaded_ahead(tmp_path: Path) -> None:
     with _store_with_history(tmp_path, read_ahead_count=50) as store:
-        assert store.tiering is not None
-        ff = store.tiering.flat.get("h", 0)
-        assert ff is not None
-        fetcher = ColdFetcher(store.config.tiered.model_copy(update={"read_ahead_count": 50}))
+        ff, fetcher = _flat_and_fetcher(store)
 
         async def scenario() -> tuple[int, int, int, list[bytes]]:
             first = await fetcher.read(ff, 0, 10)  # not past the middle: nothing loaded ahead
@@ -320,12 +334,7 @@ def test_a_batch_holding_another_queues_records_is_refused_naming_both(
 
 def test_consume_queue_units_read_ahead_serve_the_next_batches(tmp_path: Path) -> None:
     with _store_with_history(tmp_path, read_ahead_count=200, read_ahead_size=20 * BODY) as store:
-        assert store.tiering is not None
-        ff = store.tiering.flat.get("h", 0)
-        assert ff is not None
-        fetcher = ColdFetcher(
-            store.config.tiered.model_copy(update={"read_ahead_count": 200, "read_ahead_size": 20 * BODY})
-        )
+        ff, fetcher = _flat_and_fetcher(store)
 
         async def scenario() -> tuple[list[int], list[bytes]]:
             reads, bodies = [], []
@@ -348,24 +357,13 @@ def test_a_sequential_reader_keeps_two_batches_loading_ahead_and_no_more(tmp_pat
     """The next request goes out when the previous one lands, not when the reader arrives: a
     reader in batch k has k+1 and k+2 loaded (READ_AHEAD_DEPTH), never k+3."""
     with _store_with_history(tmp_path, read_ahead_count=50) as store:
-        assert store.tiering is not None
-        ff = store.tiering.flat.get("h", 0)
-        assert ff is not None
-        fetcher = ColdFetcher(store.config.tiered.model_copy(update={"read_ahead_count": 50}))
+        ff, fetcher = _flat_and_fetcher(store)
         key = ("h", 0)
-
-        async def settle() -> None:
-            deadline = asyncio.get_running_loop().time() + 10
-            while fetcher.cache.stats.prefetches < 2:
-                assert asyncio.get_running_loop().time() < deadline, "read-ahead did not happen"
-                await asyncio.sleep(0.01)
-            while fetcher._prefetching:  # a finished load may start the next one: wait for all
-                await asyncio.gather(*fetcher._prefetching)
 
         async def scenario() -> tuple[list[int], int, list[bytes]]:
             got = await fetcher.read(ff, 0, 10)
             got += await fetcher.read(ff, 10, 10)  # continues where the last read ended
-            await settle()
+            await _settle(fetcher, 2)
             loaded = [b.first for b in (fetcher.cache.find(key, o) for o in (50, 100, 150)) if b]
             prefetches = fetcher.cache.stats.prefetches
             got += await fetcher.read(ff, 20, 100)  # to 120: served from the cache, k+3 follows
@@ -380,22 +378,14 @@ def test_a_sequential_reader_keeps_two_batches_loading_ahead_and_no_more(tmp_pat
 
 def test_read_ahead_depth_shrinks_to_what_the_cache_holds(tmp_path: Path) -> None:
     with _store_with_history(tmp_path, read_ahead_count=50) as store:
-        assert store.tiering is not None
-        ff = store.tiering.flat.get("h", 0)
-        assert ff is not None
-        fetcher = ColdFetcher(store.config.tiered.model_copy(update={"read_ahead_count": 50}))
+        ff, fetcher = _flat_and_fetcher(store)
 
         async def scenario() -> list[int]:
             first = await fetcher._load_shared(ff, 0)
             fetcher.cache.max_bytes = first.nbytes * 2  # room for the reader's batch + one
             await fetcher.read(ff, 0, 10)
             await fetcher.read(ff, 10, 10)
-            deadline = asyncio.get_running_loop().time() + 10
-            while fetcher.cache.stats.prefetches < 1:
-                assert asyncio.get_running_loop().time() < deadline, "read-ahead did not happen"
-                await asyncio.sleep(0.01)
-            while fetcher._prefetching:
-                await asyncio.gather(*fetcher._prefetching)
+            await _settle(fetcher, 1)
             await fetcher.aclose()
             return [o for o in (0, 50, 100) if fetcher.cache.find(("h", 0), o) is not None]
 
@@ -404,10 +394,7 @@ def test_read_ahead_depth_shrinks_to_what_the_cache_holds(tmp_path: Path) -> Non
 
 def test_no_read_ahead_when_the_cache_holds_only_the_readers_batch(tmp_path: Path) -> None:
     with _store_with_history(tmp_path, read_ahead_count=50) as store:
-        assert store.tiering is not None
-        ff = store.tiering.flat.get("h", 0)
-        assert ff is not None
-        fetcher = ColdFetcher(store.config.tiered.model_copy(update={"read_ahead_count": 50}))
+        ff, fetcher = _flat_and_fetcher(store)
 
         async def scenario() -> tuple[int, int, list[bytes]]:
             first = await fetcher._load_shared(ff, 0)
@@ -431,10 +418,7 @@ def test_batches_are_full_wherever_unit_reads_or_cq_segments_end(tmp_path: Path)
     size = 20 * BODY
     tiered = {"read_ahead_count": 7 * 40, "read_ahead_size": size, "consumequeue_segment_size": 30 * 20}
     with _store_with_history(tmp_path, **tiered) as store:
-        assert store.tiering is not None
-        ff = store.tiering.flat.get("h", 0)
-        assert ff is not None
-        fetcher = ColdFetcher(store.config.tiered.model_copy(update=tiered))
+        ff, fetcher = _flat_and_fetcher(store)
         record = max(len(_body(0)) + 200, 1)  # a record's size, generously
 
         async def scenario() -> tuple[list[tuple[int, int, int]], list[bytes]]:
@@ -457,10 +441,7 @@ def test_batches_are_full_wherever_unit_reads_or_cq_segments_end(tmp_path: Path)
 
 def test_no_background_load_starts_after_the_fetcher_is_closed(tmp_path: Path) -> None:
     with _store_with_history(tmp_path, read_ahead_count=50) as store:
-        assert store.tiering is not None
-        ff = store.tiering.flat.get("h", 0)
-        assert ff is not None
-        fetcher = ColdFetcher(store.config.tiered.model_copy(update={"read_ahead_count": 50}))
+        ff, fetcher = _flat_and_fetcher(store)
 
         async def scenario() -> tuple[int, list[bytes]]:
             got = await fetcher.read(ff, 0, 10)
@@ -475,10 +456,7 @@ def test_no_background_load_starts_after_the_fetcher_is_closed(tmp_path: Path) -
 
 def test_a_sequential_readers_consume_queue_reads_cover_several_batches(tmp_path: Path) -> None:
     with _store_with_history(tmp_path, read_ahead_count=50) as store:
-        assert store.tiering is not None
-        ff = store.tiering.flat.get("h", 0)
-        assert ff is not None
-        fetcher = ColdFetcher(store.config.tiered.model_copy(update={"read_ahead_count": 50}))
+        ff, fetcher = _flat_and_fetcher(store)
 
         async def scenario() -> tuple[int, int, int, int]:
             one = await fetcher._load_shared(ff, 0)  # a random read: 50 units, all used

@@ -274,14 +274,15 @@ class ColdFetcher:
         key = (ff.topic, ff.queue_id)
         out: list[MessageExt] = []
         while len(out) < max_count and offset < ff.max_offset:
+            sequential = self._sequential.get(key) == offset
             batch = self.cache.find(key, offset)
             if batch is None:
                 self.cache.stats.misses += 1
-                batch = await self._load_shared(ff, offset, ahead=self._sequential.get(key) == offset)
+                batch = await self._load_shared(ff, offset, ahead=sequential)
             else:
                 self.cache.stats.hits += 1
             stop = min(batch.end, offset + max_count - len(out))
-            if self._sequential.get(key) == offset or stop > (batch.first + batch.end) // 2:
+            if sequential or stop > (batch.first + batch.end) // 2:
                 self._read_ahead(ff, batch)
             # In slices, yielding to the loop in between: a prefetch in flight keeps receiving
             # while a long read decodes (one thread, so no fight for the GIL).
@@ -299,10 +300,10 @@ class ColdFetcher:
     def _read_ahead(self, ff: FlatMessageFile, current: ColdBatch) -> None:
         """Keep the batches after ``current`` (the reader's) loaded, up to
         :data:`READ_AHEAD_DEPTH` of them (as many as the cache holds beside ``current``, counted
-        at its size): start loading the first that is neither cached nor in flight. Called for a reader that
-        continues where its last read ended or is past the middle of a batch (it reads
-        sequentially), and again each time a background load completes — so the next request
-        goes out while the reader still decodes, and backend round trips overlap decoding."""
+        at its size): start loading the first that is neither cached nor in flight. Called for
+        a reader that continues where its last read ended or is past the middle of a batch (it
+        reads sequentially), and again each time a background load completes — so the next
+        request goes out while the reader still decodes, and round trips overlap decoding."""
         key = (ff.topic, ff.queue_id)
         depth = min(READ_AHEAD_DEPTH, self.cache.max_bytes // max(1, current.nbytes) - 1)
         if depth < 1:
@@ -386,11 +387,11 @@ class ColdFetcher:
         self, ff: FlatMessageFile, offset: int, ahead: bool
     ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
         """Units from ``offset`` enough for one batch: the cached run left by the previous
-        batch, extended by consume-queue reads (one per CQ segment touched, up to
-        ``read_ahead_count`` units each) until they span the batch's byte limit, reach
-        ``read_ahead_count`` units or the committed end. A batch is thus never cut short by
-        where a unit read or a CQ segment happened to end; units beyond it are cached for the
-        next batch, so the consume queue is still read once per ``read_ahead_count`` units.
+        batch, extended by consume-queue reads (each within one CQ segment) until they span
+        the batch's byte limit, reach ``read_ahead_count`` units or the committed end. A batch
+        is thus never cut short by where a unit read or a CQ segment happened to end; units
+        beyond it are cached for the next batch, so the consume queue is still read once per
+        ``read_ahead_count`` units.
 
         ``ahead``: a sequential reader's load — its unit reads take
         :data:`SEQUENTIAL_UNIT_READ` times as many units (within the unit cache's budget), so
