@@ -511,6 +511,7 @@ def encode_batch(
 
 
 # ----------------------------------------------------------------------------- batch decoding
+_U2 = np.dtype(">u2")
 _I4 = np.dtype(">i4")
 _U4 = np.dtype(">u4")
 _I8 = np.dtype(">i8")
@@ -577,7 +578,7 @@ class RecordBatch:
         topic_end = topic_start + topic_len
         if np.any(topic_end + 2 > s + total):
             return None
-        props_len = buf[topic_end].astype(np.int64) * 256 + buf[topic_end + 1].astype(np.int64)
+        props_len = gather_at(buf, topic_end, _U2).astype(np.int64)
         if np.any(topic_end + 2 + props_len != s + total):
             return None
         queue_ids = gather_at(buf, s + POS_QUEUE_ID, _I4).astype(np.int64)
