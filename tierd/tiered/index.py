@@ -202,6 +202,7 @@ _U2: Final = np.dtype(">u2")
 _U4: Final = np.dtype(">u4")
 U32Array = npt.NDArray[np.uint32]
 I64Array = npt.NDArray[np.int64]
+RankArray = npt.NDArray[np.uint16]
 U8Array = npt.NDArray[np.uint8]
 
 
@@ -361,14 +362,23 @@ def _column(buf: Any, name: str, slots: int, count: int) -> npt.NDArray[Any]:
 
 
 def compact(
-    buf: Any, slots: int, items: int, *, name: str = "<buffer>", use_chains: bool = True
+    buf: Any,
+    slots: int,
+    items: int,
+    *,
+    name: str = "<buffer>",
+    use_chains: bool = True,
+    ranks: RankArray | None = None,
 ) -> CompactedIndex:
     """Compacted bytes of a sealed writable file (``buf``: its bytes or mapping, not modified).
 
     Vectorised — numpy over whole columns, no per-item Python. ``bincount`` + ``cumsum`` of the
     compacted slot of every item give each slot's position and length. Each item's output row
-    (its slot's start + its rank, newest first) then comes from one of two orderings:
+    (its slot's start + its rank, newest first) then comes from one of three orderings:
 
+    * **ranks** (a full file written by this process: ``ranks`` = :attr:`_LocalFile.ranks`,
+      each item's count of older items in its slot, kept by the insert): the row is one
+      element-wise expression, ``last row of the slot − rank``;
     * **chains** (a full file, whose compacted slots are its own slots): the writable chains
       are already newest first, so they are peeled level by level — all heads, then all their
       links, ... — about ``max chain length`` (≈ 20) vectorised steps touching each item once.
@@ -394,7 +404,12 @@ def compact(
     hashes = _column(buf, "hash", slots, count).astype(np.uint32)
     slot = hashes % np.uint32(cslots)
     del hashes
-    per_slot = np.bincount(slot, minlength=cslots)
+    if cslots != slots or ranks is None or len(ranks) <= count:
+        ranks = None
+    per_slot = _counts_by_ranks(buf, slots, count, ranks) if ranks is not None else None
+    if per_slot is None:
+        ranks = None
+        per_slot = np.bincount(slot, minlength=cslots)
     first_row = np.cumsum(per_slot) - per_slot  # output row of each slot's newest item
 
     out = np.empty(size, dtype=np.uint8)  # every byte is written below
@@ -412,24 +427,42 @@ def compact(
         strides=(ITEM_SIZE,),
     )
     dst = np.ndarray((count,), dtype=f"V{COMPACTED_ITEM_SIZE}", buffer=out, offset=item_base)
-    rows = (
-        _rows_by_chains(buf, slots, count, slot, per_slot, first_row)
-        if use_chains and cslots == slots
-        else None
-    )
+    rows: npt.NDArray[np.integer[Any]] | None = None
+    if ranks is not None:
+        last_row = np.cumsum(per_slot, dtype=np.int32)
+        last_row -= 1
+        rows = last_row[slot]
+        rows -= ranks[1 : count + 1]
+        del last_row
+    elif cslots == slots and use_chains:
+        rows = _rows_by_chains(buf, slots, count, slot, per_slot, first_row)
+    del first_row
     # Rows move in pieces: a whole-array fancy index would first build a count*28-byte
     # temporary (fresh memory is slow to fault in); np.take(out=) is slower for void rows.
     if rows is not None:  # rows[i] = output row of item i+1: scatter, reading items in order
         for a in range(0, count, _MOVE_PIECE):
             dst[rows[a : a + _MOVE_PIECE]] = src[a : a + _MOVE_PIECE]
     else:
-        del first_row
         order = _order_by_sort(slot, count)  # order[r] = item (0-based) of output row r: gather
         del slot
         for a in range(0, count, _MOVE_PIECE):
             dst[a : a + _MOVE_PIECE] = src[order[a : a + _MOVE_PIECE]]
     del src, dst
     return CompactedIndex(out, begin, end, count, cslots, used, begin + min_tdiff * 1000)
+
+
+def _counts_by_ranks(buf: Any, slots: int, count: int, ranks: RankArray) -> I64Array | None:
+    """Items per slot of an intact file with a rank column: its newest item's rank + 1 (one
+    read per slot instead of one per item); None if a slot head is out of range."""
+    heads = np.ndarray((slots,), dtype=">i4", buffer=buf, offset=HEADER_SIZE, strides=(SLOT_SIZE,))
+    newest = heads.astype(np.intp)
+    del heads
+    if len(newest) and (int(newest.min()) < 0 or int(newest.max()) > count):
+        return None
+    per_slot = ranks[newest].astype(np.int64)
+    per_slot += 1
+    per_slot[newest == 0] = 0
+    return per_slot
 
 
 def _order_by_sort(slot: U32Array, count: int) -> I64Array:
@@ -512,6 +545,12 @@ class _LocalFile:
         self.item_base = HEADER_SIZE + slots * SLOT_SIZE
         self._mm: mmap.mmap | None = mm
         self._flushed_count = self.count
+        #: Per item (by index; [0] unused): how many older items its slot held when it was
+        #: inserted — what makes :func:`compact` one element-wise step instead of a chain walk.
+        #: Kept only for a file created by this process (zeroed pages: memory only where
+        #: written); None after a reopen or once a slot outgrows 16 bits (then the chains
+        #: are peeled instead).
+        self.ranks: RankArray | None = None
 
     @classmethod
     def create(cls, path: Path, slots: int, items: int, begin: int) -> _LocalFile:
@@ -531,6 +570,7 @@ class _LocalFile:
         fsync_dir(path.parent)
         f = cls(path, mm, slots, items, (begin, begin, 0, 0), None)
         f._flushed_count = -1
+        f.ranks = np.zeros(items + 1, dtype=np.uint16)
         return f
 
     @classmethod
@@ -627,6 +667,8 @@ class _LocalFile:
         prev_sorted[first] = heads
         prev = np.empty(m, dtype=np.int64)
         prev[pos_sorted] = prev_sorted
+        if self.ranks is not None:
+            self._rank(heads, first, idx_sorted)
 
         out = np.ndarray((m,), dtype=ITEM_DTYPE, buffer=mm, offset=self.item_base + (count + 1) * ITEM_SIZE)
         out["hash"] = h
@@ -646,6 +688,25 @@ class _LocalFile:
         self.min_item_time = lo if self.min_item_time is None else min(self.min_item_time, lo)
         del table, out  # an exported buffer would make mmap.close() fail
         return m
+
+    def _rank(self, heads: I64Array, first: npt.NDArray[np.bool_], idx_sorted: I64Array) -> None:
+        """Record the rank of each new item. The new items are sorted by slot, then age;
+        ``first`` starts a slot's run and ``heads`` holds that slot's newest older item (0: none),
+        so an item's rank is its head's rank + 1 (0 without one) + its place in the run."""
+        assert self.ranks is not None
+        m = len(first)
+        starts = np.flatnonzero(first)
+        base = self.ranks[heads].astype(np.int32)
+        base += 1
+        base *= heads > 0
+        base -= starts.astype(np.int32)
+        rank = np.repeat(base, np.diff(starts, append=m))
+        rank += np.arange(m, dtype=np.int32)
+        if int(rank.max()) > np.iinfo(np.uint16).max:
+            log.debug("index file %s: a slot outgrew the rank column; compaction walks the chains", self.path)
+            self.ranks = None
+            return
+        self.ranks[idx_sorted] = rank
 
     # ------------------------------------------------------------------ read
     def lookup(self, hash_: int, topic_id: int, begin_ms: int, end_ms: int, max_count: int) -> list[IndexHit]:
@@ -678,6 +739,7 @@ class _LocalFile:
             self._flushed_count = count
 
     def close(self) -> None:
+        self.ranks = None
         mm, self._mm = self._mm, None
         if mm is not None:
             try:
@@ -1179,7 +1241,7 @@ class ColdIndexService:
 
         def work() -> tuple[CompactedIndex, str]:
             f.flush()
-            c = compact(f.mm, f.slots, f.items, name=str(f.path))
+            c = compact(f.mm, f.slots, f.items, name=str(f.path), ranks=f.ranks)
             return c, _crc32c(c.data)
 
         compacted, crc = await self._in_thread(work)
