@@ -401,14 +401,14 @@ def compact(
         _HEADER.pack_into(out.data, 0, MAGIC_COMPACTED, begin, end, 0, 0)
         return CompactedIndex(out, begin, end, 0, cslots, 0, None)
     min_tdiff = int(_column(buf, "tdiff", slots, count).min())
-    hashes = _column(buf, "hash", slots, count).astype(np.uint32)
-    slot = hashes % np.uint32(cslots)
-    del hashes
     if cslots != slots or ranks is None or len(ranks) <= count:
         ranks = None
     per_slot = _counts_by_ranks(buf, slots, count, ranks) if ranks is not None else None
+    slot: U32Array | None = None
     if per_slot is None:
         ranks = None
+        slot = _column(buf, "hash", slots, count).astype(np.uint32)
+        slot %= np.uint32(cslots)
         per_slot = np.bincount(slot, minlength=cslots)
     first_row = np.cumsum(per_slot) - per_slot  # output row of each slot's newest item
 
@@ -427,21 +427,34 @@ def compact(
         strides=(ITEM_SIZE,),
     )
     dst = np.ndarray((count,), dtype=f"V{COMPACTED_ITEM_SIZE}", buffer=out, offset=item_base)
-    rows: npt.NDArray[np.integer[Any]] | None = None
-    if ranks is not None:
-        last_row = np.cumsum(per_slot, dtype=np.int32)
-        last_row -= 1
-        rows = last_row[slot]
-        rows -= ranks[1 : count + 1]
-        del last_row
-    elif cslots == slots and use_chains:
-        rows = _rows_by_chains(buf, slots, count, slot, per_slot, first_row)
-    del first_row
     # Rows move in pieces: a whole-array fancy index would first build a count*28-byte
     # temporary (fresh memory is slow to fault in); np.take(out=) is slower for void rows.
-    if rows is not None:  # rows[i] = output row of item i+1: scatter, reading items in order
+    if ranks is not None:
+        # Piece by piece from the hashes: row = the slot's last row - rank. No whole-file
+        # temporaries (slots, rows): their fresh memory would cost more than the arithmetic.
+        del first_row
+        last_row = np.cumsum(per_slot, dtype=np.int32)
+        last_row -= 1
+        hashes = _column(buf, "hash", slots, count)
         for a in range(0, count, _MOVE_PIECE):
-            dst[rows[a : a + _MOVE_PIECE]] = src[a : a + _MOVE_PIECE]
+            b = min(count, a + _MOVE_PIECE)
+            piece = hashes[a:b].astype(np.uint32)
+            piece %= np.uint32(slots)
+            rows = last_row[piece]
+            rows -= ranks[a + 1 : b + 1]
+            dst[rows] = src[a:b]
+        del hashes, src, dst
+        return CompactedIndex(out, begin, end, count, cslots, used, begin + min_tdiff * 1000)
+    assert slot is not None
+    chain_rows = (
+        _rows_by_chains(buf, slots, count, slot, per_slot, first_row)
+        if cslots == slots and use_chains
+        else None
+    )
+    del first_row
+    if chain_rows is not None:  # chain_rows[i] = output row of item i+1: scatter, items in order
+        for a in range(0, count, _MOVE_PIECE):
+            dst[chain_rows[a : a + _MOVE_PIECE]] = src[a : a + _MOVE_PIECE]
     else:
         order = _order_by_sort(slot, count)  # order[r] = item (0-based) of output row r: gather
         del slot
