@@ -543,13 +543,13 @@ class RecordBatch:
         self.data = data
         self.starts = starts
         self.sizes = sizes
-        self._cols: list[tuple[int, ...]] | None = None
+        self._cols: list[npt.NDArray[np.int64]] | None = None
         self._hosts: tuple[list[str], list[str]] | None = None
         self._queue_checked: tuple[str, int, int] | None = None
         #: Queue id, queue offset, topic start and end of every record (for :meth:`_is_queue`).
         self._identity: tuple[npt.NDArray[Any], ...] | None = None
 
-    def _columns(self) -> list[tuple[int, ...]] | None:
+    def _columns(self) -> list[npt.NDArray[np.int64]] | None:
         if self._cols is not None:
             return self._cols
         buf = np.frombuffer(self.data, np.uint8)
@@ -584,27 +584,25 @@ class RecordBatch:
         queue_ids = gather_at(buf, s + POS_QUEUE_ID, _I4).astype(np.int64)
         queue_offsets = gather_at(buf, s + POS_QUEUE_OFFSET, _I8)
         self._identity = (queue_ids, queue_offsets, topic_start, topic_end)
-        # One tuple per record, built in C (zip): message() then unpacks instead of indexing.
-        self._cols = list(
-            zip(
-                gather_at(buf, s + POS_BODY_CRC, _U4).astype(np.int64).tolist(),
-                queue_ids.tolist(),
-                gather_at(buf, s + POS_FLAG, _I4).astype(np.int64).tolist(),
-                queue_offsets.tolist(),
-                gather_at(buf, s + POS_PHYSICAL_OFFSET, _I8).tolist(),
-                sysflag.tolist(),
-                gather_at(buf, s + POS_BORN_TIMESTAMP, _I8).tolist(),
-                gather_at(buf, s + POS_BORN_HOST + 8, _I8).tolist(),
-                gather_at(buf, s + 72, _I4).astype(np.int64).tolist(),
-                gather_at(buf, s + 76, _I8).tolist(),
-                (s + HEADER_V4).tolist(),
-                body_end.tolist(),
-                topic_start.tolist(),
-                topic_end.tolist(),
-                (s + total).tolist(),
-                strict=True,
-            )
-        )
+        # Columns stay numpy until a slice of messages is built (see _rows): Python ints and
+        # row tuples kept for the batch's life in the cache would be scanned by the cyclic GC.
+        self._cols = [
+            gather_at(buf, s + POS_BODY_CRC, _U4).astype(np.int64),
+            queue_ids,
+            gather_at(buf, s + POS_FLAG, _I4).astype(np.int64),
+            queue_offsets,
+            gather_at(buf, s + POS_PHYSICAL_OFFSET, _I8),
+            sysflag,
+            gather_at(buf, s + POS_BORN_TIMESTAMP, _I8),
+            gather_at(buf, s + POS_BORN_HOST + 8, _I8),
+            gather_at(buf, s + 72, _I4).astype(np.int64),
+            gather_at(buf, s + 76, _I8),
+            s + HEADER_V4,
+            body_end,
+            topic_start,
+            topic_end,
+            s + total,
+        ]
         return self._cols
 
     def queue_messages(
@@ -616,14 +614,16 @@ class RecordBatch:
         per batch with numpy, not per message. None when anything differs from that shape
         (IPv6 hosts, a foreign record, a bad CRC...): the caller then decodes message by message
         and reports the precise problem."""
-        rows = self._columns()
-        if rows is None or not self._is_queue(topic, queue_id, first_queue_offset):
+        cols = self._columns()
+        if cols is None or not self._is_queue(topic, queue_id, first_queue_offset):
             return None
         assert self._hosts is not None
         born, store = self._hosts
         build = self._build
+        # One row tuple per record, built in C (zip) and freed as soon as its message is built.
+        rows = zip(*[c[start:stop].tolist() for c in cols], born[start:stop], store[start:stop], strict=True)
         try:
-            return [build(rows[i], topic, born[i], store[i]) for i in range(start, stop)]
+            return [build(row, topic) for row in rows]
         except CorruptRecordError:
             return None
 
@@ -661,11 +661,11 @@ class RecordBatch:
 
     def message(self, i: int) -> MessageExt:
         """Record ``i``, CRC-checked; raises :class:`CorruptRecordError` if it is not valid."""
-        rows = self._columns()
-        if rows is None:
+        cols = self._columns()
+        if cols is None:
             start = int(self.starts[i])
             return decode_record(self.data, start, limit=start + int(self.sizes[i]), check_crc=True)
-        row = rows[i]
+        row = [int(c[i]) for c in cols]
         data = self.data
         start = row[10] - HEADER_V4
         try:
@@ -674,10 +674,11 @@ class RecordBatch:
             raise _fail(f"topic is not UTF-8 ({e.reason})", start) from e
         born = decode_host(data[start + 48 : start + 56])
         store = decode_host(data[start + 64 : start + 72])
-        return self._build(row, topic, born, store)
+        return self._build((*row, born, store), topic)
 
-    def _build(self, row: tuple[int, ...], topic: str, born_host: str, store_host: str) -> MessageExt:
-        """The message of one column row: body CRC and property encoding checked here."""
+    def _build(self, row: tuple[Any, ...], topic: str) -> MessageExt:
+        """The message of one row (the 15 columns, then born and store host): body CRC and
+        property encoding checked here."""
         (
             crc,
             queue_id,
@@ -694,6 +695,8 @@ class RecordBatch:
             _,
             topic_end,
             end,
+            born_host,
+            store_host,
         ) = row
         data = self.data
         body = data[body_start:body_end]

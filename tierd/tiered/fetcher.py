@@ -80,8 +80,8 @@ class ColdBatch:
 
     @property
     def nbytes(self) -> int:
-        # data + offsets/sizes + the decoder's columns once built (14 Python ints per record)
-        return len(self.data) + self.sizes.nbytes * 2 + len(self.sizes) * 14 * 32
+        # data + offsets/sizes + the decoder's columns once built (15 int64 per record)
+        return len(self.data) + self.sizes.nbytes * 2 + len(self.sizes) * 15 * 8
 
     def message(self, queue_offset: int) -> MessageExt:
         return self.messages(queue_offset, queue_offset + 1)[0]
