@@ -63,13 +63,18 @@ class MessageExt:
     ``commitlog_offset`` is the record's PHYSICALOFFSET field: the hot commitlog offset for hot
     reads, the queue's flat commitlog offset for cold reads (FORMATS §2.2). ``msg_id`` is the
     offset message id derived from STOREHOST and that offset.
+
+    ``raw_properties`` is the record's PROPERTIES field as stored (UTF-8, checked when read;
+    ``name 0x01 value 0x02`` per pair); :attr:`properties` parses it on first access. Most
+    consumers never look at properties, and one more object per message (a lazy mapping) cost
+    a cold consume ~10 % in allocation and garbage-collector scans.
     """
 
     topic: str
     queue_id: int
     queue_offset: int
     body: bytes
-    properties: Mapping[str, str]
+    raw_properties: bytes
     store_timestamp: int
     born_timestamp: int
     born_host: str
@@ -81,6 +86,19 @@ class MessageExt:
     reconsume_times: int = 0
     prepared_transaction_offset: int = 0
     body_crc: int = 0
+    _properties: Mapping[str, str] | None = field(default=None, init=False, repr=False, compare=False)
+
+    @property
+    def properties(self) -> Mapping[str, str]:
+        """The properties as a read-only mapping (parsed once, on first access)."""
+        if self._properties is None:
+            if self.raw_properties:
+                from tierd.local.codec import decode_properties
+
+                self._properties = MappingProxyType(decode_properties(self.raw_properties))
+            else:
+                self._properties = _EMPTY
+        return self._properties
 
     @property
     def msg_id(self) -> str:

@@ -137,6 +137,22 @@ def test_decode_golden() -> None:
     assert m.msg_id == "0A00000200002A9F0000000000001000"
 
 
+def test_properties_are_the_raw_field_parsed_once_and_read_only() -> None:
+    m = decode_record(golden_v1())
+    assert m.raw_properties == b"KEYS\x01o-1 o-2\x02TAGS\x01paid\x02"
+    props = m.properties
+    assert dict(props) == {"KEYS": "o-1 o-2", "TAGS": "paid"}
+    assert m.properties is props  # parsed on first access only
+    with pytest.raises(TypeError):
+        props["TAGS"] = "other"  # type: ignore[index]
+    bare = decode_record(_encode_like_golden(properties=b""))
+    assert bare.raw_properties == b""
+    assert dict(bare.properties) == {}
+    assert bare.keys == ()
+    assert bare.tags is None
+    assert decode_record(golden_v1()) == m  # the parsed cache takes no part in equality
+
+
 def test_v2_record_has_two_byte_topic_length_and_v2_magic() -> None:
     topic = ("t" * 200).encode()
     magic, part = topic_field(topic)

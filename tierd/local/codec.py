@@ -17,10 +17,8 @@ from __future__ import annotations
 
 import ipaddress
 import struct
-from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from functools import lru_cache
-from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Final
 
 import numpy as np
@@ -31,7 +29,7 @@ from tierd.errors import CorruptRecordError, InvalidArgumentError
 from tierd.message import MessageExt
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Mapping, Sequence
 
 # The body CRC is zlib's CRC-32 (masked to 31 bits, as RocketMQ stores it). ``crc32`` here is
 # ISA-L's (``isal``): the same function, ~0.08 µs per 1 KiB body instead of zlib 1.2's
@@ -78,7 +76,6 @@ _INT = struct.Struct(">i")
 _UINT = struct.Struct(">I")
 _LONG = struct.Struct(">q")
 _SHORT = struct.Struct(">H")
-_NO_PROPERTIES: Mapping[str, str] = MappingProxyType({})
 _SIZE_MAGIC = struct.Struct(">iI")
 
 
@@ -141,43 +138,6 @@ def offset_msg_id(store_host: bytes, physical_offset: int) -> str:
 @lru_cache(maxsize=4096)
 def _host_hex(store_host: bytes) -> str:
     return store_host.hex().upper()
-
-
-class LazyProperties(Mapping[str, str]):
-    """Message properties parsed on first access: most consumers never look at them, and
-    parsing costs as much as the rest of a record's decoding."""
-
-    __slots__ = ("_parsed", "_raw")
-
-    def __init__(self, raw: bytes) -> None:
-        self._raw = raw
-        self._parsed: dict[str, str] | None = None
-
-    def _dict(self) -> dict[str, str]:
-        if self._parsed is None:
-            self._parsed = decode_properties(self._raw)
-        return self._parsed
-
-    def __getitem__(self, key: str) -> str:
-        return self._dict()[key]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._dict())
-
-    def __len__(self) -> int:
-        return len(self._dict())
-
-    def get(self, key: str, default: Any = None) -> Any:
-        return self._dict().get(key, default)
-
-    def __eq__(self, other: object) -> bool:
-        return dict(self._dict()) == (dict(other) if isinstance(other, Mapping) else other)
-
-    def __hash__(self) -> int:
-        return hash(self._raw)
-
-    def __repr__(self) -> str:
-        return repr(self._dict())
 
 
 def parse_offset_msg_id(msg_id: str) -> tuple[str, int]:
@@ -359,14 +319,13 @@ def decode_record(
         raw_props.decode()  # validate now; parse on first access
     except UnicodeDecodeError as e:
         raise _fail(f"topic or properties are not UTF-8 ({e.reason})", pos) from e
-    props: Mapping[str, str] = LazyProperties(raw_props) if raw_props else _NO_PROPERTIES
     store_host_b = bytes(store_host)
     return MessageExt(
         topic=topic,
         queue_id=queue_id,
         queue_offset=queue_offset,
         body=body,
-        properties=props,
+        raw_properties=raw_props,
         store_timestamp=store_ts,
         born_timestamp=born_ts,
         born_host=decode_host(bytes(born_host)),
@@ -712,7 +671,7 @@ class RecordBatch:
             queue_id,
             queue_offset,
             body,
-            LazyProperties(raw_props) if raw_props else _NO_PROPERTIES,
+            raw_props,
             store_ts,
             born_ts,
             born_host,
