@@ -66,8 +66,8 @@ class MessageExt:
 
     ``raw_properties`` is the record's PROPERTIES field as stored (UTF-8, checked when read;
     ``name 0x01 value 0x02`` per pair); :attr:`properties` parses it on first access. Most
-    consumers never look at properties, and one more object per message (a lazy mapping) cost
-    a cold consume ~10 % in allocation and garbage-collector scans.
+    consumers never look at properties; a lazy mapping object per message cost ~0.15 µs more
+    per decoded message (~7 %) and one more object for the garbage collector to scan.
     """
 
     topic: str
