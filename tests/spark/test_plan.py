@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime as dt
 import itertools
+import shutil
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
@@ -25,6 +26,7 @@ from tierd.spark.plan import (
     plan_ranges,
 )
 from tierd.spark.storage import ColdStorage
+from tierd.tiered.manifest import MANIFEST_NAME
 
 from ..tiered.conftest import cold_config
 from .conftest import Produced, Rec, craft_queue, messages, produce
@@ -242,6 +244,21 @@ def test_topic_option_and_missing_topics(cold: tuple[str, Produced]) -> None:
         _plan(url, topic="audit,nope")
     with pytest.raises(NotFoundError, match="option cluster='Other'"):
         _plan(url, cluster="Other")
+
+
+def test_queue_manifests_are_read_together_and_a_missing_one_is_named(
+    cold: tuple[str, Produced], tmp_path: Path
+) -> None:
+    url, produced = cold
+    _, _, ranges = _plan(url)
+    assert {(r.topic, r.queue_id) for r in ranges} == {(t, q) for t, q, _ in produced.messages}
+    copy = tmp_path / "cold"
+    shutil.copytree(url.removeprefix("file://"), copy)
+    [manifest] = copy.glob(f"*/*/audit/1/{MANIFEST_NAME}")
+    manifest.unlink()
+    with pytest.raises(NotFoundError, match=r"lists audit/1 but .*/audit/1/MANIFEST.json is missing"):
+        _plan(f"file://{copy}")
+    assert ColdStorage(f"file://{copy}").read_objects([]) == []
 
 
 def test_a_directory_without_a_cold_tier_is_reported(tmp_path: Path) -> None:

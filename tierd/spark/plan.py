@@ -481,24 +481,26 @@ def _queues(storage: ColdStorage, opts: ReadOptions, c: Constraints) -> list[_Qu
                 path=path,
             ) from e
         bm: BrokerManifest = _parse_manifest(BrokerManifest, raw, f"{opts.url}/{path}")
+        wanted: list[tuple[str, int, str]] = []
         for t in bm.topics:
             seen_topics.add(t.name)
             if not c.allows_topic(t.name):
                 continue
-            for qid in t.queues:
-                if not c.allows_queue(qid):
-                    continue
-                qpath = queue_manifest_path(cluster, broker, t.name, qid)
-                try:
-                    qraw = storage.read_object(qpath)
-                except SegmentNotFoundError as e:
-                    raise NotFoundError(
-                        f"the broker manifest lists {t.name}/{qid} but {opts.url}/{qpath} is missing",
-                        path=qpath,
-                    ) from e
-                queues.append(
-                    _Queue(cluster, broker, _parse_manifest(QueueManifest, qraw, f"{opts.url}/{qpath}"))
+            wanted.extend(
+                (t.name, qid, queue_manifest_path(cluster, broker, t.name, qid))
+                for qid in t.queues
+                if c.allows_queue(qid)
+            )
+        for (topic, qid, qpath), qraw in zip(
+            wanted, storage.read_objects([w[2] for w in wanted]), strict=True
+        ):
+            if qraw is None:
+                raise NotFoundError(
+                    f"the broker manifest lists {topic}/{qid} but {opts.url}/{qpath} is missing",
+                    path=qpath,
                 )
+            qm: QueueManifest = _parse_manifest(QueueManifest, qraw, f"{opts.url}/{qpath}")
+            queues.append(_Queue(cluster, broker, qm))
     missing = sorted(set(opts.topics or ()) - seen_topics)
     if missing:
         raise NotFoundError(
