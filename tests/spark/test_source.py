@@ -209,3 +209,14 @@ def test_corrupt_s3_object_fails_the_task_with_object_and_offset(
 def test_bad_option_fails_at_load(spark: SparkSession) -> None:
     with pytest.raises(PySparkException, match="option queue_ids must be a comma-separated list"):
         spark.read.format("tierd").option("path", "/nowhere").option("queue_ids", "one").load()
+
+
+def test_a_user_schema_other_than_the_fixed_one_is_refused_clearly(
+    spark: SparkSession, file_cold: tuple[str, Produced]
+) -> None:
+    url, produced = file_cold
+    with pytest.raises(PySparkException, match=r"fixed schema .*got struct<body:binary>.*select the columns"):
+        spark.read.format("tierd").schema("body binary").option("path", url).load().count()
+    ddl = ", ".join(f"{f.name} {f.dataType.simpleString()}" for f in SPARK_SCHEMA.fields)
+    same = spark.read.format("tierd").schema(ddl).option("path", url).load()
+    assert same.count() == len(produced.messages)  # the fixed schema spelled out (nullable) is fine

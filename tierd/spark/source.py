@@ -42,6 +42,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
+from tierd.errors import InvalidArgumentError
 from tierd.spark.plan import Constraints, ReadOptions, SegmentRange, plan_ranges
 
 if TYPE_CHECKING:
@@ -162,6 +163,11 @@ class TierdPushdownReader(TierdReader):
         return self.constraints.push(str(attribute[0]).lower(), op, getattr(f, "value", None))
 
 
+def _columns(schema: StructType) -> list[tuple[str, str]]:
+    """Names and types (nullability aside: a DDL string makes every column nullable)."""
+    return [(f.name, f.dataType.simpleString()) for f in schema.fields]
+
+
 class TierdDataSource(DataSource):
     """``spark.read.format("tierd")``: the messages of a tierd cold tier, read from the bucket.
 
@@ -181,6 +187,14 @@ class TierdDataSource(DataSource):
         return SPARK_SCHEMA
 
     def reader(self, schema: StructType) -> DataSourceReader:
+        if _columns(schema) != _columns(SPARK_SCHEMA):
+            # Spark hands a user-specified .schema(...) here; rows of the fixed schema would
+            # then fail deep inside the task with a column-count mismatch.
+            raise InvalidArgumentError(
+                f"the tierd source has a fixed schema ({SPARK_SCHEMA.simpleString()}); got "
+                f"{schema.simpleString()}: load() without .schema(...) and select the columns you need",
+                schema=schema.simpleString(),
+            )
         if pushdown_enabled():
             return TierdPushdownReader(self.read_options)
         return TierdReader(self.read_options)
