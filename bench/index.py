@@ -46,6 +46,7 @@ import mmh3
 import numpy as np
 
 from backends.memory import MemoryRoot, drop_namespace
+from tierd.testing.clock import ManualClock
 from tierd.testing.faults import FaultyRoot
 from tierd.tiered.index import ColdIndexService, FileStatus, compact, compacted_slots
 
@@ -56,14 +57,6 @@ SLOT = struct.Struct(">ii")
 ITEM = struct.Struct(">Iiiqiii")
 CITEM = struct.Struct(">Iiiqii")
 BATCH = 1_000_000
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = T0
-
-    def __call__(self) -> int:
-        return self.now
 
 
 def fill(svc: ColdIndexService, n: int, keys: dict[int, str], seed: int) -> float:
@@ -124,7 +117,7 @@ async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     # 1. fill the full-size file
     mem = MemoryRoot("memory://bench-index")
     root = FaultyRoot(mem)
-    clock = Clock()
+    clock = ManualClock(T0)
     svc = ColdIndexService(workdir / "full", root, "BenchCluster", "b0", args.slots, args.items, clock=clock)
     await svc.load([])
     spent = fill(svc, args.items, keys, seed=1)

@@ -3,15 +3,27 @@
 from __future__ import annotations
 
 import asyncio
+import uuid
 from typing import TYPE_CHECKING, Any, TypeVar
 
+import pytest
+
+from backends.memory import MemoryRoot, drop_namespace
 from tierd import BlockingMessageStore, TierdConfig
 
 if TYPE_CHECKING:
-    from collections.abc import Coroutine
+    from collections.abc import Coroutine, Iterator
     from pathlib import Path
 
 T = TypeVar("T")
+
+
+@pytest.fixture
+def mem() -> Iterator[MemoryRoot]:
+    """A memory backend root of its own, dropped after the test."""
+    root = MemoryRoot(f"memory://tiered-{uuid.uuid4().hex}")
+    yield root
+    drop_namespace(root.name)
 
 
 def cold_config(root: Path, backend: dict[str, Any] | None = None, **tiered: Any) -> TierdConfig:

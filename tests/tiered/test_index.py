@@ -38,6 +38,7 @@ from tierd.local.codec import (
     encode_record,
     topic_field,
 )
+from tierd.testing.clock import ManualClock
 from tierd.testing.faults import Fault, FaultPlan, FaultyRoot, InjectedFault
 from tierd.tiered import index as index_module
 from tierd.tiered.flatmessage import CommittedBatch
@@ -71,12 +72,9 @@ HOUR = 3_600_000
 COLLIDING = ("k17874", "k109888")
 
 
-class Clock:
+class Clock(ManualClock):
     def __init__(self, now: int = T0) -> None:
-        self.now = now
-
-    def __call__(self) -> int:
-        return self.now
+        super().__init__(now)
 
 
 class Meta:
@@ -99,13 +97,6 @@ class Meta:
 
 def arun(coro: Coroutine[Any, Any, T]) -> T:
     return asyncio.run(coro)
-
-
-@pytest.fixture
-def mem() -> Iterator[MemoryRoot]:
-    root = MemoryRoot(f"memory://index-{uuid.uuid4().hex}")
-    yield root
-    drop_namespace(root.name)
 
 
 @pytest.fixture(params=["memory", "posix"])

@@ -12,38 +12,23 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import uuid
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from backends.memory import MemoryRoot, drop_namespace
+from backends.memory import MemoryRoot
+from tierd.testing.clock import ManualClock
 from tierd.tiered import index as index_module
 from tierd.tiered.index import ColdIndexService, FileStatus, compact
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
     from pathlib import Path
 
+    import pytest
+
 T0 = 1_700_000_000_000
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = T0
-
-    def __call__(self) -> int:
-        return self.now
-
-
-@pytest.fixture
-def mem() -> Iterator[MemoryRoot]:
-    root = MemoryRoot(f"memory://ranks-{uuid.uuid4().hex}")
-    yield root
-    drop_namespace(root.name)
 
 
 def put(svc: ColdIndexService, hashes: list[int]) -> None:
@@ -68,7 +53,7 @@ def test_ranks_count_older_slot_mates_and_compact_like_the_sort(
 
     async def main() -> None:
         unused = MemoryRoot("memory://unused")
-        svc = ColdIndexService(store, unused, "C", "b", slots, len(hashes), clock=Clock())
+        svc = ColdIndexService(store, unused, "C", "b", slots, len(hashes), clock=ManualClock(T0))
         await svc.load([])
         for a, b in itertools.pairwise(sorted({0, len(hashes), *(c for c in cuts if c < len(hashes))})):
             put(svc, hashes[a:b])  # several batches: ranks continue across them
@@ -96,7 +81,7 @@ def test_a_slot_outgrowing_16_bits_drops_the_column_and_chains_take_over(
     limit = int(np.iinfo(np.uint16).max)
 
     async def main() -> None:
-        svc = ColdIndexService(tmp_path, mem, "C", "b", 2, limit + 3, clock=Clock())
+        svc = ColdIndexService(tmp_path, mem, "C", "b", 2, limit + 3, clock=ManualClock(T0))
         await svc.load([])
         put(svc, [7] * (limit + 1))  # slot 1: ranks 0 .. 65535 — still fits
         [f] = svc._local
@@ -140,13 +125,13 @@ def test_the_service_compacts_by_ranks_and_by_chains_after_a_restart(
     uploaded: list[bytes] = []
 
     async def fill_and_upload(store: Path, restart: bool) -> None:
-        svc = ColdIndexService(store, mem, "C", store.name, 40, 500, clock=Clock())
+        svc = ColdIndexService(store, mem, "C", store.name, 40, 500, clock=ManualClock(T0))
         await svc.load([])
         put(svc, hashes[:200])
         put(svc, hashes[200:])
         if restart:
             await svc.close()
-            svc = ColdIndexService(store, mem, "C", store.name, 40, 500, clock=Clock())
+            svc = ColdIndexService(store, mem, "C", store.name, 40, 500, clock=ManualClock(T0))
             await svc.load([])
             assert svc._local[0].ranks is None
         await svc.maintain()
