@@ -401,11 +401,11 @@ def compact(
         _HEADER.pack_into(out.data, 0, MAGIC_COMPACTED, begin, end, 0, 0)
         return CompactedIndex(out, begin, end, 0, cslots, 0, None)
     min_tdiff = int(_column(buf, "tdiff", slots, count).min())
-    if cslots != slots or ranks is None or len(ranks) <= count:
-        ranks = None
-    per_slot = _counts_by_ranks(buf, slots, count, ranks) if ranks is not None else None
+    per_slot = None
+    if ranks is not None and cslots == slots and len(ranks) > count:
+        per_slot = _counts_by_ranks(buf, slots, count, ranks)
     slot: U32Array | None = None
-    if per_slot is None:
+    if per_slot is None:  # no usable rank column: count the slots from the hashes
         ranks = None
         slot = _column(buf, "hash", slots, count).astype(np.uint32)
         slot %= np.uint32(cslots)
