@@ -11,6 +11,7 @@ Two ways to get a cold tier:
 
 from __future__ import annotations
 
+import itertools
 import os
 import sys
 import time
@@ -135,10 +136,20 @@ def craft_queue(
     cluster: str = "DefaultCluster",
     broker: str = "broker-a",
     topics: Sequence[tuple[str, int]] | None = None,
+    chunks: Sequence[int] | None = None,
+    tail: bytes = b"",
+    manifest_size: int | None = None,
+    open_segment: bool = False,
 ) -> tuple[str, bytes]:
     """Write one queue (one sealed commitlog + consume-queue segment, queue manifest) and the
     broker manifest listing ``topics`` (default: this queue only). Returns the commitlog
-    segment's path (relative to ``url``) and its bytes."""
+    segment's path (relative to ``url``) and its bytes.
+
+    ``chunks``: positions to cut the commitlog at; it is then an *open* segment stored as chunk
+    objects (FORMATS §2.3), cut wherever asked — inside records too; ``open_segment`` makes it
+    open without chunks (a posix-written file still growing). ``tail``: bytes stored after
+    the records (a commit in flight, or garbage). ``manifest_size``: the commitlog size the
+    manifest claims (default: the records' bytes)."""
     fs, root = url_to_fs(url, **storage_options)
 
     def put(rel: str, data: bytes) -> None:
@@ -171,7 +182,13 @@ def craft_queue(
         cl += rec
     cl_path = segment_path("", cluster, broker, topic, queue_id, FileType.COMMIT_LOG, 0)
     cq_path = segment_path("", cluster, broker, topic, queue_id, FileType.CONSUME_QUEUE, 0)
-    put(cl_path, bytes(cl))
+    stored = bytes(cl) + tail
+    if chunks is None:
+        put(cl_path, stored)
+    else:
+        cuts = [0, *sorted(chunks), len(stored)]
+        for a, b in itertools.pairwise(cuts):
+            put(f"{cl_path}.chunks/{a:020d}", stored[a:b])
     put(cq_path, bytes(cq))
     n = len(recs)
     ts = [r.store_ts for r in recs]
@@ -186,11 +203,11 @@ def craft_queue(
         segments=(
             ManifestSegment(
                 type="COMMIT_LOG",
-                size=len(cl),
+                size=len(cl) if manifest_size is None else manifest_size,
                 min_store_timestamp=min(ts),
                 max_store_timestamp=max(ts),
                 last_queue_offset=n - 1,
-                **seg,
+                **{**seg, "sealed": chunks is None and not open_segment},
             ),
             ManifestSegment(type="CONSUME_QUEUE", size=len(cq), last_queue_offset=n - 1, **seg),
         ),

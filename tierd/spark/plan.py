@@ -33,7 +33,6 @@ from pydantic import ValidationError
 from tierd.errors import CorruptionError, InvalidArgumentError, NotFoundError, SegmentNotFoundError
 from tierd.local.consumequeue import UNIT_SIZE
 from tierd.tiered.manifest import (
-    MANIFEST_NAME,
     BrokerManifest,
     ManifestSegment,
     QueueManifest,
@@ -430,10 +429,11 @@ def _parse_manifest(model: type[BrokerManifest] | type[QueueManifest], raw: byte
         raise CorruptionError(f"manifest {where} is not valid: {str(e).splitlines()[0]}", path=where) from e
 
 
-def discover_brokers(storage: ColdStorage, opts: ReadOptions) -> list[tuple[str, str]]:
-    """(cluster, broker) pairs to read: the ones named by the options, else every directory
-    that looks like tierd's (``{md5[:8]}_{cluster}`` with a matching hash, holding
-    ``{broker}/MANIFEST.json``)."""
+def discover_brokers(storage: ColdStorage, opts: ReadOptions) -> list[tuple[str, str, bytes | None]]:
+    """(cluster, broker, manifest bytes) to read: the brokers named by the options (manifest not
+    read yet: None), else every directory that looks like tierd's (``{md5[:8]}_{cluster}`` with
+    a matching hash, holding ``{broker}/MANIFEST.json``). The candidates' manifests are fetched
+    together, once: finding one is reading it."""
     if opts.clusters is not None:
         clusters = list(opts.clusters)
     else:
@@ -448,32 +448,30 @@ def discover_brokers(storage: ColdStorage, opts: ReadOptions) -> list[tuple[str,
                 f"{cluster_dir('DefaultCluster')}/ (set option path to the backend.url tierd wrote to)",
                 path=opts.url,
             )
-    pairs: list[tuple[str, str]] = []
+    found: list[tuple[str, str, bytes | None]] = []
     for cluster in sorted(clusters):
         if opts.brokers is not None:
-            pairs.extend((cluster, b) for b in opts.brokers)
+            found.extend((cluster, b, None) for b in opts.brokers)
             continue
-        found = [
-            name
-            for name, _, is_dir in storage.list_dir(cluster_dir(cluster))
-            if is_dir and storage.exists(f"{cluster_dir(cluster)}/{name}/{MANIFEST_NAME}")
-        ]
-        if not found and opts.clusters is not None:
+        names = sorted(name for name, _, is_dir in storage.list_dir(cluster_dir(cluster)) if is_dir)
+        raws = storage.read_objects([broker_manifest_path(cluster, name) for name in names])
+        here = [(cluster, name, raw) for name, raw in zip(names, raws, strict=True) if raw is not None]
+        if not here and opts.clusters is not None:
             raise NotFoundError(
                 f"option cluster={cluster!r}: no broker manifest under {opts.url}/{cluster_dir(cluster)}/",
                 cluster=cluster,
             )
-        pairs.extend((cluster, b) for b in sorted(found))
-    return pairs
+        found.extend(here)
+    return found
 
 
 def _queues(storage: ColdStorage, opts: ReadOptions, c: Constraints) -> list[_Queue]:
     queues: list[_Queue] = []
     seen_topics: set[str] = set()
-    for cluster, broker in discover_brokers(storage, opts):
+    for cluster, broker, known in discover_brokers(storage, opts):
         path = broker_manifest_path(cluster, broker)
         try:
-            raw = storage.read_object(path)
+            raw = known if known is not None else storage.read_object(path)
         except SegmentNotFoundError as e:
             raise NotFoundError(
                 f"no broker manifest at {opts.url}/{path}: check options cluster ({cluster!r}) and "

@@ -30,6 +30,8 @@ __all__ = ["ColdStorage", "SegmentSource", "open_storage"]
 
 #: Protocols whose data lives in one process: a Spark worker could never see it.
 _PROCESS_LOCAL = frozenset({"memory"})
+#: Object stores whose fsspec ``find`` takes a key prefix (one listing per segment).
+_PREFIX_LISTING = frozenset({"s3", "s3a"})
 
 
 class SegmentSource:
@@ -49,8 +51,25 @@ class SegmentSource:
         """Where the segment is, for error messages."""
         return self.storage.display(self.path)
 
+    def read_end(self, start: int, limit: int, end: int) -> int:
+        """Where a read from ``start`` of about ``limit`` bytes should stop (at most ``end``).
+
+        A sealed object is cut anywhere. An open segment is cut at a chunk boundary when one
+        lies in ``(start, start + limit]``: each chunk is one commit of whole records, so such a
+        read is whole objects — no GET of part of a chunk, no record cut across reads. A chunk
+        larger than ``limit`` is read in ``limit`` slices."""
+        hi = min(end, start + limit)
+        if self._layout is None or hi >= end:
+            return hi
+        positions = self._layout.positions
+        i = bisect.bisect_right(positions, hi) - 1  # last chunk starting at or before hi
+        return positions[i] if positions[i] > start else hi
+
     def read(self, start: int, end: int) -> bytes:
-        """Bytes ``[start, end)``; a short read is corruption (the object shrank or lied)."""
+        """Bytes ``[start, end)``; a short read is corruption (the object shrank or lied).
+
+        The chunks of an open segment that the span touches are fetched concurrently (one
+        fsspec ``cat_ranges``) and joined only if there are several."""
         if end <= start:
             return b""
         if self._layout is None:
@@ -58,14 +77,17 @@ class SegmentSource:
         else:
             chunks = self._layout.chunks
             first = max(bisect.bisect_right(self._layout.positions, start) - 1, 0)
-            pieces: list[bytes] = []
+            spans: list[tuple[str, int, int]] = []
             for c in chunks[first:]:
                 if c.position >= end:
                     break
                 lo, hi = max(start, c.position), min(end, c.end)
                 if hi > lo:
-                    pieces.append(self.storage.cat(c.key, lo - c.position, hi - c.position))
-            data = b"".join(pieces)
+                    spans.append((c.key, lo - c.position, hi - c.position))
+            if len(spans) == 1:
+                data = self.storage.cat(*spans[0])
+            else:
+                data = b"".join(self.storage.cat_spans(spans))
         if len(data) != end - start:
             raise CorruptionError(
                 f"{self.url}: read of bytes [{start}, {end}) returned {len(data)} bytes",
@@ -138,11 +160,26 @@ class ColdStorage:
             raise self._fail("read", path, e) from e
         return data
 
+    def cat_spans(self, spans: Sequence[tuple[str, int, int]]) -> list[bytes]:
+        """Byte ranges ``(full path, start, end)`` of several objects, fetched concurrently."""
+        if not spans:
+            return []
+        try:
+            got = self.fs.cat_ranges(
+                [p for p, _, _ in spans], [a for _, a, _ in spans], [b for _, _, b in spans], on_error="raise"
+            )
+        except Exception as e:
+            raise self._fail("read", spans[0][0], e) from e
+        return [bytes(d) if not isinstance(d, bytes) else d for d in got]
+
     def read_object(self, rel: str) -> bytes:
-        """A whole small object (a manifest); :class:`SegmentNotFoundError` if it is missing."""
+        """A whole small object (a manifest); :class:`SegmentNotFoundError` if it is missing.
+
+        Asked as the range ``[0, end)``: for a whole object s3fs first sends a HEAD (to split a
+        large download), a second round trip per manifest."""
         path = self.full(rel)
         try:
-            data: bytes = self.fs.cat_file(path)
+            data: bytes = self.fs.cat_file(path, start=0)
         except Exception as e:
             raise self._fail("read", path, e) from e
         return data
@@ -155,7 +192,7 @@ class ColdStorage:
             return []
         paths = [self.full(rel) for rel in rels]
         try:
-            got: dict[str, Any] = self.fs.cat(paths, on_error="return")
+            got: dict[str, Any] = self.fs.cat(paths, on_error="return", start=0)  # no HEADs
         except Exception as e:
             raise self._fail("read", paths[0], e) from e
         out: list[bytes | None] = []
@@ -186,13 +223,6 @@ class ColdStorage:
             out.append((name, int(entry.get("size") or 0), entry.get("type") == "directory"))
         return out
 
-    def exists(self, rel: str) -> bool:
-        path = self.full(rel)
-        try:
-            return bool(self.fs.exists(path))
-        except Exception as e:
-            raise self._fail("stat", path, e) from e
-
     def segment(self, rel: str) -> SegmentSource:
         """The segment at cold-tier path ``rel`` as stored now.
 
@@ -201,12 +231,52 @@ class ColdStorage:
         leftover chunks, as for the drivers. A posix-written open segment is a plain file.
         """
         path = self.full(rel)
+        if self.scheme in _PREFIX_LISTING:
+            listing = self._list_segment(path)
+        else:
+            listing = self._stat_segment(path)
+        if listing.sealed is None and not listing.chunks:
+            raise SegmentNotFoundError(
+                f"segment {self.display(path)} does not exist (deleted by cold retention since "
+                "planning, or the manifest is stale)",
+                path=self.display(path),
+            )
+        if listing.sealed is not None:
+            return SegmentSource(self, path, None, listing.sealed.size)
+        layout = Layout.build(path, listing)
+        return SegmentSource(self, path, layout, layout.size)
+
+    def _list_segment(self, path: str) -> Listing:
+        """Sealed object and chunks in one prefix listing (``{path}`` and ``{path}.chunks/…``
+        share the prefix; segment names have a fixed length, so no sibling does)."""
+        parent, _, name = path.rpartition("/")
+        try:
+            found: dict[str, Any] = self.fs.find(parent, prefix=name, detail=True)
+        except FileNotFoundError:
+            found = {}
+        except Exception as e:
+            raise self._fail("list", path, e) from e
+        chunk_prefix = path + CHUNK_DIR_SUFFIX
+        sealed: ObjectInfo | None = None
+        chunks: list[ObjectInfo] = []
+        for key, entry in found.items():
+            key = key.rstrip("/")
+            if entry.get("type") == "directory":
+                continue
+            if key == path:
+                sealed = ObjectInfo(key, int(entry.get("size") or 0))
+            elif key.startswith(chunk_prefix):
+                chunks.append(ObjectInfo(key, int(entry.get("size") or 0)))
+        return Listing(sealed, tuple(chunks))
+
+    def _stat_segment(self, path: str) -> Listing:
+        """Filesystems without prefix listings: stat the segment, else list its chunk directory."""
         chunk_dir = path + CHUNK_DIR_SUFFIX.rstrip("/")
         try:
             self.fs.invalidate_cache(path)
             info = self.fs.info(path)
             if info.get("type") != "directory":
-                return SegmentSource(self, path, None, int(info["size"]))
+                return Listing(ObjectInfo(path, int(info["size"])))
         except FileNotFoundError:
             pass
         except Exception as e:
@@ -218,19 +288,14 @@ class ColdStorage:
             entries = []
         except Exception as e:
             raise self._fail("list", chunk_dir, e) from e
-        objects = tuple(
-            ObjectInfo(str(e["name"]).rstrip("/"), int(e.get("size") or 0))
-            for e in entries
-            if e.get("type") != "directory"
+        return Listing(
+            None,
+            tuple(
+                ObjectInfo(str(e["name"]).rstrip("/"), int(e.get("size") or 0))
+                for e in entries
+                if e.get("type") != "directory"
+            ),
         )
-        if not objects:
-            raise SegmentNotFoundError(
-                f"segment {self.display(path)} does not exist (deleted by cold retention since "
-                "planning, or the manifest is stale)",
-                path=self.display(path),
-            )
-        layout = Layout.build(path, Listing(None, objects))
-        return SegmentSource(self, path, layout, layout.size)
 
     def read_units(self, requests: Sequence[tuple[str, int, int]]) -> list[bytes]:
         """Small ranged reads ``(rel, start, end)`` of segments, batched (s3fs runs them
@@ -258,15 +323,9 @@ class ColdStorage:
                 batch.append((i, c.key, start - c.position, end - c.position))
             else:  # straddles two chunks: rare, read it piecewise
                 out[i] = src.read(start, end)
-        if batch:
-            try:
-                got = self.fs.cat_ranges(
-                    [b[1] for b in batch], [b[2] for b in batch], [b[3] for b in batch], on_error="raise"
-                )
-            except Exception as e:
-                raise self._fail("read", batch[0][1], e) from e
-            for (i, _, _, _), data in zip(batch, got, strict=True):
-                out[i] = bytes(data)
+        got = self.cat_spans([(path, start, end) for _, path, start, end in batch])
+        for (i, _, _, _), data in zip(batch, got, strict=True):
+            out[i] = data
         return [b if b is not None else b"" for b in out]
 
 

@@ -1,0 +1,182 @@
+"""How a range is read: read sizes, record boundaries, chunked open segments, the tail.
+
+Reads start on record boundaries and open segments are read in whole chunk objects (see
+``decode._read_pieces``); whatever the read size and however the stored objects cut the records,
+the rows must be exactly the records, and a range that ends inside a record must fail — unless it
+is the tail of an open segment past what the manifest promised (a commit still being written).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import random
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+import pytest
+
+from tierd.errors import CorruptRecordError
+from tierd.spark.decode import ARROW_SCHEMA, READ_PIECE, read_range
+from tierd.spark.plan import Constraints, ReadOptions, SegmentRange, plan_ranges
+from tierd.spark.storage import ColdStorage
+from tierd.testing.s3server import create_bucket
+
+from .conftest import Rec, craft_queue
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from tierd.testing.s3server import S3Server
+
+
+def _recs(n: int, seed: int) -> list[Rec]:
+    rnd = random.Random(seed)
+    return [Rec(rnd.randbytes(rnd.choice([0, 1, 40, 300, 2000])), properties={"i": str(i)}) for i in range(n)]
+
+
+def _plan(url: str, so: dict[str, Any] | None = None) -> tuple[ColdStorage, list[SegmentRange]]:
+    opts = ReadOptions.parse({"path": url} | ({"storage_options": json.dumps(so)} if so else {}))
+    storage = ColdStorage(opts.url, opts.storage_options)
+    return storage, plan_ranges(storage, opts, Constraints.from_options(opts))
+
+
+def _read(storage: ColdStorage, ranges: list[SegmentRange], piece: int = READ_PIECE) -> pa.Table:
+    batches = [b for r in ranges for b in read_range(storage, r, piece=piece)]
+    return pa.Table.from_batches(batches, schema=ARROW_SCHEMA)
+
+
+def _bodies(t: pa.Table) -> list[tuple[int, bytes]]:
+    return list(zip(t.column("queue_offset").to_pylist(), t.column("body").to_pylist(), strict=True))
+
+
+@pytest.mark.parametrize("piece", [1, 5, 97, 1000, 4096, 1 << 20])
+def test_any_read_size_gives_every_record_once(tmp_path: Path, piece: int) -> None:
+    recs = _recs(60, seed=piece)
+    craft_queue(f"file://{tmp_path}", {}, "t", 0, recs)
+    storage, ranges = _plan(f"file://{tmp_path}")
+    got = _read(storage, ranges, piece)
+    assert _bodies(got) == [(i, r.body) for i, r in enumerate(recs)]
+    assert got.column("properties").to_pylist() == [[("i", str(i))] for i in range(60)]
+
+
+def test_a_range_ending_inside_a_record_fails(tmp_path: Path) -> None:
+    path, data = craft_queue(f"file://{tmp_path}", {}, "t", 0, _recs(5, seed=1))
+    # The manifest says the sealed segment is 10 bytes shorter: its last record is cut.
+    craft_queue(f"file://{tmp_path}", {}, "t", 0, _recs(5, seed=1), manifest_size=len(data) - 10)
+    storage, ranges = _plan(f"file://{tmp_path}")
+    for piece in (64, 1 << 20):
+        with pytest.raises(CorruptRecordError, match=f"{path}.*record cut off"):
+            _read(storage, ranges, piece)
+
+
+def test_an_open_segments_commit_in_flight_past_the_manifest_is_not_read(tmp_path: Path) -> None:
+    recs = _recs(8, seed=2)
+    _, whole = craft_queue(f"file://{tmp_path}", {}, "t", 0, recs)
+    half = whole[: len(whole) // 2]  # not on a record boundary: a record half appended
+    craft_queue(f"file://{tmp_path}", {}, "t", 0, recs, tail=half[:37], open_segment=True)
+    storage, ranges = _plan(f"file://{tmp_path}")
+    assert [r.end for r in ranges] == [None]
+    for piece in (50, 1 << 20):
+        assert _bodies(_read(storage, ranges, piece)) == [(i, r.body) for i, r in enumerate(recs)]
+
+
+def test_open_segment_chunks_cut_inside_records_read_back_exactly(moto_server: S3Server) -> None:
+    bucket = create_bucket(moto_server)
+    url, so = f"s3://{bucket}/cold", moto_server.storage_options
+    recs = _recs(40, seed=3)
+    _, data = craft_queue(f"s3://{bucket}/reference", so, "t", 0, recs)
+    cuts = sorted(random.Random(4).sample(range(1, len(data)), 9))  # anywhere, records split
+    craft_queue(url, so, "t", 0, recs, chunks=cuts)
+    storage, ranges = _plan(url, so)
+    assert [r.sealed for r in ranges] == [False]
+    for piece in (3, 100, 5000, 1 << 20):
+        assert _bodies(_read(storage, ranges, piece)) == [(i, r.body) for i, r in enumerate(recs)]
+
+
+def test_open_segments_are_read_in_whole_chunk_objects(moto_server: S3Server, monkeypatch: Any) -> None:
+    bucket = create_bucket(moto_server)
+    url, so = f"s3://{bucket}/cold", moto_server.storage_options
+    recs = _recs(30, seed=5)
+    _, data = craft_queue(f"s3://{bucket}/reference", so, "t", 0, recs)
+    starts = [0]  # record boundaries, from the TOTALSIZE chain
+    while starts[-1] < len(data):
+        starts.append(starts[-1] + int.from_bytes(data[starts[-1] : starts[-1] + 4], "big"))
+    bounds = starts[7:-1:7]  # chunks = commits of whole records, 7 per chunk
+    path, _ = craft_queue(url, so, "t", 0, recs, chunks=bounds)
+    storage, ranges = _plan(url, so)
+    spans: list[tuple[str, int, int]] = []
+    finds: list[str] = []
+    real_cat, real_spans, real_find = storage.cat, storage.cat_spans, storage.fs.find
+
+    def cat(path: str, start: int, end: int) -> bytes:
+        spans.append((path, start, end))
+        return real_cat(path, start, end)
+
+    def cat_spans(many: list[tuple[str, int, int]]) -> list[bytes]:
+        spans.extend(many)
+        return real_spans(many)
+
+    def find(path: str, **kw: Any) -> Any:
+        finds.append(path)
+        return real_find(path, **kw)
+
+    monkeypatch.setattr(storage, "cat", cat)
+    monkeypatch.setattr(storage, "cat_spans", cat_spans)
+    monkeypatch.setattr(storage.fs, "find", find)
+    cuts = [0, *bounds, len(data)]
+    got = _read(storage, ranges, piece=max(b - a for a, b in itertools.pairwise(cuts)))
+    assert _bodies(got) == [(i, r.body) for i, r in enumerate(recs)]
+    whole = {(f"{storage.full(path)}.chunks/{a:020d}", 0, b - a) for a, b in itertools.pairwise(cuts)}
+    assert sorted(spans) == sorted(whole)  # every chunk read once, whole
+    assert len(finds) == 1  # one listing finds the segment's chunks (no stat, no second list)
+
+
+def test_a_sealed_object_wins_over_leftover_chunks(moto_server: S3Server) -> None:
+    """Sealing composes the chunks into the object, then deletes them: in between, both exist."""
+    bucket = create_bucket(moto_server)
+    url, so = f"s3://{bucket}/cold", moto_server.storage_options
+    recs = _recs(12, seed=6)
+    path, data = craft_queue(url, so, "t", 0, recs)
+    from fsspec.core import url_to_fs
+
+    fs, root = url_to_fs(url, **so)
+    fs.pipe_file(f"{root}/{path}.chunks/{0:020d}", b"garbage that is not read")
+    storage, ranges = _plan(url, so)
+    src = storage.segment(path)
+    assert src.size == len(data)
+    assert _bodies(_read(storage, ranges)) == [(i, r.body) for i, r in enumerate(recs)]
+
+
+def test_s3_requests_planning_and_reading_an_open_segment(moto_server: S3Server) -> None:
+    """Round trips are what a Spark job over a real bucket waits for: planning lists the root
+    and the cluster and GETs each manifest once (no HEADs); a read lists its segment once and
+    GETs each chunk once."""
+    bucket = create_bucket(moto_server)
+    url, so = f"s3://{bucket}/cold", moto_server.storage_options
+    recs = _recs(20, seed=7)
+    craft_queue(url, so, "t", 0, recs, chunks=[])  # an open segment of one chunk
+    calls: list[str] = []
+
+    class Count(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            msg = record.getMessage()
+            if msg.startswith("CALL: "):
+                calls.append(msg.split()[1])
+
+    log = logging.getLogger("s3fs")
+    handler, level = Count(), log.level
+    log.addHandler(handler)
+    log.setLevel(logging.DEBUG)
+    try:
+        storage, ranges = _plan(url, so)
+        planning = sorted(calls)
+        calls.clear()
+        assert _bodies(_read(storage, ranges)) == [(i, r.body) for i, r in enumerate(recs)]
+        reading = sorted(calls)
+    finally:
+        log.removeHandler(handler)
+        log.setLevel(level)
+    assert planning == ["get_object"] * 2 + ["list_objects_v2"] * 2  # broker + queue manifest
+    assert reading == ["get_object", "list_objects_v2"]
