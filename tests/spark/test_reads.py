@@ -8,6 +8,7 @@ is the tail of an open segment past what the manifest promised (a commit still b
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import logging
@@ -17,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 import pytest
 
-from tierd.errors import CorruptRecordError
+from tierd.errors import CorruptionError, CorruptRecordError, SegmentNotFoundError
 from tierd.spark.decode import ARROW_SCHEMA, READ_PIECE, read_range
 from tierd.spark.plan import Constraints, ReadOptions, SegmentRange, plan_ranges
 from tierd.spark.storage import ColdStorage
@@ -26,6 +27,7 @@ from tierd.testing.s3server import create_bucket
 from .conftest import Rec, craft_queue
 
 if TYPE_CHECKING:
+    from collections.abc import Iterator
     from pathlib import Path
 
     from tierd.testing.s3server import S3Server
@@ -45,6 +47,35 @@ def _plan(url: str, so: dict[str, Any] | None = None) -> tuple[ColdStorage, list
 def _read(storage: ColdStorage, ranges: list[SegmentRange], piece: int = READ_PIECE) -> pa.Table:
     batches = [b for r in ranges for b in read_range(storage, r, piece=piece)]
     return pa.Table.from_batches(batches, schema=ARROW_SCHEMA)
+
+
+def _fresh(scheme: str, tmp_path: Path, moto_server: S3Server) -> tuple[str, dict[str, Any]]:
+    if scheme == "file":
+        return f"file://{tmp_path}", {}
+    return f"s3://{create_bucket(moto_server)}/cold", moto_server.storage_options
+
+
+@contextlib.contextmanager
+def _s3_calls() -> Iterator[list[str]]:
+    """The S3 API calls s3fs makes inside the block, sorted (s3fs logs each at DEBUG)."""
+    calls: list[str] = []
+
+    class Count(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            msg = record.getMessage()
+            if msg.startswith("CALL: "):
+                calls.append(msg.split()[1])
+
+    log = logging.getLogger("s3fs")
+    handler, level = Count(), log.level
+    log.addHandler(handler)
+    log.setLevel(logging.DEBUG)
+    try:
+        yield calls
+    finally:
+        log.removeHandler(handler)
+        log.setLevel(level)
+        calls.sort()
 
 
 def _bodies(t: pa.Table) -> list[tuple[int, bytes]]:
@@ -157,26 +188,45 @@ def test_s3_requests_planning_and_reading_an_open_segment(moto_server: S3Server)
     url, so = f"s3://{bucket}/cold", moto_server.storage_options
     recs = _recs(20, seed=7)
     craft_queue(url, so, "t", 0, recs, chunks=[])  # an open segment of one chunk
-    calls: list[str] = []
-
-    class Count(logging.Handler):
-        def emit(self, record: logging.LogRecord) -> None:
-            msg = record.getMessage()
-            if msg.startswith("CALL: "):
-                calls.append(msg.split()[1])
-
-    log = logging.getLogger("s3fs")
-    handler, level = Count(), log.level
-    log.addHandler(handler)
-    log.setLevel(logging.DEBUG)
-    try:
+    with _s3_calls() as planning:
         storage, ranges = _plan(url, so)
-        planning = sorted(calls)
-        calls.clear()
+    with _s3_calls() as reading:
         assert _bodies(_read(storage, ranges)) == [(i, r.body) for i, r in enumerate(recs)]
-        reading = sorted(calls)
-    finally:
-        log.removeHandler(handler)
-        log.setLevel(level)
     assert planning == ["get_object"] * 2 + ["list_objects_v2"] * 2  # broker + queue manifest
     assert reading == ["get_object", "list_objects_v2"]
+
+
+def test_a_sealed_segment_is_read_without_listing_it(moto_server: S3Server) -> None:
+    bucket = create_bucket(moto_server)
+    url, so = f"s3://{bucket}/cold", moto_server.storage_options
+    recs = _recs(20, seed=8)
+    craft_queue(url, so, "t", 0, recs)
+    storage, ranges = _plan(url, so)
+    assert [r.sealed for r in ranges] == [True]
+    with _s3_calls() as calls:
+        assert _bodies(_read(storage, ranges)) == [(i, r.body) for i, r in enumerate(recs)]
+    assert calls == ["get_object"]
+
+
+@pytest.mark.parametrize("scheme", ["file", "s3"])
+def test_a_segment_deleted_after_planning_is_named(
+    scheme: str, tmp_path: Path, moto_server: S3Server
+) -> None:
+    url, so = _fresh(scheme, tmp_path, moto_server)
+    path, _ = craft_queue(url, so, "t", 0, _recs(5, seed=9))
+    storage, ranges = _plan(url, so)
+    storage.fs.rm_file(storage.full(path))  # cold retention ran since planning
+    with pytest.raises(SegmentNotFoundError, match=f"{path} does not exist.*retention"):
+        _read(storage, ranges)
+
+
+@pytest.mark.parametrize("scheme", ["file", "s3"])
+def test_a_sealed_object_shorter_than_its_manifest_is_corruption(
+    scheme: str, tmp_path: Path, moto_server: S3Server
+) -> None:
+    url, so = _fresh(scheme, tmp_path, moto_server)
+    path, data = craft_queue(url, so, "t", 0, _recs(30, seed=10))
+    storage, ranges = _plan(url, so)
+    storage.fs.pipe_file(storage.full(path), data[: len(data) // 2])  # lost its second half
+    with pytest.raises(CorruptionError, match=f"{path}: the manifest promises at least {len(data)} bytes"):
+        _read(storage, ranges, piece=len(data) // 3 + 1)

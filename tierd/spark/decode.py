@@ -446,7 +446,9 @@ def read_range(
     form a whole record are a commit still being written and end the read — anything short of
     the promised size is corruption.
     """
-    src = storage.segment(r.path)
+    # A sealed segment is what its manifest says (a missing or shorter object fails the read);
+    # anything else is listed as it is stored now.
+    src = storage.sealed_segment(r.path, r.end) if r.sealed and r.end is not None else storage.segment(r.path)
     end = src.size if r.end is None else r.end
     promised = max(end, r.promised_end)
     if promised > src.size:

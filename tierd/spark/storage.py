@@ -38,13 +38,17 @@ class SegmentSource:
     """One commitlog or consume-queue segment as it is stored *now*: a single object (sealed, or
     a posix file still being appended to) or the committed chunks of an open segment."""
 
-    def __init__(self, storage: ColdStorage, path: str, layout: Layout | None, size: int) -> None:
+    def __init__(
+        self, storage: ColdStorage, path: str, layout: Layout | None, size: int, *, listed: bool = True
+    ) -> None:
         self.storage = storage
         #: Full fsspec path of the segment (the sealed object's key).
         self.path = path
         self._layout = layout
-        #: Bytes readable right now.
+        #: Bytes readable right now (for a sealed segment taken on the manifest's word: its size).
         self.size = size
+        #: False when nothing was asked of the store yet (a sealed segment known from its manifest).
+        self.listed = listed
 
     @property
     def url(self) -> str:
@@ -72,23 +76,22 @@ class SegmentSource:
         fsspec ``cat_ranges``) and joined only if there are several."""
         if end <= start:
             return b""
-        if self._layout is None:
-            data = self.storage.cat(self.path, start, end)
-        else:
-            chunks = self._layout.chunks
-            first = max(bisect.bisect_right(self._layout.positions, start) - 1, 0)
-            spans: list[tuple[str, int, int]] = []
-            for c in chunks[first:]:
-                if c.position >= end:
-                    break
-                lo, hi = max(start, c.position), min(end, c.end)
-                if hi > lo:
-                    spans.append((c.key, lo - c.position, hi - c.position))
-            if len(spans) == 1:
-                data = self.storage.cat(*spans[0])
+        try:
+            if self._layout is None:
+                data = self.storage.cat(self.path, start, end)
             else:
-                data = b"".join(self.storage.cat_spans(spans))
+                data = self._read_chunks(start, end)
+        except SegmentNotFoundError as e:
+            raise SegmentNotFoundError(
+                f"segment {self.url} does not exist (deleted by cold retention since planning, or the "
+                "manifest is stale)",
+                path=self.url,
+            ) from e
+        except BackendError:
+            self._check_size()  # a range past the end of a shorter object fails on S3 (416)
+            raise
         if len(data) != end - start:
+            self._check_size()
             raise CorruptionError(
                 f"{self.url}: read of bytes [{start}, {end}) returned {len(data)} bytes",
                 path=self.url,
@@ -96,6 +99,34 @@ class SegmentSource:
                 end=end,
             )
         return data
+
+    def _read_chunks(self, start: int, end: int) -> bytes:
+        assert self._layout is not None
+        chunks = self._layout.chunks
+        first = max(bisect.bisect_right(self._layout.positions, start) - 1, 0)
+        spans: list[tuple[str, int, int]] = []
+        for c in chunks[first:]:
+            if c.position >= end:
+                break
+            lo, hi = max(start, c.position), min(end, c.end)
+            if hi > lo:
+                spans.append((c.key, lo - c.position, hi - c.position))
+        if len(spans) == 1:
+            return self.storage.cat(*spans[0])
+        return b"".join(self.storage.cat_spans(spans))
+
+    def _check_size(self) -> None:
+        """A sealed segment read on its manifest's word: does the object hold what was promised?"""
+        if self.listed:
+            return
+        actual = self.storage.segment(self.storage.relative(self.path)).size
+        if actual < self.size:
+            raise CorruptionError(
+                f"{self.url}: the manifest promises at least {self.size} bytes, the segment holds {actual}",
+                path=self.url,
+                promised=self.size,
+                size=actual,
+            )
 
 
 class ColdStorage:
@@ -137,10 +168,13 @@ class ColdStorage:
         """fsspec path of ``rel`` (a cold-tier path such as a manifest or segment path)."""
         return f"{self.root}/{rel}" if self.root else rel
 
+    def relative(self, full: str) -> str:
+        """The cold-tier path of fsspec path ``full`` (inverse of :meth:`full`)."""
+        return full[len(self.root) :].lstrip("/") if full.startswith(self.root) else full
+
     def display(self, full: str) -> str:
         """A URL for messages: the user's URL plus the path below the root."""
-        rel = full[len(self.root) :].lstrip("/") if full.startswith(self.root) else full
-        return f"{self.url}/{rel}"
+        return f"{self.url}/{self.relative(full)}"
 
     # ------------------------------------------------------------------ primitives
     def _fail(self, op: str, path: str, err: Exception) -> TierdError:
@@ -245,6 +279,12 @@ class ColdStorage:
             return SegmentSource(self, path, None, listing.sealed.size)
         layout = Layout.build(path, listing)
         return SegmentSource(self, path, layout, layout.size)
+
+    def sealed_segment(self, rel: str, size: int) -> SegmentSource:
+        """A sealed segment holding at least ``size`` bytes (its manifest says so), without a
+        request: each range of it is then one GET. A missing or shorter object is reported when
+        it is read."""
+        return SegmentSource(self, self.full(rel), None, size, listed=False)
 
     def _list_segment(self, path: str) -> Listing:
         """Sealed object and chunks in one prefix listing (``{path}`` and ``{path}.chunks/…``
