@@ -1,7 +1,9 @@
 """Spark read of a cold tier on a moto S3 server: the ``tierd`` source vs a minimal baseline.
 
 Setup (not timed): ``--messages`` messages of ``--size`` bytes over 4 queues, tiered by tierd to a
-moto server subprocess with 64 MiB commitlog segments. Then, in one Spark session (local[2]):
+moto server subprocess with 64 MiB commitlog segments (``--segment-mib``): by default each queue
+is one open segment stored as chunk objects; with 16 most of the data is in sealed segments.
+Then, in one Spark session (local[2]):
 
 * ``baseline``: a minimal Python data source that reads every commitlog object of the bucket
   (one partition per segment: its sealed object or its chunk objects in order; 16 MiB ranged
@@ -18,7 +20,7 @@ imports and clients); then ``--repeat`` (5) rounds, each the baseline then tierd
 same machine (a ~1 s job here varies by ±20 % from run to run). Prints JSON with rows/s per run,
 median and best, and the ratio tierd/baseline of the medians (target >= 0.7; the ratio of the
 bests is reported beside it). Parquet is measured after the rounds, same way.
-Usage: ``python bench/spark_read.py [--messages 200000] [--size 1024] [--repeat 5]``.
+Usage: ``python bench/spark_read.py [--messages 200000] [--size 1024] [--repeat 5] [--segment-mib 64]``.
 """
 
 from __future__ import annotations
@@ -106,13 +108,13 @@ class RawReader(DataSourceReader):
             yield pa.RecordBatch.from_arrays([arr], names=["record"])
 
 
-def _produce(root: Path, so: dict[str, Any], bucket: str, n: int, size: int) -> dict[str, Any]:
+def _produce(root: Path, so: dict[str, Any], bucket: str, n: int, size: int, segment: int) -> dict[str, Any]:
     cfg = TierdConfig.from_dict(
         {
             "store": {"dir": str(root / "hot"), "index_slots": 1_000_000, "index_items": 4_000_000},
             "backend": {"name": "s3", "url": f"s3://{bucket}/bench", "storage_options": so},
             "tiered": {
-                "commitlog_segment_size": 64 << 20,
+                "commitlog_segment_size": segment,
                 "consumequeue_segment_size": 2_000_000,
                 "dispatch_interval": 3600,
             },
@@ -165,6 +167,13 @@ def main() -> None:
     ap.add_argument("--messages", type=int, default=200_000, help="messages to produce (default 200000)")
     ap.add_argument("--size", type=int, default=1024, help="approximate record size in bytes (default 1024)")
     ap.add_argument("--repeat", type=int, default=5, help="interleaved rounds; the medians count (default 5)")
+    ap.add_argument(
+        "--segment-mib",
+        type=int,
+        default=64,
+        help="commitlog segment size (default 64: each queue's ~50 MiB stays one open segment of "
+        "chunk objects; 16 gives mostly sealed segments, as months of history are)",
+    )
     args = ap.parse_args()
     logging.getLogger("werkzeug").setLevel(logging.ERROR)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
@@ -177,7 +186,7 @@ def main() -> None:
             so = server.storage_options
             client = server.boto3_client()
             client.create_bucket(Bucket="spark-read")
-            setup = _produce(root, so, "spark-read", args.messages, args.size)
+            setup = _produce(root, so, "spark-read", args.messages, args.size, args.segment_mib << 20)
             objects = [
                 (f"spark-read/{o['Key']}", int(o["Size"]))
                 for page in client.get_paginator("list_objects_v2").paginate(
@@ -238,6 +247,7 @@ def main() -> None:
     out = {
         "messages": args.messages,
         "record_size": args.size,
+        "segment_mib": args.segment_mib,
         "setup": {**setup, "commitlog_objects": len(objects), "tierd_partitions": partitions},
         "baseline_rawlen": base,
         "tierd": ours,
