@@ -296,6 +296,9 @@ class ColdStorage:
             found = {}
         except Exception as e:
             raise self._fail("list", path, e) from e
+        finally:
+            # s3fs caches what find saw as the directory's listing: a partial one here.
+            self.fs.invalidate_cache(parent)
         chunk_prefix = path + CHUNK_DIR_SUFFIX
         sealed: ObjectInfo | None = None
         chunks: list[ObjectInfo] = []
