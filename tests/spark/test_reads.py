@@ -230,3 +230,20 @@ def test_a_sealed_object_shorter_than_its_manifest_is_corruption(
     storage.fs.pipe_file(storage.full(path), data[: len(data) // 2])  # lost its second half
     with pytest.raises(CorruptionError, match=f"{path}: the manifest promises at least {len(data)} bytes"):
         _read(storage, ranges, piece=len(data) // 3 + 1)
+
+
+def test_an_open_segment_sealed_while_it_is_read(moto_server: S3Server) -> None:
+    """The daemon seals a segment while a task reads its chunks: the chunks vanish once the
+    sealed object is written, and the read goes on from the sealed object."""
+    bucket = create_bucket(moto_server)
+    url, so = f"s3://{bucket}/cold", moto_server.storage_options
+    recs = _recs(30, seed=11)
+    _, data = craft_queue(f"s3://{bucket}/reference", so, "t", 0, recs)
+    path, _ = craft_queue(url, so, "t", 0, recs, chunks=[len(data) // 2])  # not on a record boundary
+    storage, ranges = _plan(url, so)
+    src = storage.segment(path)
+    first = src.read(0, 100)
+    storage.fs.pipe_file(storage.full(path), data)  # sealed: the object, then the chunks go
+    storage.fs.rm(storage.full(path) + ".chunks", recursive=True)
+    assert first + src.read(100, len(data)) == data
+    assert _bodies(_read(storage, ranges)) == [(i, r.body) for i, r in enumerate(recs)]

@@ -82,6 +82,8 @@ class SegmentSource:
             else:
                 data = self._read_chunks(start, end)
         except SegmentNotFoundError as e:
+            if self._layout is not None and self._sealed_since():
+                return self.read(start, end)
             raise SegmentNotFoundError(
                 f"segment {self.url} does not exist (deleted by cold retention since planning, or the "
                 "manifest is stale)",
@@ -99,6 +101,16 @@ class SegmentSource:
                 end=end,
             )
         return data
+
+    def _sealed_since(self) -> bool:
+        """Sealing composes the chunks into one object, then deletes them: a chunk that vanished
+        under a read may mean the segment is sealed now. If so, read the sealed object from here
+        on (the same bytes: sealing verified them)."""
+        now = self.storage.segment(self.storage.relative(self.path))
+        if now._layout is not None or now.size < self.size:
+            return False
+        self._layout = None
+        return True
 
     def _read_chunks(self, start: int, end: int) -> bytes:
         assert self._layout is not None
