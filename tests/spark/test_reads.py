@@ -44,9 +44,14 @@ def _plan(url: str, so: dict[str, Any] | None = None) -> tuple[ColdStorage, list
     return storage, plan_ranges(storage, opts, Constraints.from_options(opts))
 
 
-def _read(storage: ColdStorage, ranges: list[SegmentRange], piece: int = READ_PIECE) -> pa.Table:
-    batches = [b for r in ranges for b in read_range(storage, r, piece=piece)]
-    return pa.Table.from_batches(batches, schema=ARROW_SCHEMA)
+def _read(
+    storage: ColdStorage,
+    ranges: list[SegmentRange],
+    piece: int = READ_PIECE,
+    schema: pa.Schema = ARROW_SCHEMA,
+) -> pa.Table:
+    batches = [b for r in ranges for b in read_range(storage, r, piece=piece, schema=schema)]
+    return pa.Table.from_batches(batches, schema=schema)
 
 
 def _fresh(scheme: str, tmp_path: Path, moto_server: S3Server) -> tuple[str, dict[str, Any]]:
@@ -247,3 +252,22 @@ def test_an_open_segment_sealed_while_it_is_read(moto_server: S3Server) -> None:
     storage.fs.rm(storage.full(path) + ".chunks", recursive=True)
     assert first + src.read(100, len(data)) == data
     assert _bodies(_read(storage, ranges)) == [(i, r.body) for i, r in enumerate(recs)]
+
+
+def test_selected_columns_decode_as_in_the_full_schema(tmp_path: Path) -> None:
+    recs = [
+        Rec(b"x" * i, store_host="[::1]:10911" if i % 3 == 0 else "10.0.0.2:10911", properties=p)
+        for i, p in enumerate([{"TAGS": "a", "KEYS": "k1 k2"}, {}, {"KEYS": "z"}, {"TAGS": "b"}] * 5)
+    ]
+    craft_queue(f"file://{tmp_path}", {}, "t", 3, recs)
+    storage, ranges = _plan(f"file://{tmp_path}")
+    full = _read(storage, ranges)
+    for name in ARROW_SCHEMA.names:
+        one = pa.schema([ARROW_SCHEMA.field(name)])
+        got = pa.Table.from_batches(
+            [b for r in ranges for b in read_range(storage, r, schema=one)], schema=one
+        )
+        assert got.column(name).equals(full.column(name)), name
+    pair = pa.schema([ARROW_SCHEMA.field("msg_id"), ARROW_SCHEMA.field("tags")])
+    got = pa.Table.from_batches([b for r in ranges for b in read_range(storage, r, schema=pair)], schema=pair)
+    assert got.equals(full.select(["msg_id", "tags"]))

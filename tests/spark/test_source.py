@@ -211,12 +211,42 @@ def test_bad_option_fails_at_load(spark: SparkSession) -> None:
         spark.read.format("tierd").option("path", "/nowhere").option("queue_ids", "one").load()
 
 
-def test_a_user_schema_other_than_the_fixed_one_is_refused_clearly(
-    spark: SparkSession, file_cold: tuple[str, Produced]
-) -> None:
+def test_a_user_schema_selects_columns(spark: SparkSession, file_cold: tuple[str, Produced]) -> None:
     url, produced = file_cold
-    with pytest.raises(PySparkException, match=r"fixed schema .*got struct<body:binary>.*select the columns"):
-        spark.read.format("tierd").schema("body binary").option("path", url).load().count()
+    df = (
+        spark.read.format("tierd")
+        .schema("BODY binary, topic string, queue_id int not null, queue_offset bigint, tags string")
+        .option("path", url)
+        .load()
+    )
+    assert df.columns == ["BODY", "topic", "queue_id", "queue_offset", "tags"]
+    rows = sorted((r.topic, r.queue_id, r.queue_offset, bytes(r.BODY)) for r in df.collect())
+    assert rows == produced.bodies()
+    tags = {
+        (r.topic, r.queue_id, r.queue_offset): r.tags
+        for r in df.select("topic", "queue_id", "queue_offset", "tags").collect()
+    }
+    assert tags == {k: v[2] for k, v in produced.messages.items()}
     ddl = ", ".join(f"{f.name} {f.dataType.simpleString()}" for f in SPARK_SCHEMA.fields)
     same = spark.read.format("tierd").schema(ddl).option("path", url).load()
-    assert same.count() == len(produced.messages)  # the fixed schema spelled out (nullable) is fine
+    assert same.count() == len(produced.messages)  # the whole schema spelled out
+
+
+@pytest.mark.parametrize(
+    ("ddl", "message"),
+    [
+        (
+            "body binary, size int",
+            r"column 'size' of the given schema is not a tierd column; the columns are struct<topic",
+        ),
+        ("body string", r"column 'body' is binary in tierd, the given schema says string"),
+        ("body binary, Body binary", r"column 'Body' appears twice"),
+        ("tags string not null", r"column 'tags' is null for messages without tags"),
+    ],
+)
+def test_a_user_schema_that_is_no_selection_is_refused_clearly(
+    spark: SparkSession, file_cold: tuple[str, Produced], ddl: str, message: str
+) -> None:
+    url, _ = file_cold
+    with pytest.raises(PySparkException, match=message):
+        spark.read.format("tierd").schema(ddl).option("path", url).load().count()

@@ -271,10 +271,12 @@ def decode_records(
     fail: Callable[[int, str], CorruptRecordError],
     select: Callable[[npt.NDArray[np.int64], npt.NDArray[np.int64]], npt.NDArray[np.bool_] | None]
     | None = None,
+    schema: pa.Schema = ARROW_SCHEMA,
 ) -> pa.RecordBatch:
     """Decode the records starting at ``starts`` (the last one ends at ``end``) of ``data``, whose
     byte 0 is flat commitlog offset ``flat_base``. Every record is validated and CRC-checked;
-    ``select(queue_offsets, store_ms)`` may then drop rows (pushed filters)."""
+    ``select(queue_offsets, store_ms)`` may then drop rows (pushed filters). Only the columns of
+    ``schema`` (a selection of :data:`ARROW_SCHEMA`'s, any order) are built."""
     n = len(starts)
     buf = np.frombuffer(data, np.uint8)
     s = starts
@@ -355,7 +357,6 @@ def decode_records(
         n = len(idx)
     whole = pa.py_buffer(data)
     body_start = s + (HEADER_V4 - 16 + born_len + store_len)
-    body = _spans(whole, body_start, body_start + body_len, pa.binary())
     props_start = topic_end + 2
     props = _spans(whole, props_start, ends, pa.string())
     try:
@@ -365,31 +366,34 @@ def decode_records(
             [not _utf8(mv[a:b]) for a, b in zip(props_start.tolist(), ends.tolist(), strict=True)]
         )
         _raise_first(data, s, ends, bad_rows, fail)
-    props_map, tags, keys = _properties(props, n)
-    born_host, _ = _hosts(buf, s + POS_BORN_HOST, born_v6)
+    # Only the wanted columns are built (a user schema may select some; validation above is
+    # the same whatever is selected). Columns derived together are built together.
+    wanted = set(schema.names)
+    made: dict[str, pa.Array] = {}
+    if wanted & {"properties", "tags", "keys"}:
+        made["properties"], made["tags"], made["keys"] = _properties(props, n)
     store_host_pos = s + POS_BORN_HOST + born_len + 8
-    store_host, store_raw = _hosts(buf, store_host_pos, store_v6)
-    born_ms = gather_at(buf, s + POS_BORN_TIMESTAMP, _I8).astype(np.int64)
-    reconsume = gather_at(buf, store_host_pos + store_len, _I4).astype(np.int32)
+    if wanted & {"store_host", "msg_id"}:
+        made["store_host"], store_raw = _hosts(buf, store_host_pos, store_v6)
+        if "msg_id" in wanted:
+            made["msg_id"] = _msg_ids(store_raw, store_v6, phys.astype(np.int64))
     ts = ARROW_SCHEMA.field("store_timestamp").type
-    columns = [
-        pa.repeat(pa.scalar(topic, pa.string()), n),
-        pa.array(np.full(n, queue_id, np.int32)),
-        pa.array(queue_offsets),
-        pa.array(phys.astype(np.int64)),
-        pa.array(store_ms * 1000, ts),
-        pa.array(born_ms * 1000, ts),
-        tags,
-        keys,
-        _msg_ids(store_raw, store_v6, phys.astype(np.int64)),
-        props_map,
-        body,
-        pa.array(sysflag.astype(np.int32)),
-        pa.array(reconsume),
-        born_host,
-        store_host,
-    ]
-    return pa.RecordBatch.from_arrays(columns, schema=ARROW_SCHEMA)
+    build: dict[str, Callable[[], pa.Array]] = {
+        "topic": lambda: pa.repeat(pa.scalar(topic, pa.string()), n),
+        "queue_id": lambda: pa.array(np.full(n, queue_id, np.int32)),
+        "queue_offset": lambda: pa.array(queue_offsets),
+        "physical_offset": lambda: pa.array(phys.astype(np.int64)),
+        "store_timestamp": lambda: pa.array(store_ms * 1000, ts),
+        "born_timestamp": lambda: pa.array(
+            gather_at(buf, s + POS_BORN_TIMESTAMP, _I8).astype(np.int64) * 1000, ts
+        ),
+        "body": lambda: _spans(whole, body_start, body_start + body_len, pa.binary()),
+        "sys_flag": lambda: pa.array(sysflag.astype(np.int32)),
+        "reconsume_times": lambda: pa.array(gather_at(buf, store_host_pos + store_len, _I4).astype(np.int32)),
+        "born_host": lambda: _hosts(buf, s + POS_BORN_HOST, born_v6)[0],
+    }
+    columns = [made[name] if name in made else build[name]() for name in schema.names]
+    return pa.RecordBatch.from_arrays(columns, schema=schema)
 
 
 def _utf8(b: memoryview) -> bool:
@@ -437,9 +441,15 @@ READ_PIECE: Final = 16 * 1024 * 1024
 
 
 def read_range(
-    storage: ColdStorage, r: SegmentRange, constraints: Constraints | None = None, *, piece: int = READ_PIECE
+    storage: ColdStorage,
+    r: SegmentRange,
+    constraints: Constraints | None = None,
+    *,
+    piece: int = READ_PIECE,
+    schema: pa.Schema = ARROW_SCHEMA,
 ) -> Iterator[pa.RecordBatch]:
-    """Decode range ``r`` piece by piece (memory stays ~3 pieces whatever the range size).
+    """Decode range ``r`` piece by piece (memory stays ~3 pieces whatever the range size), into
+    the columns of ``schema`` (a selection of :data:`ARROW_SCHEMA`'s).
 
     Sealed ranges must end exactly on a record boundary. The unbounded tail of an open segment
     is read to the end stored now; there, bytes past the size the manifest promised that do not
@@ -483,7 +493,7 @@ def read_range(
     # release the GIL, so the backend's latency hides behind the decoding.
     pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="tierd-spark-read")
     try:
-        yield from _read_pieces(src, r, end, piece, pool, fail_at, select)
+        yield from _read_pieces(src, r, end, piece, pool, fail_at, select, schema)
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
 
@@ -496,6 +506,7 @@ def _read_pieces(
     pool: concurrent.futures.ThreadPoolExecutor,
     fail_at: Callable[[int], Callable[[int, str], CorruptRecordError]],
     select: Callable[[npt.NDArray[np.int64], npt.NDArray[np.int64]], npt.NDArray[np.bool_] | None] | None,
+    schema: pa.Schema,
 ) -> Iterator[pa.RecordBatch]:
     """Every read starts on a record boundary: the first at the range's start, each next one
     where the whole records of the previous one end. That position is known once the read is
@@ -528,6 +539,7 @@ def _read_pieces(
                 queue_id=r.queue_id,
                 fail=fail,
                 select=select,
+                schema=schema,
             )
         if read_end >= end and nxt < read_end:
             if r.end is None and nxt >= r.promised_end:

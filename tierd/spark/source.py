@@ -16,6 +16,7 @@ and Spark then *rejects* any reader whose class defines ``pushFilters``
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from pyspark.sql.datasource import (
@@ -50,7 +51,15 @@ if TYPE_CHECKING:
 
     import pyarrow as pa
 
-__all__ = ["SPARK_SCHEMA", "TierdDataSource", "TierdPartition", "TierdPushdownReader", "TierdReader"]
+__all__ = [
+    "SPARK_SCHEMA",
+    "Column",
+    "TierdDataSource",
+    "TierdPartition",
+    "TierdPushdownReader",
+    "TierdReader",
+    "select_columns",
+]
 
 #: DESIGN's columns; ``decode.ARROW_SCHEMA`` is the same schema in Arrow terms.
 SPARK_SCHEMA = StructType(
@@ -122,9 +131,11 @@ class TierdPartition(InputPartition):
 class TierdReader(DataSourceReader):
     """Plans from manifests and decodes ranges; no ``pushFilters`` (see module docstring)."""
 
-    def __init__(self, options: ReadOptions) -> None:
+    def __init__(self, options: ReadOptions, columns: tuple[Column, ...] | None = None) -> None:
         self.options = options
         self.constraints = Constraints.from_options(options)
+        #: What Spark asked for (default: every column, as :data:`SPARK_SCHEMA` names them).
+        self.columns = columns if columns is not None else select_columns(SPARK_SCHEMA)
 
     def partitions(self) -> list[InputPartition]:
         from tierd.spark.storage import open_storage
@@ -136,11 +147,19 @@ class TierdReader(DataSourceReader):
         r = getattr(partition, "range", None)
         if r is None:  # Spark substitutes InputPartition(None) for an empty plan
             return
-        from tierd.spark.decode import read_range
+        import pyarrow as pa
+
+        from tierd.spark.decode import ARROW_SCHEMA, read_range
         from tierd.spark.storage import open_storage
 
         storage = open_storage(self.options.url, self.options.storage_options)
-        yield from read_range(storage, r, self.constraints)
+        decoded = pa.schema([ARROW_SCHEMA.field(c.column) for c in self.columns])
+        wanted = pa.schema(
+            [decoded.field(i).with_name(c.name).with_nullable(c.nullable) for i, c in enumerate(self.columns)]
+        )
+        for batch in read_range(storage, r, self.constraints, schema=decoded):
+            # Names and nullability as Spark was told (it checks the schema of every batch).
+            yield batch if wanted is decoded else pa.RecordBatch.from_arrays(batch.columns, schema=wanted)
 
 
 class TierdPushdownReader(TierdReader):
@@ -163,9 +182,47 @@ class TierdPushdownReader(TierdReader):
         return self.constraints.push(str(attribute[0]).lower(), op, getattr(f, "value", None))
 
 
-def _columns(schema: StructType) -> list[tuple[str, str]]:
-    """Names and types (nullability aside: a DDL string makes every column nullable)."""
-    return [(f.name, f.dataType.simpleString()) for f in schema.fields]
+@dataclass(frozen=True, slots=True)
+class Column:
+    """One column of the schema Spark asked for: its name there, the tierd column it is."""
+
+    name: str
+    column: str
+    nullable: bool
+
+
+def select_columns(schema: StructType) -> tuple[Column, ...]:
+    """The tierd columns a (user-specified) schema selects, in its order.
+
+    ``.schema("topic string, body binary")`` is how a job reads only what it needs: PySpark gives
+    Python data sources no column pruning, so without it all 15 columns are decoded and moved
+    into the JVM even for ``count(*)``. Names match case-insensitively; types must be tierd's."""
+    ours = {f.name: f.dataType for f in SPARK_SCHEMA.fields}
+    chosen: list[Column] = []
+    for f in schema.fields:
+        col = f.name.lower()
+        if col not in ours:
+            raise InvalidArgumentError(
+                f"column {f.name!r} of the given schema is not a tierd column; the columns are "
+                f"{SPARK_SCHEMA.simpleString()} (any selection, any order)",
+                column=f.name,
+            )
+        if f.dataType.simpleString() != ours[col].simpleString():
+            raise InvalidArgumentError(
+                f"column {f.name!r} is {ours[col].simpleString()} in tierd, the given schema says "
+                f"{f.dataType.simpleString()}",
+                column=f.name,
+            )
+        if any(c.column == col for c in chosen):
+            raise InvalidArgumentError(f"column {f.name!r} appears twice in the given schema", column=f.name)
+        if col == "tags" and not f.nullable:
+            raise InvalidArgumentError(
+                "column 'tags' is null for messages without tags; declare it nullable", column=f.name
+            )
+        chosen.append(Column(f.name, col, f.nullable))
+    if not chosen:
+        raise InvalidArgumentError("the given schema has no columns", schema=schema.simpleString())
+    return tuple(chosen)
 
 
 class TierdDataSource(DataSource):
@@ -187,14 +244,9 @@ class TierdDataSource(DataSource):
         return SPARK_SCHEMA
 
     def reader(self, schema: StructType) -> DataSourceReader:
-        if _columns(schema) != _columns(SPARK_SCHEMA):
-            # Spark hands a user-specified .schema(...) here; rows of the fixed schema would
-            # then fail deep inside the task with a column-count mismatch.
-            raise InvalidArgumentError(
-                f"the tierd source has a fixed schema ({SPARK_SCHEMA.simpleString()}); got "
-                f"{schema.simpleString()}: load() without .schema(...) and select the columns you need",
-                schema=schema.simpleString(),
-            )
+        # Spark hands a user-specified .schema(...) here: a selection of the columns is honoured
+        # (only those are decoded), anything else refused now rather than inside a task.
+        columns = select_columns(schema)
         if pushdown_enabled():
-            return TierdPushdownReader(self.read_options)
-        return TierdReader(self.read_options)
+            return TierdPushdownReader(self.read_options, columns)
+        return TierdReader(self.read_options, columns)
