@@ -23,8 +23,8 @@ its first few queries (here the JVM's CPU per tierd query fell from ~1.7 s to ~0
 first four, the baseline's from ~0.9 s to ~0.5 s), and a query over months of history runs
 warm. The warm-up times are in the JSON. Then ``--repeat`` (5) rounds, each the baseline then
 tierd, so both see the same machine (a ~1 s job here varies by ±20 % from run to run). Prints
-JSON with rows/s per run, median and best, and the ratio tierd/baseline of the medians (target >= 0.7; the ratio of the
-bests is reported beside it). Parquet is measured after the rounds, same way.
+JSON with rows/s per run, median and best, and the ratio tierd/baseline of the medians (target
+>= 0.7; the ratio of the bests is reported beside it). Parquet is measured after the rounds, same way.
 Usage: ``python bench/spark_read.py [--messages 200000] [--size 1024] [--warmup 3] [--repeat 5]
 [--segment-mib 64]``.
 """
