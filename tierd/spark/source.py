@@ -154,12 +154,12 @@ class TierdReader(DataSourceReader):
 
         storage = open_storage(self.options.url, self.options.storage_options)
         decoded = pa.schema([ARROW_SCHEMA.field(c.column) for c in self.columns])
-        wanted = pa.schema(
-            [decoded.field(i).with_name(c.name).with_nullable(c.nullable) for i, c in enumerate(self.columns)]
-        )
+        # Names and nullability as Spark was told: it checks the schema of every batch.
+        pairs = zip(decoded, self.columns, strict=True)
+        told = pa.schema([f.with_name(c.name).with_nullable(c.nullable) for f, c in pairs])
+        same = told.equals(decoded)
         for batch in read_range(storage, r, self.constraints, schema=decoded):
-            # Names and nullability as Spark was told (it checks the schema of every batch).
-            yield batch if wanted is decoded else pa.RecordBatch.from_arrays(batch.columns, schema=wanted)
+            yield batch if same else pa.RecordBatch.from_arrays(batch.columns, schema=told)
 
 
 class TierdPushdownReader(TierdReader):
