@@ -1,9 +1,12 @@
-"""How a range is read: read sizes, record boundaries, chunked open segments, the tail.
+"""How a range is read: read sizes, record boundaries, chunked open segments, the tail, the
+requests sent, segments that change under a read, and column selection.
 
 Reads start on record boundaries and open segments are read in whole chunk objects (see
 ``decode._read_pieces``); whatever the read size and however the stored objects cut the records,
 the rows must be exactly the records, and a range that ends inside a record must fail — unless it
 is the tail of an open segment past what the manifest promised (a commit still being written).
+Sealed segments are read on their manifest's word, so a missing or short object must still be
+reported as such; a segment sealed during a read is read on from the sealed object.
 """
 
 from __future__ import annotations
