@@ -95,6 +95,7 @@ _U2 = np.dtype(">u2")
 _I4 = np.dtype(">i4")
 _U4 = np.dtype(">u4")
 _I8 = np.dtype(">i8")
+_U8 = np.dtype(">u8")
 _HEX = np.frombuffer(b"0123456789ABCDEF", np.uint8)
 _SIZE = struct.Struct(">i")
 _EMPTY_INDEX = np.zeros(0, np.int64)
@@ -171,13 +172,14 @@ def _hosts(
 ) -> tuple[pa.Array, npt.NDArray[np.uint8]]:
     """Host strings (decoded once per distinct value) and the raw 20-byte padded host bytes."""
     if not v6.any():  # IPv4 only (the usual case): 8-byte values, unique as integers
-        idx = pos[:, None] + np.arange(8)
-        raw8 = buf[idx]
-        values = raw8.view(">u8").ravel()
+        values = gather_at(buf, pos, _U8)
+        raw = np.zeros((len(pos), 20), np.uint8)
+        raw[:, :8] = values.view(np.uint8).reshape(-1, 8)
+        if len(values) and (values == values[0]).all():  # one host (a broker's store host)
+            name = decode_host(int(values[0]).to_bytes(8, "big"))
+            return pa.repeat(pa.scalar(name, pa.string()), len(values)), raw
         uniq, inverse = np.unique(values, return_inverse=True)
         names = [decode_host(int(u).to_bytes(8, "big")) for u in uniq.tolist()]
-        raw = np.zeros((len(pos), 20), np.uint8)
-        raw[:, :8] = raw8
         return pa.array(names, pa.string()).take(pa.array(inverse.astype(np.int32))), raw
     raw = buf[(pos[:, None] + np.arange(20)).clip(max=len(buf) - 1)]
     raw[~v6, 8:] = 0
