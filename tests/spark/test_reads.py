@@ -274,3 +274,14 @@ def test_selected_columns_decode_as_in_the_full_schema(tmp_path: Path) -> None:
     pair = pa.schema([ARROW_SCHEMA.field("msg_id"), ARROW_SCHEMA.field("tags")])
     got = pa.Table.from_batches([b for r in ranges for b in read_range(storage, r, schema=pair)], schema=pair)
     assert got.equals(full.select(["msg_id", "tags"]))
+
+
+@pytest.mark.parametrize("hosts", [["10.0.0.1:4000"], ["10.0.0.1:4000", "10.0.0.9:4001", "192.168.1.1:80"]])
+def test_ipv4_hosts_decode_per_row(tmp_path: Path, hosts: list[str]) -> None:
+    k = len(hosts)
+    recs = [Rec(b"x", born_host=hosts[i % k], store_host=hosts[-1 - i % k]) for i in range(9)]
+    craft_queue(f"file://{tmp_path}", {}, "t", 0, recs)
+    storage, ranges = _plan(f"file://{tmp_path}")
+    got = _read(storage, ranges)
+    assert got.column("born_host").to_pylist() == [r.born_host for r in recs]
+    assert got.column("store_host").to_pylist() == [r.store_host for r in recs]
