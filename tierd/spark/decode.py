@@ -225,9 +225,46 @@ def _lookup(names: pa.Array, values: pa.Array, rows: npt.NDArray[np.int64], n: i
     return values.take(pa.array(idx, mask=idx < 0))
 
 
-def _properties(props: pa.Array, n: int) -> tuple[pa.Array, pa.Array, pa.Array]:
-    """``name 0x01 value 0x02`` strings → (map column, tags column, keys column). Pieces without a
-    name or a value are dropped, as RocketMQ (and :func:`tierd.local.codec.decode_properties`) do."""
+def _uniform_pairs(
+    props: pa.Array, n: int
+) -> tuple[pa.Array, pa.Array, npt.NDArray[np.int64], npt.NDArray[np.int32]] | None:
+    """The usual batch — every row ``k`` whole ``name 0x01 value 0x02`` items, names and values
+    non-empty — split by separator positions alone: (names, values, row of each pair, map
+    offsets). None when the batch is not like that (the general split handles it)."""
+    bufs = props.buffers()
+    if n == 0 or bufs[2] is None:
+        return None
+    o = np.frombuffer(bufs[1], np.int32, n + 1, props.offset * 4).astype(np.int64)
+    region = np.frombuffer(bufs[2], np.uint8)[o[0] : o[-1]]
+    p2 = np.flatnonzero(region == 2)
+    if len(p2) == 0 or len(p2) % n:
+        return None
+    p1 = np.flatnonzero(region == 1)
+    if len(p1) != len(p2):
+        return None
+    k = len(p2) // n
+    p2 = p2.reshape(n, k) + o[0]
+    p1 = p1.reshape(n, k) + o[0]
+    if not (p2[:, -1] == o[1:] - 1).all():  # row r's k-th 0x02 ends row r: k items per row
+        return None
+    start = np.empty((n, k), np.int64)
+    start[:, 0] = o[:-1]
+    start[:, 1:] = p2[:, :-1] + 1
+    # One 0x01 inside each item (the counts match and each item holds the one paired with it),
+    # with a name before it and a value after it.
+    if not ((start < p1) & (p1 + 1 < p2)).all():
+        return None
+    names = _spans(bufs[2], start.ravel(), p1.ravel(), pa.string())
+    values = _spans(bufs[2], p1.ravel() + 1, p2.ravel(), pa.string())
+    rows = np.repeat(np.arange(n, dtype=np.int64), k)
+    return names, values, rows, np.arange(0, k * n + 1, k, dtype=np.int32)
+
+
+def _split_pairs(
+    props: pa.Array, n: int
+) -> tuple[pa.Array, pa.Array, npt.NDArray[np.int64], npt.NDArray[np.int32]]:
+    """Any batch: split on 0x02, then on the first 0x01 (pyarrow compute); pieces without a name
+    or a value are dropped. Same result as :func:`_uniform_pairs` where that applies."""
     items = pc.split_pattern(props, "\x02")
     per_row = pc.list_value_length(items).to_numpy(zero_copy_only=False).astype(np.int64)
     rows = np.repeat(np.arange(n, dtype=np.int64), per_row)
@@ -245,7 +282,14 @@ def _properties(props: pa.Array, n: int) -> tuple[pa.Array, pa.Array, pa.Array]:
     rows = rows[ok][nonempty]
     names = names.filter(pa.array(nonempty))
     values = values.filter(pa.array(nonempty))
-    offsets = _offsets(np.bincount(rows, minlength=n).astype(np.int64))
+    return names, values, rows, _offsets(np.bincount(rows, minlength=n).astype(np.int64))
+
+
+def _properties(props: pa.Array, n: int) -> tuple[pa.Array, pa.Array, pa.Array]:
+    """``name 0x01 value 0x02`` strings → (map column, tags column, keys column). Pieces without a
+    name or a value are dropped, as RocketMQ (and :func:`tierd.local.codec.decode_properties`) do."""
+    pairs = _uniform_pairs(props, n)
+    names, values, rows, offsets = pairs if pairs is not None else _split_pairs(props, n)
     props_map = pa.MapArray.from_arrays(
         pa.array(offsets), names, values, type=ARROW_SCHEMA.field("properties").type
     )

@@ -1,0 +1,70 @@
+"""The properties column: a fast split for uniform batches must equal the general split.
+
+``decode._uniform_pairs`` splits a batch by separator positions when every row holds the same
+number of whole ``name 0x01 value 0x02`` items; ``decode._split_pairs`` handles anything. Random
+batches — uniform ones, and ones broken in every way the format allows (empty names or values,
+a missing separator, 0x01 inside a value, empty rows, trailing pieces) — must split the same.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pyarrow as pa
+
+from tierd.local.codec import decode_properties
+from tierd.spark.decode import _properties, _split_pairs, _uniform_pairs
+
+NAMES = ["a", "KEYS", "TAGS", "é"]
+VALUES = ["1", "k1 k2", "  x  y ", "é", " "]
+PIECES = ["a", "KEYS", "TAGS", "k1 k2", "  x  y ", "", "\x01", "é", "\x02"]
+
+
+def _batches(seed: int) -> list[pa.Array]:
+    rnd = random.Random(seed)
+    out = []
+    for _ in range(400):
+        k, rows = rnd.randint(1, 3), rnd.randint(1, 6)
+
+        def part(good: list[str]) -> str:  # now and then empty, or holding a separator
+            return rnd.choice(good) if rnd.random() > 0.03 else rnd.choice(["", "\x01", "a\x01b"])
+
+        uniform = ["".join(f"{part(NAMES)}\x01{part(VALUES)}\x02" for _ in range(k)) for _ in range(rows)]
+        free = ["".join(rnd.choice(PIECES) for _ in range(rnd.randint(0, 7))) for _ in range(rows)]
+        for texts in (uniform, free):
+            arr = pa.array(["pad", *texts], pa.string())
+            out.append(arr.slice(1))  # a sliced array: offsets that do not start at 0
+    return out
+
+
+def test_the_uniform_split_equals_the_general_one_wherever_it_applies() -> None:
+    taken = 0
+    for arr in _batches(seed=1):
+        fast = _uniform_pairs(arr, len(arr))
+        if fast is None:
+            continue
+        taken += 1
+        slow = _split_pairs(arr, len(arr))
+        assert fast[0].equals(slow[0]), arr
+        assert fast[1].equals(slow[1]), arr
+        assert fast[2].tolist() == slow[2].tolist(), arr
+        assert fast[3].tolist() == slow[3].tolist(), arr
+    assert taken > 100  # the fast split is exercised, not bypassed
+
+
+def test_properties_columns_match_the_codec() -> None:
+    for arr in _batches(seed=2):
+        props, tags, keys = _properties(arr, len(arr))
+        for text, got, tag, key in zip(
+            arr.to_pylist(), props.to_pylist(), tags.to_pylist(), keys.to_pylist(), strict=True
+        ):
+            want = decode_properties(text)
+            assert dict(got) == want  # the map may repeat a name; the codec keeps the last one
+            assert tag == want.get("TAGS")
+            assert key == [t for t in want.get("KEYS", "").split(" ") if t]
+
+
+def test_a_batch_with_an_empty_row_takes_the_general_split() -> None:
+    arr = pa.array(["a\x01b\x02", "", "c\x01d\x02"], pa.string())
+    assert _uniform_pairs(arr, 3) is None
+    assert _properties(arr, 3)[0].to_pylist() == [[("a", "b")], [], [("c", "d")]]
