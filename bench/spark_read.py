@@ -215,13 +215,11 @@ def main() -> None:
             spark.dataSource.register(RawLengthPrefixed)
             so_json = json.dumps(so)
 
-            def tierd() -> Any:
-                return (
-                    spark.read.format("tierd")
-                    .option("path", "s3://spark-read/bench")
-                    .option("storage_options", so_json)
-                    .load()
-                )
+            def tierd(columns: str | None = None) -> Any:
+                reader = spark.read.format("tierd").option("path", "s3://spark-read/bench")
+                if columns is not None:
+                    reader = reader.schema(columns)
+                return reader.option("storage_options", so_json).load()
 
             def baseline() -> Any:
                 return (
@@ -243,13 +241,7 @@ def main() -> None:
             base, ours = _summary(base_runs), _summary(our_runs)
 
             def tierd_body() -> Any:
-                return (
-                    spark.read.format("tierd")
-                    .schema("body binary")
-                    .option("path", "s3://spark-read/bench")
-                    .option("storage_options", so_json)
-                    .load()
-                )
+                return tierd("body binary")
 
             _query(tierd_body, "body")
             body_only = _summary([_query(tierd_body, "body") for _ in range(args.repeat)])

@@ -34,6 +34,14 @@ _PROCESS_LOCAL = frozenset({"memory"})
 _PREFIX_LISTING = frozenset({"s3", "s3a"})
 
 
+def _missing(url: str) -> SegmentNotFoundError:
+    """A segment the manifest names is not stored (any more)."""
+    return SegmentNotFoundError(
+        f"segment {url} does not exist (deleted by cold retention since planning, or the manifest is stale)",
+        path=url,
+    )
+
+
 class SegmentSource:
     """One commitlog or consume-queue segment as it is stored *now*: a single object (sealed, or
     a posix file still being appended to) or the committed chunks of an open segment."""
@@ -84,11 +92,7 @@ class SegmentSource:
         except SegmentNotFoundError as e:
             if self._layout is not None and self._sealed_since():
                 return self.read(start, end)
-            raise SegmentNotFoundError(
-                f"segment {self.url} does not exist (deleted by cold retention since planning, or the "
-                "manifest is stale)",
-                path=self.url,
-            ) from e
+            raise _missing(self.url) from e
         except BackendError:
             self._check_size()  # a range past the end of a shorter object fails on S3 (416)
             raise
@@ -282,11 +286,7 @@ class ColdStorage:
         else:
             listing = self._stat_segment(path)
         if listing.sealed is None and not listing.chunks:
-            raise SegmentNotFoundError(
-                f"segment {self.display(path)} does not exist (deleted by cold retention since "
-                "planning, or the manifest is stale)",
-                path=self.display(path),
-            )
+            raise _missing(self.display(path))
         if listing.sealed is not None:
             return SegmentSource(self, path, None, listing.sealed.size)
         layout = Layout.build(path, listing)
