@@ -285,3 +285,20 @@ def test_ipv4_hosts_decode_per_row(tmp_path: Path, hosts: list[str]) -> None:
     got = _read(storage, ranges)
     assert got.column("born_host").to_pylist() == [r.born_host for r in recs]
     assert got.column("store_host").to_pylist() == [r.store_host for r in recs]
+
+
+def test_small_reads_batched_across_chunks(moto_server: S3Server) -> None:
+    """``read_units`` (planning's consume-queue reads): ranges inside one chunk, straddling two,
+    and of a sealed object come back exact from one batch of GETs."""
+    bucket = create_bucket(moto_server)
+    url, so = f"s3://{bucket}/cold", moto_server.storage_options
+    recs = _recs(20, seed=12)
+    sealed, data = craft_queue(f"s3://{bucket}/reference", so, "t", 0, recs)
+    cut = len(data) // 2
+    path, _ = craft_queue(url, so, "t", 0, recs, chunks=[cut])
+    storage = ColdStorage(url, so)
+    ranges = [(0, 20), (cut - 7, cut + 13), (cut, cut + 20), (len(data) - 20, len(data))]
+    got = storage.read_units([(path, a, b) for a, b in ranges])
+    assert got == [data[a:b] for a, b in ranges]
+    other = ColdStorage(f"s3://{bucket}/reference", so)
+    assert other.read_units([(sealed, a, b) for a, b in ranges]) == [data[a:b] for a, b in ranges]

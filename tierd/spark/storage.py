@@ -84,11 +84,12 @@ class SegmentSource:
         fsspec ``cat_ranges``) and joined only if there are several."""
         if end <= start:
             return b""
+        spans = self.spans(start, end)
         try:
-            if self._layout is None:
-                data = self.storage.cat(self.path, start, end)
+            if len(spans) == 1:
+                data = self.storage.cat(*spans[0])
             else:
-                data = self._read_chunks(start, end)
+                data = b"".join(self.storage.cat_spans(spans))
         except SegmentNotFoundError as e:
             if self._layout is not None and self._sealed_since():
                 return self.read(start, end)
@@ -96,6 +97,12 @@ class SegmentSource:
         except BackendError:
             self._check_size()  # a range past the end of a shorter object fails on S3 (416)
             raise
+        self.expect(start, end, data)
+        return data
+
+    def expect(self, start: int, end: int, data: bytes) -> None:
+        """``data``, read as bytes ``[start, end)``, must be that long: a short read is
+        corruption (the object shrank or lied)."""
         if len(data) != end - start:
             self._check_size()
             raise CorruptionError(
@@ -104,7 +111,6 @@ class SegmentSource:
                 start=start,
                 end=end,
             )
-        return data
 
     def _sealed_since(self) -> bool:
         """Sealing composes the chunks into one object, then deletes them: a chunk that vanished
@@ -116,8 +122,11 @@ class SegmentSource:
         self._layout = None
         return True
 
-    def _read_chunks(self, start: int, end: int) -> bytes:
-        assert self._layout is not None
+    def spans(self, start: int, end: int) -> list[tuple[str, int, int]]:
+        """Bytes ``[start, end)`` of the segment as ``(object path, start, end)`` ranges of the
+        objects that hold them: the sealed object, or the chunks the span touches."""
+        if self._layout is None:
+            return [(self.path, start, end)]
         chunks = self._layout.chunks
         first = max(bisect.bisect_right(self._layout.positions, start) - 1, 0)
         spans: list[tuple[str, int, int]] = []
@@ -127,9 +136,7 @@ class SegmentSource:
             lo, hi = max(start, c.position), min(end, c.end)
             if hi > lo:
                 spans.append((c.key, lo - c.position, hi - c.position))
-        if len(spans) == 1:
-            return self.storage.cat(*spans[0])
-        return b"".join(self.storage.cat_spans(spans))
+        return spans
 
     def _check_size(self) -> None:
         """A sealed segment read on its manifest's word: does the object hold what was promised?"""
@@ -358,9 +365,9 @@ class ColdStorage:
         if not requests:
             return []
         sources: dict[str, SegmentSource] = {}
-        out: list[bytes | None] = [None] * len(requests)
-        batch: list[tuple[int, str, int, int]] = []
-        for i, (rel, start, end) in enumerate(requests):
+        wanted: list[tuple[SegmentSource, int, int, int]] = []  # (source, start, end, spans)
+        spans: list[tuple[str, int, int]] = []
+        for rel, start, end in requests:
             src = sources.get(rel)
             if src is None:
                 src = sources[rel] = self.segment(rel)
@@ -369,19 +376,21 @@ class ColdStorage:
                     f"{src.url}: the manifest promises bytes up to {end}, the segment holds {src.size}",
                     path=src.url,
                 )
-            layout = src._layout
-            if layout is None:
-                batch.append((i, src.path, start, end))
-                continue
-            c = layout.chunks[max(bisect.bisect_right(layout.positions, start) - 1, 0)]
-            if end <= c.end:
-                batch.append((i, c.key, start - c.position, end - c.position))
-            else:  # straddles two chunks: rare, read it piecewise
-                out[i] = src.read(start, end)
-        got = self.cat_spans([(path, start, end) for _, path, start, end in batch])
-        for (i, _, _, _), data in zip(batch, got, strict=True):
-            out[i] = data
-        return [b if b is not None else b"" for b in out]
+            mine = src.spans(start, end)  # one chunk, or two when a unit straddles chunks
+            wanted.append((src, start, end, len(mine)))
+            spans.extend(mine)
+        try:
+            got = iter(self.cat_spans(spans))
+        except SegmentNotFoundError:
+            # A chunk gone since the listing: its segment was sealed (or deleted) meanwhile. Read
+            # unit by unit through the sources, which follow a seal and name a deletion.
+            return [src.read(start, end) for src, start, end, _ in wanted]
+        out: list[bytes] = []
+        for src, start, end, count in wanted:
+            data = b"".join(next(got) for _ in range(count))
+            src.expect(start, end, data)
+            out.append(data)
+        return out
 
 
 _OPEN: dict[tuple[str, str], ColdStorage] = {}
