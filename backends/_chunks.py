@@ -56,6 +56,7 @@ __all__ = [
     "Layout",
     "Listing",
     "ObjectInfo",
+    "OverwriteDetectedError",
     "chunk_key",
     "crc32c",
 ]
@@ -77,6 +78,18 @@ def crc32c(data: bytes | memoryview, crc: int = 0) -> int:
     """CRC32C of ``data`` continuing from ``crc`` (google_crc32c's C implementation; it takes
     ``bytes`` only, hence the copy of a memoryview)."""
     return int(google_crc32c.extend(crc, data if isinstance(data, bytes) else bytes(data)))
+
+
+def _same_etag(a: str | None, b: str | None) -> bool:
+    """ETags as servers spell them (quoted or not); unknown on either side counts as equal."""
+    return a is None or b is None or a.strip('"') == b.strip('"')
+
+
+class OverwriteDetectedError(CorruptionError):
+    """A write that relied on a precondition turned out to have landed on top of existing data:
+    the server did not enforce the precondition. Never retried silently."""
+
+    code = "overwrite_detected"
 
 
 class ChunkConflictError(BackendError):
@@ -242,10 +255,6 @@ class ChunkedDriver(SegmentDriver):
         the listing (see :meth:`_write_first`): only when chunk creation is conditional (fails if
         the chunk exists). Off by default."""
         return False
-
-    async def _sealed_exists(self) -> bool:
-        """Whether the sealed object exists. Default: from a listing; S3 asks with one HEAD."""
-        return (await self._list()).sealed is not None
 
     async def _chunk_crcs(self, chunks: Sequence[Chunk]) -> list[int]:
         """CRC32C of each chunk. Default downloads them; S3 reads the CRC stored at write time."""
@@ -464,23 +473,41 @@ class ChunkedDriver(SegmentDriver):
         )
 
     async def _write_first(self, data: bytes) -> bool:
-        """Write ``data`` at position 0 of a segment not looked at yet: create chunk 0 (a
-        conditional PUT) and check for a sealed object at the same time — one round trip and no
-        listing for the common case, a brand-new segment. Returns False when chunk 0 already
-        exists (the caller then decides from a listing, as for any other write)."""
-        put, sealed = await asyncio.gather(
-            self._put_chunk(0, data, None), self._sealed_exists(), return_exceptions=True
-        )
-        if isinstance(put, ChunkConflictError):
+        """Write ``data`` at position 0 of a segment not looked at yet: create chunk 0 with a
+        conditional PUT (no listing first: one round trip for the common case, a brand-new
+        segment), then confirm it with one listing before reporting success. Returns False when
+        chunk 0 already exists (the caller then decides from a listing, as for any other write).
+
+        The confirmation is defence in depth against a server that ignores the precondition
+        although it passed the capability probe: the write only counts if the listing shows our
+        chunk 0 (same ETag and size), alone and with no sealed object. Another writer's chunk 0
+        in its place means ours was replaced (the caller re-decides from the listing, comparing
+        bytes); other chunks beside ours mean the segment existed and the server let a
+        create-only PUT replace its chunk 0 — :class:`OverwriteDetectedError`, never success."""
+        try:
+            put = await self._put_chunk(0, data, None)
+        except ChunkConflictError:
             return False
-        if isinstance(put, BaseException):
-            raise put
-        if isinstance(sealed, BaseException):
-            raise sealed  # chunk 0 may have landed: the caller reconciles from a listing
-        if sealed:
+        listing = await self._list()
+        if listing.sealed is not None:
             # A sealed segment never takes writes: take back the chunk we just added beside it.
-            await self._delete_keys([put.key])
+            mine = [c.key for c in listing.chunks if c.key == put.key and _same_etag(c.etag, put.etag)]
+            if mine:
+                await self._delete_keys(mine)
             raise SegmentSealedError(f"segment {self.path!r} is sealed; writes are refused", path=self.path)
+        ours = [c for c in listing.chunks if c.key == put.key]
+        if not ours or ours[0].size != put.length or not _same_etag(ours[0].etag, put.etag):
+            return False  # replaced (or gone) since our PUT: decide from the listing like any write
+        others = sorted(c.key for c in listing.chunks if c.key != put.key)
+        if others:
+            raise OverwriteDetectedError(
+                f"segment {self.path!r}: a create-only write of chunk 0 succeeded although the segment "
+                f"already held other chunks ({others[0].rsplit('/', 1)[-1]}, ...): the server ignored "
+                "If-None-Match: * and may have replaced committed bytes of chunk 0 (or another writer "
+                "appended at the same moment). Nothing was acknowledged; stop and check the server",
+                path=self.path,
+                chunks=len(listing.chunks),
+            )
         self._layout = Layout(None).with_chunk(put)
         return True
 

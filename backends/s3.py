@@ -36,6 +36,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
+import logging
 import os
 import time
 from collections.abc import Mapping
@@ -60,11 +62,20 @@ from backends._chunks import (
     Layout,
     Listing,
     ObjectInfo,
+    OverwriteDetectedError,
     chunk_key,
     crc32c,
 )
 from backends._objects import listed_paths
-from tierd.errors import BackendError, CorruptionError, InvalidArgumentError, SegmentNotFoundError, TierdError
+from backends.s3probe import S3Capabilities, WritePolicy, cached_probe, decide
+from tierd.errors import (
+    BackendError,
+    CorruptionError,
+    InvalidArgumentError,
+    SegmentNotFoundError,
+    TierdError,
+    UnsafeBackendError,
+)
 from tierd.tiered.segment import DriverRoot, validate_object_prefix, validate_segment_path
 
 if TYPE_CHECKING:
@@ -102,6 +113,7 @@ _CREDENTIAL_CODES = frozenset(
 )
 _NOT_FOUND_CODES = frozenset({"NoSuchKey", "404", "NotFound"})
 _PARALLEL = 8
+log = logging.getLogger(__name__)
 
 
 def _client_error(err: BaseException) -> ClientError | None:
@@ -277,8 +289,9 @@ class S3Root(DriverRoot):
         url: str,
         storage_options: Mapping[str, Any] | None = None,
         *,
-        server_side_copy: bool = True,
-        conditional_writes: bool = True,
+        server_side_copy: bool | None = None,
+        conditional_writes: bool | None = None,
+        single_writer: bool = False,
         min_part_size: int = MIN_PART,
     ) -> None:
         super().__init__(url, storage_options)
@@ -289,18 +302,119 @@ class S3Root(DriverRoot):
             )
         self.bucket = parts.netloc
         self.prefix = parts.path.strip("/")
-        #: Compose sealed objects with UploadPartCopy (False: download and re-upload everything).
-        self.server_side_copy = server_side_copy
-        #: Use If-None-Match / If-Match on chunk PUTs.
-        self.conditional_writes = conditional_writes
         self.min_part_size = min_part_size
+        #: The settings as configured (None = follow the capability probe), and the operator's
+        #: promise that one process writes under this prefix (``backend.single_writer``).
+        self.requested_conditional_writes = conditional_writes
+        self.requested_server_side_copy = server_side_copy
+        self.single_writer = single_writer
+        #: What the driver does, decided by :meth:`check_capabilities` before the first write
+        #: (the values until then are only provisional): compose sealed objects with
+        #: UploadPartCopy (False: download and re-upload), and send If-None-Match / If-Match on
+        #: chunk PUTs.
+        self.server_side_copy = True if server_side_copy is None else server_side_copy
+        self.conditional_writes = True if conditional_writes is None else conditional_writes
+        #: The probe's verdict on this endpoint and bucket (None until probed) and the write
+        #: policy derived from it and the settings.
+        self.capabilities: S3Capabilities | None = None
+        self.policy: WritePolicy | None = None
         self._fs: s3fs.S3FileSystem | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._lock: asyncio.Lock | None = None
+        self._probe_lock: asyncio.Lock | None = None
+
+    def apply_capability_settings(
+        self,
+        *,
+        conditional_writes: bool | None = None,
+        server_side_copy: bool | None = None,
+        single_writer: bool = False,
+    ) -> None:
+        """Apply the ``[backend]`` capability settings (the registry calls this; ``None`` keeps
+        the probe's verdict). Only before the first write."""
+        self.requested_conditional_writes = conditional_writes
+        self.requested_server_side_copy = server_side_copy
+        self.single_writer = single_writer
+        if conditional_writes is not None:
+            self.conditional_writes = conditional_writes
+        if server_side_copy is not None:
+            self.server_side_copy = server_side_copy
+        self.policy = None
+
+    async def check_capabilities(self) -> dict[str, Any]:
+        """Probe the server once (cached per endpoint and bucket, see :mod:`backends.s3probe`),
+        decide the write policy and apply it; every mutating driver call awaits this first.
+
+        Raises :class:`~tierd.errors.UnsafeBackendError` — every time, without I/O after the
+        first — when writing would put committed bytes at risk. Returns
+        :meth:`capability_report`."""
+        if self.policy is None:
+            loop = asyncio.get_running_loop()
+            if self._probe_lock is None or self._loop is not loop:
+                await self.filesystem()  # binds this root (and its locks) to the running loop
+                self._probe_lock = self._probe_lock or asyncio.Lock()
+            async with self._probe_lock:
+                if self.policy is None:
+                    caps = await cached_probe(self)
+                    self._adopt(
+                        caps,
+                        decide(
+                            caps,
+                            conditional_writes=self.requested_conditional_writes,
+                            server_side_copy=self.requested_server_side_copy,
+                            single_writer=self.single_writer,
+                            url=self.url,
+                        ),
+                    )
+        assert self.policy is not None
+        if self.policy.refusal is not None:
+            raise UnsafeBackendError(self.policy.refusal, bucket=self.bucket, endpoint=self.endpoint_url)
+        return self.capability_report() or {}
+
+    def _adopt(self, caps: S3Capabilities, policy: WritePolicy) -> None:
+        self.capabilities, self.policy = caps, policy
+        self.conditional_writes = policy.conditional_writes
+        self.server_side_copy = policy.server_side_copy
+        found = "; ".join(caps.findings) or "behaves like S3"
+        if policy.refusal is not None:
+            log.error("S3 capability probe of %s: %s — writing refused: %s", self, found, policy.refusal)
+            return
+        log.info(
+            "S3 capability probe of %s (%.3f s): %s — %s mode, conditional writes %s, server-side copy %s",
+            self,
+            caps.seconds,
+            found,
+            policy.mode,
+            "on" if policy.conditional_writes else "off",
+            "on" if policy.server_side_copy else "off",
+        )
+        for warning in policy.warnings:
+            log.warning("%s", warning)
+
+    def distrust_preconditions(self, reason: str) -> None:
+        """A write proved that the server did not enforce a precondition although the probe said
+        it did: refuse every further write through this root."""
+        if self.policy is None:
+            return
+        self.policy = dataclasses.replace(
+            self.policy,
+            conditional_writes=False,
+            mode="refused",
+            refusal=f"{reason} (S3 server {self.endpoint_url or 'aws'} passed the capability probe "
+            "but did not enforce a precondition later; writing through it is refused)",
+        )
+        log.error("%s", self.policy.refusal)
+
+    def capability_report(self) -> dict[str, Any] | None:
+        """The probe's verdict and the policy in force, as JSON-able data (for ``/v1/status``,
+        metrics and logs); None before the first write probed the server."""
+        if self.capabilities is None or self.policy is None:
+            return None
+        return {"driver": "s3", **self.capabilities.as_dict(), "policy": self.policy.as_dict()}
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        state["_fs"] = state["_loop"] = state["_lock"] = None
+        state["_fs"] = state["_loop"] = state["_lock"] = state["_probe_lock"] = None
         return state
 
     @property
@@ -328,7 +442,7 @@ class S3Root(DriverRoot):
         loop = asyncio.get_running_loop()
         if self._loop is not loop:
             # Made in another (now finished) loop: its sessions cannot be used or closed here.
-            self._fs, self._loop, self._lock = None, loop, asyncio.Lock()
+            self._fs, self._loop, self._lock, self._probe_lock = None, loop, asyncio.Lock(), asyncio.Lock()
         if self._fs is not None:
             return self._fs
         assert self._lock is not None
@@ -363,7 +477,7 @@ class S3Root(DriverRoot):
 
     async def aclose(self) -> None:
         # docstring inherited
-        fs, self._fs, self._loop, self._lock = self._fs, None, None, None
+        fs, self._fs, self._loop, self._lock, self._probe_lock = self._fs, None, None, None, None
         if fs is not None and fs._s3 is not None:
             client = fs._s3
             fs._s3 = None
@@ -463,6 +577,31 @@ class S3Driver(ChunkedDriver):
         # docstring inherited
         return S3Root(url, storage_options)
 
+    # ------------------------------------------------------------------ mutations: probe first
+    async def create(self) -> None:
+        # docstring inherited
+        await self.root.check_capabilities()
+        await super().create()
+
+    async def write(self, position: int, data: bytes) -> None:
+        # docstring inherited
+        await self.root.check_capabilities()
+        try:
+            await super().write(position, data)
+        except OverwriteDetectedError as e:
+            self.root.distrust_preconditions(str(e))
+            raise
+
+    async def seal(self) -> None:
+        # docstring inherited
+        await self.root.check_capabilities()
+        await super().seal()
+
+    async def delete(self) -> None:
+        # docstring inherited
+        await self.root.check_capabilities()
+        await super().delete()
+
     # ------------------------------------------------------------------ primitives
     async def _list(self) -> Listing:
         prefix = self.key + ".chunks/"
@@ -503,13 +642,6 @@ class S3Driver(ChunkedDriver):
     def _blind_first_write(self) -> bool:
         return self.root.conditional_writes
 
-    async def _sealed_exists(self) -> bool:
-        try:
-            await self.root.call("head_object", key=self.key)
-        except SegmentNotFoundError:
-            return False
-        return True
-
     async def _put_object(self, key: str, data: bytes) -> None:
         await self.root.call("put_object", key=key, Body=data)
 
@@ -524,6 +656,9 @@ class S3Driver(ChunkedDriver):
             raise map_s3_error(e, op="get_object", bucket=self.root.bucket, key=key) from e
         finally:
             body.close()
+        if len(data) != end - start and not resp.get("ContentRange") and len(data) >= end:
+            # A server that ignores Range answers 200 with the whole object (the probe reports it).
+            return data[start:end]
         return data
 
     async def _iter_object(self, key: str) -> AsyncIterator[bytes]:
@@ -542,6 +677,11 @@ class S3Driver(ChunkedDriver):
             body.close()
 
     async def _delete_keys(self, keys: Sequence[str]) -> None:
+        if self.root.policy is not None and not self.root.policy.batch_delete:
+            for key in keys:  # the server does not implement DeleteObjects (see the probe)
+                with contextlib.suppress(SegmentNotFoundError):
+                    await self.root.call("delete_object", key=key)
+            return
         for i in range(0, len(keys), 1000):
             batch = keys[i : i + 1000]
             resp = await self.root.call(
@@ -565,7 +705,8 @@ class S3Driver(ChunkedDriver):
             if c.etag and (c.key, c.etag) in self._written_crcs:
                 return self._written_crcs[(c.key, c.etag)]
             async with sem:
-                head = await self.root.call("head_object", key=c.key)
+                trusted = self.root.policy is None or self.root.policy.trust_crc_metadata
+                head = await self.root.call("head_object", key=c.key) if trusted else {}
                 stored = (head.get("Metadata") or {}).get(CRC_META)
                 if stored:
                     return int(stored, 16)

@@ -233,6 +233,22 @@ class BackendConfig(_Section):
     storage_options: dict[str, Any] = Field(
         default_factory=dict, description="Passed to fsspec/s3fs (endpoint_url, region_name, …)."
     )
+    conditional_writes: bool | None = Field(
+        None,
+        description="s3: send `If-None-Match`/`If-Match` on chunk writes, so no writer can overwrite a "
+        "committed chunk. Unset: what the capability probe found; `true` refuses a server that ignores "
+        "them; `false` needs `single_writer`. See docs/drivers.md.",
+    )
+    server_side_copy: bool | None = Field(
+        None,
+        description="s3: seal segments with `UploadPartCopy` on the server. Unset: what the capability "
+        "probe found; `false`: download and re-upload.",
+    )
+    single_writer: bool = Field(
+        False,
+        description="s3: accept a server that ignores preconditions (or `conditional_writes = false`): "
+        "you promise that exactly one tierd process ever writes under `url`.",
+    )
 
 
 class ServerConfig(_Section):

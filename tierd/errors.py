@@ -130,6 +130,15 @@ class BackendError(TierdError, OSError):
     http_status = 502
 
 
+class UnsafeBackendError(BackendError):
+    """The backend behaves in a way that would let tierd overwrite or lose committed data (an S3
+    server that ignores ``If-None-Match``/``If-Match``, returns wrong bytes for ranged reads, ...).
+    Tiering is refused until the configuration accepts the risk explicitly; the message names
+    what the server did and the setting that opts out. Not retryable by waiting."""
+
+    code = "backend_unsafe"
+
+
 class SegmentNotFoundError(TierdError, FileNotFoundError):
     """The backend has no object/file for the segment."""
 

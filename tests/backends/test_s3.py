@@ -281,12 +281,19 @@ def test_a_stale_writer_cannot_clobber_a_chunk(s3_server: S3Server, s3_bucket: s
     _run(main())
 
 
-def test_first_write_of_a_new_segment_needs_no_listing(s3_server: S3Server, s3_bucket: str) -> None:
-    async def main() -> list[str]:
+def test_first_write_of_a_new_segment_is_a_conditional_put_confirmed_by_one_listing(
+    s3_server: S3Server, s3_bucket: str
+) -> None:
+    async def main() -> list[tuple[str, bool]]:
         async with _root(s3_server, s3_bucket) as root:
+            await root.check_capabilities()  # the probe's own requests are not counted
             fs = await root.filesystem()
-            ops: list[str] = []
-            fs.s3.meta.events.register("before-call.s3", lambda model, **_: ops.append(model.name))
+            ops: list[tuple[str, bool]] = []
+
+            def record(model: Any, params: dict[str, Any], **_: Any) -> None:
+                ops.append((model.name, "if-none-match" in {k.lower() for k in params.get("headers", {})}))
+
+            fs.s3.meta.events.register("before-call.s3", record)
             d = root.driver("fresh")
             await d.write(0, b"abc")
             await d.write(3, b"def")
@@ -294,10 +301,8 @@ def test_first_write_of_a_new_segment_needs_no_listing(s3_server: S3Server, s3_b
             return ops
 
     ops = _run(main())
-    # conditional PUT of chunk 0 + HEAD of the sealed key (in parallel), then a cached append
-    assert ops[:3].count("PutObject") == 2
-    assert "HeadObject" in ops[:3]
-    assert "ListObjectsV2" not in ops[:3]
+    # create-only PUT of chunk 0, one listing that confirms it before success, then a cached append
+    assert ops[:3] == [("PutObject", True), ("ListObjectsV2", False), ("PutObject", True)]
 
 
 def test_first_write_from_a_new_instance_still_sees_existing_chunks_and_seals(

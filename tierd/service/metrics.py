@@ -137,10 +137,32 @@ class StoreCollector(Collector):
         yield _gauge(
             "tierd_cold_tier_ready", "1 once the cold tier loaded its metadata.", tiering.ready.is_set()
         )
+        yield from self._capabilities(store)
         yield from self._dispatch(store)
         yield from self._cache(store)
         yield from self._storage(store)
         yield from self._index(store)
+
+    def _capabilities(self, store: MessageStore) -> Iterator[Metric]:
+        assert store.tiering is not None
+        yield _gauge(
+            "tierd_backend_writes_refused",
+            "1 when tiering is refused because the backend could overwrite committed data.",
+            store.tiering.refused is not None,
+        )
+        report = store.tiering.root.capability_report()
+        if report is None:
+            return
+        family = GaugeMetricFamily(
+            "tierd_backend_capability",
+            "Backend capability probe verdict per feature (1 = behaves like S3).",
+            labels=["capability"],
+        )
+        for name, value in sorted(report.items()):
+            if isinstance(value, bool):
+                family.add_metric([name], float(value))
+        family.add_metric(["range_reads"], float(report.get("range_reads") == "exact"))
+        yield family
 
     def _dispatch(self, store: MessageStore) -> Iterator[Metric]:
         assert store.tiering is not None

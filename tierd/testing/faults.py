@@ -28,7 +28,7 @@ import asyncio
 import enum
 import random
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, NamedTuple, TypeVar
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 from tierd.errors import BackendError
 from tierd.tiered.segment import (
@@ -190,6 +190,14 @@ class FaultyRoot(DriverRoot):
     async def aclose(self) -> None:
         # docstring inherited
         await self.inner.aclose()
+
+    async def check_capabilities(self) -> Mapping[str, Any] | None:
+        # docstring inherited — never faulted: the verdict is the wrapped backend's
+        return await self.inner.check_capabilities()
+
+    def capability_report(self) -> Mapping[str, Any] | None:
+        # docstring inherited
+        return self.inner.capability_report()
 
     def calls_of(self, method: str) -> list[Call]:
         """The recorded calls of one method."""

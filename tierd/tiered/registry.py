@@ -13,7 +13,7 @@ from __future__ import annotations
 from importlib import metadata
 from typing import TYPE_CHECKING
 
-from tierd.errors import DriverDependencyError, DriverNotFoundError
+from tierd.errors import ConfigError, DriverDependencyError, DriverNotFoundError
 from tierd.tiered.segment import SegmentDriver
 
 if TYPE_CHECKING:
@@ -84,8 +84,31 @@ def open_driver_factory(config: BackendConfig) -> DriverRoot:
     """The :class:`~tierd.tiered.segment.DriverRoot` for a ``[backend]`` section: call
     ``root.driver(path)`` for each segment, ``await root.aclose()`` at shutdown. No I/O happens
     until a driver is used, so bad credentials or endpoints surface on first use as
-    :class:`~tierd.errors.BackendError`."""
-    return load_driver(config.name).open_root(config.url, config.storage_options)
+    :class:`~tierd.errors.BackendError`. The capability settings (``conditional_writes``,
+    ``server_side_copy``, ``single_writer``) go to roots that probe their server."""
+    root = load_driver(config.name).open_root(config.url, config.storage_options)
+    settings: dict[str, bool] = {
+        name: value
+        for name, value in (
+            ("conditional_writes", config.conditional_writes),
+            ("server_side_copy", config.server_side_copy),
+        )
+        if value is not None
+    }
+    if config.single_writer:
+        settings["single_writer"] = True
+    if settings:
+        # Capability settings exist for drivers that probe their server (s3); elsewhere they
+        # would be silently meaningless, so they are refused.
+        apply = getattr(root, "apply_capability_settings", None)
+        if apply is None:
+            raise ConfigError(
+                f"backend.{', backend.'.join(sorted(settings))} only apply to the s3 driver, "
+                f"not to {config.name!r}",
+                name=config.name,
+            )
+        apply(**settings)
+    return root
 
 
 def backend_for_url(url: str, base: BackendConfig) -> BackendConfig:

@@ -309,6 +309,20 @@ class DriverRoot(ABC):
     async def aclose(self) -> None:  # noqa: B027 — optional hook, empty on purpose
         """Release shared resources (network clients). Idempotent. Default: nothing to release."""
 
+    async def check_capabilities(self) -> Mapping[str, Any] | None:
+        """Make sure this backend can be written without risking committed bytes, before the
+        first write (the tiering service calls it at start-up; drivers that probe also call it
+        before their first mutation). Returns the backend's verdict as JSON-able data (see
+        :meth:`capability_report`), or None when the driver has nothing to check (the default).
+        Raises :class:`~tierd.errors.UnsafeBackendError` when writing must be refused, and
+        :class:`~tierd.errors.BackendError` when the backend cannot be reached (retry)."""
+        return None
+
+    def capability_report(self) -> Mapping[str, Any] | None:
+        """The last verdict of :meth:`check_capabilities` (for ``/v1/status`` and metrics), or
+        None when nothing was checked yet or there is nothing to check. Never does I/O."""
+        return None
+
     async def __aenter__(self) -> Self:
         return self
 

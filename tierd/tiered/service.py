@@ -14,7 +14,14 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from tierd.errors import BackendError, CorruptionError, InvalidArgumentError, NotFoundError, TierdError
+from tierd.errors import (
+    BackendError,
+    CorruptionError,
+    InvalidArgumentError,
+    NotFoundError,
+    TierdError,
+    UnsafeBackendError,
+)
 from tierd.tiered.dispatcher import Dispatcher
 from tierd.tiered.flatstore import FlatFileStore
 from tierd.tiered.index import ColdIndexService
@@ -58,6 +65,10 @@ class TieringService:
         self._manifest_lock = asyncio.Lock()
         self.ready = asyncio.Event()
         self.start_error: Exception | None = None
+        #: Set when the backend's capability check refuses writes (an S3 server that ignores
+        #: preconditions, without ``backend.single_writer``): nothing is tiered, the hot store
+        #: keeps everything, cold reads of what is already there still work.
+        self.refused: UnsafeBackendError | None = None
         self._tasks: list[asyncio.Task[None]] = []
         hot.delete_guard = self.dispatcher.allows_delete
 
@@ -68,6 +79,7 @@ class TieringService:
         delay = 0.5
         while True:
             try:
+                await self._check_backend()
                 n = await self.flat.load()
                 break
             except Exception as e:
@@ -81,12 +93,29 @@ class TieringService:
         self.flat.index_infos = self.index.uploaded_infos
         self.start_error = None
         self._align_hot_queues()
-        self.dispatcher.after_round = self._write_manifests
-        await self._write_manifests()
+        if self.refused is None:
+            self.dispatcher.after_round = self._write_manifests
+            await self._write_manifests()
         log.info("cold tier ready: %d queue(s) loaded from metadata, backend %r", n, self.root)
         self.ready.set()
+        if self.refused is not None:
+            log.error(
+                "tiering refused — nothing is written to %r; the hot store keeps accepting and keeping "
+                "messages (no hot retention) and cold reads still work: %s",
+                self.root,
+                self.refused,
+            )
+            return
         self._tasks.append(asyncio.create_task(self.dispatcher.run(), name="tierd-dispatcher"))
         self._tasks.append(asyncio.create_task(self._maintenance(), name="tierd-tiering-maintenance"))
+
+    async def _check_backend(self) -> None:
+        """The backend's capability check before any write (an S3 probe); a refusal is kept in
+        :attr:`refused`, other failures propagate to the start-up retry loop."""
+        try:
+            await self.root.check_capabilities()
+        except UnsafeBackendError as e:
+            self.refused = e
 
     async def apply_retention(self, now_ms: int | None = None) -> int:
         """Expire cold segments older than each topic's reserve time (``tiered.file_reserved_time``
@@ -176,6 +205,8 @@ class TieringService:
         """Commit everything pending to the cold tier now (waits for start-up first), then bring
         the bucket manifests up to date."""
         await asyncio.wait_for(self.ready.wait(), timeout)
+        if self.refused is not None:
+            raise self.refused
         n = await self.dispatcher.tier_now()
         await self._write_manifests()
         return n
@@ -193,7 +224,10 @@ class TieringService:
     async def close(self, grace: float = 30.0) -> None:
         """Stop the loop, try to commit what is pending within ``grace`` seconds, save metadata."""
         self.dispatcher.stop()
-        if self.ready.is_set() and grace > 0:  # grace 0: a short-lived admin command, not a shutdown
+        writable = self.refused is None
+        if (
+            self.ready.is_set() and grace > 0 and writable
+        ):  # grace 0: a short-lived admin command, not a shutdown
             try:
                 await asyncio.wait_for(self.dispatcher.tier_now(), grace)
             except TimeoutError:
@@ -205,8 +239,10 @@ class TieringService:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        if self.ready.is_set():
+        if self.ready.is_set() and writable:
             await self.index.close()
             await self.flat.save()
             await self._write_manifests()
+        elif self.ready.is_set():
+            await self.flat.save()  # local metadata only: the backend takes no writes
         await self.root.aclose()
