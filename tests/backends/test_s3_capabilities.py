@@ -10,7 +10,7 @@ later must be caught by the confirmation of blind first writes.
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import pytest
 
@@ -30,6 +30,8 @@ from ..tiered.conftest import cold_config
 if TYPE_CHECKING:
     from collections.abc import Coroutine, Iterator
     from pathlib import Path
+
+    from tierd.store import MessageStore
 
 
 def _run(coro: Coroutine[Any, Any, Any]) -> Any:
@@ -273,7 +275,9 @@ def test_the_service_refuses_to_tier_and_keeps_every_message(
         with pytest.raises(UnsafeBackendError, match="single_writer"):
             store.tier_now()
         assert isinstance(store.tiering.refused, UnsafeBackendError)
-        metrics = ServiceMetrics(lambda: store, lambda: False).render().decode()
+        # The collector reads the parts both facades share (hot store, router, tiering).
+        shared = cast("MessageStore", store)
+        metrics = ServiceMetrics(lambda: shared, lambda: False).render().decode()
         assert "tierd_backend_writes_refused 1.0" in metrics
         assert 'tierd_backend_capability{capability="conditional_create"} 0.0' in metrics
         assert 'tierd_backend_capability{capability="server_side_copy"} 1.0' in metrics
