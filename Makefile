@@ -39,3 +39,10 @@ bench: $(STAMP)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .mypy_cache .ruff_cache .pytest_cache
+
+# LocalStack's S3 in host mode (no Docker) on 127.0.0.1:4566, in its own venv (.venv-localstack)
+# with a Python >= 3.12 found on the machine. The tests start their own on a free port, from
+# `make test`; see localstack/README.md.
+.PHONY: localstack
+localstack: $(STAMP)
+	$(BIN)/python -m tierd.testing.localstack --port 4566 --dir data/localstack

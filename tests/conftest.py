@@ -22,6 +22,7 @@ def _isolated_environment(monkeypatch: pytest.MonkeyPatch) -> None:
 # Real S3 servers as subprocesses on free ports, started once per test session and shared by
 # every test that asks for them (drivers now; tiering, Spark and service tests later). Tests
 # isolate themselves with a fresh bucket each (``s3_bucket``), never by restarting a server.
+from tierd.testing.localstack import start_localstack  # noqa: E402
 from tierd.testing.s3server import S3Server, create_bucket, start_moto, start_seaweedfs  # noqa: E402
 
 
@@ -41,7 +42,16 @@ def seaweedfs_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Ser
     server.stop()
 
 
-@pytest.fixture(scope="session", params=["moto", "seaweedfs"])
+@pytest.fixture(scope="session")
+def localstack_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
+    """LocalStack's S3 in host mode (issue 21): installed into its own venv on first use, with a
+    Python >= 3.12 found on the machine; fails loudly when that is impossible."""
+    server = start_localstack(tmp_path_factory.mktemp("localstack"))
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session", params=["moto", "seaweedfs", "localstack"])
 def s3_server(request: pytest.FixtureRequest) -> S3Server:
     """Each S3 server in turn: tests using it run once per server."""
     server: S3Server = request.getfixturevalue(f"{request.param}_server")
