@@ -445,6 +445,16 @@ class SegmentDriverTests(ObjectApiTests):
         assert self.driver_cls.supports_append is not self.driver_cls.needs_seal
 
     @async_test
+    async def test_capability_check_is_repeatable_and_leaves_nothing_visible(self, root: DriverRoot) -> None:
+        # A driver that probes its backend (S3) does it in scratch objects hidden from listings.
+        report = await root.check_capabilities()
+        assert report is None or dict(report) == dict(root.capability_report() or {})
+        assert await root.check_capabilities() == report  # cached: the same verdict again
+        assert await root.list_objects("") == []
+        await root.driver(PATH).write(0, b"abc")  # and writing works after it
+        assert await root.list_objects("") == [PATH]
+
+    @async_test
     async def test_missing_segment_does_not_exist(self, root: DriverRoot) -> None:
         assert await root.driver(PATH).exists() is False
         assert self.backdoor_objects(PATH) == []
