@@ -285,3 +285,44 @@ def test_the_service_refuses_to_tier_and_keeps_every_message(
             b"m%d" % i for i in range(10)
         ]
     assert _keys(moto_server, bucket) == []  # not one object: no segment, no manifest
+
+
+def test_an_s3rver_like_server_is_usable_only_in_single_writer_mode(moto_server: S3Server) -> None:
+    """s3rver 3.7.1 as measured in issue 21: preconditions ignored, 501 for UploadPartCopy and
+    ListMultipartUploads, whole objects for ranges. Refused by default; with single_writer the
+    seal downloads and re-uploads, reads slice, and the bytes come back exact."""
+    bucket = create_bucket(moto_server)
+    unimplemented = frozenset({"UploadPartCopy", "ListMultipartUploads"})
+    big = 6 * 1024 * 1024  # chunks big enough that S3 would copy them on the server
+
+    async def main(options: dict[str, Any]) -> tuple[list[str], dict[str, Any]]:
+        async with S3Root(f"s3://{bucket}/cold", options) as refused:
+            with pytest.raises(UnsafeBackendError, match="single_writer"):
+                await refused.driver("seg").write(0, b"x")
+        async with S3Root(f"s3://{bucket}/cold", options, single_writer=True) as root:
+            d = root.driver("seg")
+            await d.write(0, b"a" * big)
+            await d.write(big, b"b" * big)
+            await d.write(2 * big, b"tail")
+            fs = await root.filesystem()
+            ops: list[str] = []
+            fs.s3.meta.events.register("before-call.s3", lambda model, **_: ops.append(model.name))
+            await d.seal()
+            assert await d.read(ByteRange(big - 2, 4)) == b"aabb"
+            assert await d.read(ByteRange(2 * big, 4)) == b"tail"
+            return ops, dict(root.capability_report() or {})
+
+    with PreconditionStrippingProxy(moto_server, strip_ranges=True, not_implemented=unimplemented) as p:
+        try:
+            ops, report = _run(main(p.storage_options))
+        finally:
+            forget_probes()
+    assert "UploadPartCopy" not in ops
+    assert ops.count("UploadPart") == 3  # download-and-reupload seal
+    assert report["server_side_copy"] is False
+    assert report["multipart_listing"] is False
+    assert report["range_reads"] == "whole-object"
+    assert report["policy"]["mode"] == "single-writer"
+    findings = " | ".join(report["findings"])
+    assert "does not implement UploadPartCopy (HTTP 501 NotImplemented)" in findings
+    assert "does not implement ListMultipartUploads" in findings

@@ -6,7 +6,8 @@ Several "S3-compatible" servers (s3rver, older MinIO and SeaweedFS releases, som
 exactly that, so tests can show that the capability probe refuses such a server and that nothing
 committed is overwritten — without installing the misbehaving server itself.
 
-``strip_ranges`` also drops ``Range`` from GETs (a server answering ranges with whole objects).
+``strip_ranges`` also drops ``Range`` from GETs (a server answering ranges with whole objects), and
+``not_implemented`` answers ``UploadPartCopy`` / ``ListMultipartUploads`` with 501, as s3rver does.
 ``honour(key)`` makes a *lying* server: preconditions on keys it accepts reach the upstream (the
 probe's scratch keys, say) and are stripped everywhere else — a server that passes the probe and
 misbehaves later, for the defence-in-depth tests.
@@ -41,10 +42,18 @@ class PreconditionStrippingProxy:
     """Forward to ``upstream`` (an S3 server), dropping write preconditions (see module doc)."""
 
     def __init__(
-        self, upstream: S3Server, *, honour: Callable[[str], bool] | None = None, strip_ranges: bool = False
+        self,
+        upstream: S3Server,
+        *,
+        honour: Callable[[str], bool] | None = None,
+        strip_ranges: bool = False,
+        not_implemented: frozenset[str] = frozenset(),
     ) -> None:
         self.upstream = upstream
         self.honour = honour
+        #: Operations answered ``501 NotImplemented`` like s3rver does: any of
+        #: ``UploadPartCopy``, ``ListMultipartUploads``.
+        self.not_implemented = not_implemented
         #: Also drop ``Range`` from GETs: a server that answers every ranged read with the whole
         #: object (s3rver does for ``bytes=0-0``).
         self.strip_ranges = strip_ranges
@@ -111,8 +120,31 @@ class PreconditionStrippingProxy:
                 length = int(self.headers.get("Content-Length") or 0)
                 return self.rfile.read(length) if length else b""
 
+            def _operation(self) -> str:
+                query = urlsplit(self.path).query
+                if self.command == "PUT" and "uploadId=" in query and "x-amz-copy-source" in self.headers:
+                    return "UploadPartCopy"
+                if self.command == "GET" and "uploads" in query.split("&") + query.split("="):
+                    return "ListMultipartUploads"
+                return self.command
+
+            def _refuse(self, operation: str) -> None:
+                data = (
+                    '<?xml version="1.0" encoding="UTF-8"?><Error><Code>NotImplemented</Code>'
+                    f"<Message>{operation} is not implemented</Message></Error>"
+                ).encode()
+                self.send_response(501, "Not Implemented")
+                self.send_header("Content-Type", "application/xml")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
             def _forward(self) -> None:
                 body = self._body()
+                operation = self._operation()
+                if operation in proxy.not_implemented:
+                    self._refuse(operation)
+                    return
                 headers = {k: v for k, v in self.headers.items() if k.lower() not in _HOP}
                 if proxy._strip(self.command, self.path):
                     for name in list(headers):
