@@ -204,6 +204,13 @@ class TieredConfig(_Section):
         description="Idle expiry of cached batches (s).",
         json_schema_extra=_rmq("readAheadCacheExpireDuration"),
     )
+    filter_read_gap: int = Field(
+        8 * KiB,
+        ge=0,
+        description="Tag-filtered cold reads fetch only matching records; two matching records "
+        "at most this many bytes apart are fetched with one ranged read (the bytes between are "
+        "read through) instead of one read each.",
+    )
     file_reserved_time: float = Field(
         72.0,
         gt=0,
@@ -258,6 +265,13 @@ class ServerConfig(_Section):
     port: int = Field(8080, ge=0, le=65535, description="Bind port (0 = any free port).")
     token: str | None = Field(None, description="Bearer token required by every route but health.")
     shutdown_grace: float = Field(30.0, ge=0, description="Seconds to finish tiering on SIGTERM.")
+    long_poll_max_ms: int = Field(
+        30_000,
+        ge=0,
+        le=3_600_000,
+        description="Longest long poll a read may ask for (`wait_ms`, ms); longer is a 400. "
+        "0 turns long polling off.",
+    )
 
 
 class LogConfig(_Section):

@@ -183,3 +183,22 @@ class NotFoundError(TierdError, LookupError):
 
     code = "not_found"
     http_status = 404
+
+
+# --------------------------------------------------------------------------- consumers
+class InvalidSubscriptionError(InvalidArgumentError):
+    """A tag subscription expression that does not parse (``tags="paid || refunded"``)."""
+
+    code = "invalid_subscription"
+
+
+class InvalidGroupError(InvalidArgumentError):
+    """A consumer group name that breaks the naming rules, or one group too many."""
+
+    code = "invalid_group"
+
+
+class OffsetOutOfRangeError(InvalidRangeError):
+    """An offset to commit or reset to lies outside the queue's readable range."""
+
+    code = "offset_out_of_range"

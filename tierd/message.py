@@ -157,6 +157,8 @@ class GetStatus(enum.Enum):
     OFFSET_OVERFLOW_ONE = "OFFSET_OVERFLOW_ONE"
     OFFSET_OVERFLOW_BADLY = "OFFSET_OVERFLOW_BADLY"
     OFFSET_FOUND_NULL = "OFFSET_FOUND_NULL"
+    #: A filtered read (``tags=``) examined units but none matched; ``next_offset`` is past them.
+    NO_MATCHED_MESSAGE = "NO_MATCHED_MESSAGE"
 
 
 class ReadPolicy(enum.Enum):

@@ -22,6 +22,7 @@ from tierd.tiered.fetcher import ColdFetcher
 if TYPE_CHECKING:
     from tierd.config import TierdConfig
     from tierd.local.store import HotStore
+    from tierd.subscription import TagFilter
     from tierd.tiered.flatmessage import FlatMessageFile
     from tierd.tiered.service import TieringService
 
@@ -85,7 +86,13 @@ class TierRouter:
         return False
 
     async def get(
-        self, topic: str, queue_id: int, offset: int, max_count: int, policy: ReadPolicy
+        self,
+        topic: str,
+        queue_id: int,
+        offset: int,
+        max_count: int,
+        policy: ReadPolicy,
+        tags: TagFilter | None = None,
     ) -> GetResult:
         check_topic(topic)
         check_queue(queue_id, self.cfg.store.max_queues)
@@ -94,6 +101,8 @@ class TierRouter:
         if not isinstance(max_count, int) or isinstance(max_count, bool) or max_count < 1:
             raise InvalidArgumentError(f"max_count must be a positive integer, got {max_count!r}")
         max_count = min(max_count, MAX_GET_COUNT)
+        if tags is not None and tags.matches_all:
+            tags = None
         known, lo, hi = self.bounds(topic, queue_id)
         if not known:
             return GetResult(GetStatus.NO_MATCHED_LOGIC_QUEUE, (), 0, 0, 0, "hot")
@@ -109,7 +118,7 @@ class TierRouter:
             ff = self.cold_file(topic, queue_id)
             assert ff is not None
             try:
-                msgs = await self.fetcher.read(ff, offset, max_count)
+                msgs, nxt = await self._read_cold(ff, offset, max_count, tags)
             except TierdError as e:
                 self.fallbacks += 1
                 cq = self.hot.queue(topic, queue_id)
@@ -131,10 +140,20 @@ class TierRouter:
                 )
             else:
                 self.reads["cold"] += 1
-                return GetResult(GetStatus.FOUND, tuple(msgs), offset + len(msgs), lo, hi, "cold")
+                status = GetStatus.FOUND if msgs else GetStatus.NO_MATCHED_MESSAGE
+                return GetResult(status, tuple(msgs), nxt, lo, hi, "cold")
         self.reads["hot"] += 1
-        r = self.hot.get(topic, queue_id, offset, max_count)
+        r = self.hot.get(topic, queue_id, offset, max_count, tags)
         return GetResult(r.status, r.messages, r.next_offset, lo, hi, "hot")
+
+    async def _read_cold(
+        self, ff: FlatMessageFile, offset: int, max_count: int, tags: TagFilter | None
+    ) -> tuple[list[MessageExt], int]:
+        """Messages from the cold tier and where to continue (past filtered units with ``tags``)."""
+        if tags is None:
+            msgs = await self.fetcher.read(ff, offset, max_count)
+            return msgs, offset + len(msgs)
+        return await self.fetcher.read_filtered(ff, offset, max_count, tags)
 
     def min_offset(self, topic: str, queue_id: int) -> int:
         return self.bounds(topic, queue_id)[1]

@@ -8,15 +8,20 @@ owns lifecycle; it holds no data structures of its own.
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from tierd.errors import InvalidArgumentError, StoreClosedError
+from tierd.groups import ConsumerGroups, GroupInfo
 from tierd.inventory import QueueInfo, SegmentRow, check_kind, live_segments, queue_infos
 from tierd.local.store import HotStore, PutBatchResult
-from tierd.message import GetResult, Message, MessageExt, PutResult, ReadPolicy
+from tierd.longpoll import ArrivalNotifier
+from tierd.message import GetResult, GetStatus, Message, MessageExt, PutResult, ReadPolicy
+from tierd.offsets import ConsumerOffsets, check_group
 from tierd.router import TierRouter
+from tierd.subscription import TagFilter, parse_tags
 from tierd.tiered.restore import Progress, RestoreReport
 from tierd.tiered.restore import restore as restore_from_bucket
 from tierd.tiered.service import TieringService
@@ -32,6 +37,11 @@ if TYPE_CHECKING:
 MAX_TIMESTAMP = 2**63 - 1
 T = TypeVar("T")
 Boundary = Literal["lower", "upper"]
+log = logging.getLogger(__name__)
+#: Statuses after which a long poll waits: the read is caught up (nothing to return yet).
+_CAUGHT_UP = frozenset(
+    {GetStatus.OFFSET_OVERFLOW_ONE, GetStatus.NO_MESSAGE_IN_QUEUE, GetStatus.NO_MATCHED_LOGIC_QUEUE}
+)
 
 
 def _policy(policy: ReadPolicy | str | None, default: str) -> ReadPolicy:
@@ -62,6 +72,13 @@ class _StoreCore:
         #: The cold tier (None when ``tiered.enabled`` is false).
         self.tiering = tiering
         self.router = TierRouter(cfg, hot, tiering)
+        #: Committed consumer offsets (``{store.dir}/config/consumer-offsets.json``).
+        self.offsets = ConsumerOffsets(cfg.store.dir)
+        self.consumers = ConsumerGroups(self.offsets, self.router, self.topics, cfg.store.max_queues)
+        #: Long-poll waiters, woken by the hot store's dispatch thread.
+        self.arrivals = ArrivalNotifier()
+        hot.listen_dispatched(self.arrivals.arrived)
+        self._offsets_mirror: asyncio.Task[None] | None = None
 
     def _hot(self) -> HotStore:
         if self.hot.closed:
@@ -69,12 +86,71 @@ class _StoreCore:
         return self.hot
 
     def _get(
-        self, topic: str, queue_id: int, offset: int, max_count: int, policy: ReadPolicy | str | None
+        self,
+        topic: str,
+        queue_id: int,
+        offset: int,
+        max_count: int,
+        policy: ReadPolicy | str | None,
+        tags: str | TagFilter | None = None,
     ) -> Coroutine[Any, Any, GetResult]:
         self._hot()
         return self.router.get(
-            topic, queue_id, offset, max_count, _policy(policy, self.config.tiered.storage_level)
+            topic,
+            queue_id,
+            offset,
+            max_count,
+            _policy(policy, self.config.tiered.storage_level),
+            parse_tags(tags),
         )
+
+    def _check_wait(self, wait_ms: int) -> int:
+        bound = self.config.server.long_poll_max_ms
+        if not isinstance(wait_ms, int) or isinstance(wait_ms, bool) or not 0 <= wait_ms <= bound:
+            raise InvalidArgumentError(
+                f"wait_ms must be an integer in [0, {bound}] (server.long_poll_max_ms), got {wait_ms!r}",
+                wait_ms=repr(wait_ms),
+            )
+        return wait_ms
+
+    async def _get_waiting(
+        self,
+        topic: str,
+        queue_id: int,
+        offset: int,
+        max_count: int,
+        policy: ReadPolicy | str | None,
+        tags: str | TagFilter | None,
+        wait_ms: int,
+    ) -> GetResult:
+        """A read that, when caught up, waits up to ``wait_ms`` for a matching message: woken by
+        each arrival in the queue (no polling), it reads again and returns what matches; at the
+        deadline (or when the store drains) it returns the last, empty, result — whose
+        ``next_offset`` has moved past whatever did not match."""
+        flt = parse_tags(tags)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait_ms / 1000
+        key = (topic, queue_id)
+        while True:
+            arrival = self.arrivals.register(key)
+            try:
+                r = await self._get(topic, queue_id, offset, max_count, policy, flt)
+                unmatched = r.status is GetStatus.NO_MATCHED_MESSAGE
+                if r.messages or not (r.status in _CAUGHT_UP or unmatched):
+                    return r
+                left = deadline - loop.time()
+                if left <= 0 or self.arrivals.released:
+                    return r
+                if unmatched:
+                    offset = r.next_offset
+                    if offset < r.max_offset:
+                        continue  # nothing matched in the units scanned, but more are there
+                try:
+                    await asyncio.wait_for(arrival, left)
+                except TimeoutError:
+                    return r
+            finally:
+                self.arrivals.unregister(key, arrival)
 
     def _query(
         self, topic: str, key: str, max_count: int, begin: int, end: int
@@ -104,6 +180,53 @@ class _StoreCore:
     def _earliest_time(self, topic: str, queue_id: int) -> Coroutine[Any, Any, int]:
         self._hot()
         return self.router.earliest_time(topic, queue_id)
+
+    # Consumer groups (docs/reading.md, "Consumer groups"): reads shared by both facades.
+    def committed_offsets(self, group: str) -> dict[tuple[str, int], int]:
+        """The group's committed offsets by (topic, queue id); empty for an unknown group."""
+        self._hot()
+        return self.offsets.get(check_group(group))
+
+    def consumer_groups(self, group: str | None = None) -> list[GroupInfo]:
+        """Every consumer group (or one) with, per queue of the topics it consumes, the
+        committed offset, the queue's range and the lag (max offset − committed)."""
+        self._hot()
+        return self.consumers.info(group)
+
+    def _start_consumers(self) -> None:
+        """On the store's loop: mirror committed offsets to the bucket (with a cold tier)."""
+        if self.tiering is not None and self._offsets_mirror is None:
+            self._offsets_mirror = asyncio.get_running_loop().create_task(
+                self._mirror_offsets(), name="tierd-offsets-mirror"
+            )
+
+    async def _mirror_offsets(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.tiered.manifest_interval)
+            await self._upload_offsets()
+
+    async def _upload_offsets(self) -> None:
+        """Put the committed offsets in the bucket if they changed (restore brings them back)."""
+        t = self.tiering
+        if t is None or not t.ready.is_set():
+            return
+        try:
+            await self.offsets.upload(t.root, self.config.tiered.cluster, self.config.tiered.broker)
+        except Exception as e:  # the local file is the truth; the copy is retried
+            log.warning("uploading consumer offsets to the bucket failed (%s); retrying later", e)
+
+    async def _stop_consumers(self) -> None:
+        """Release long polls, stop the mirror, upload the offsets one last time."""
+        self.arrivals.release()
+        task, self._offsets_mirror = self._offsets_mirror, None
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        await self._upload_offsets()
+
+    def release_waiters(self) -> None:
+        """End every long poll now and make new reads return at once (the daemon drains)."""
+        self.arrivals.release()
 
     def topics(self) -> dict[str, list[int]]:
         """Topic → queue ids, across both tiers (a topic whose hot files expired stays listed)."""
@@ -178,8 +301,17 @@ class MessageStore(_StoreCore):
         offset: int,
         max_count: int = 32,
         policy: ReadPolicy | str | None = None,
+        *,
+        tags: str | TagFilter | None = None,
+        wait_ms: int = 0,
     ) -> GetResult:
-        return await self._get(topic, queue_id, offset, max_count, policy)
+        """Up to ``max_count`` messages from ``offset``. ``tags``: a subscription expression
+        (``"paid || refunded"``; ``"*"`` or None: every message) — other messages are skipped
+        before they are read, ``next_offset`` moves past them. ``wait_ms``: when caught up,
+        wait that long (≤ ``server.long_poll_max_ms``) for a matching message (docs/reading.md)."""
+        if self._check_wait(wait_ms):
+            return await self._get_waiting(topic, queue_id, offset, max_count, policy, tags, wait_ms)
+        return await self._get(topic, queue_id, offset, max_count, policy, tags)
 
     async def offset_for_time(
         self, topic: str, queue_id: int, timestamp: int, boundary: str = "lower"
@@ -189,6 +321,39 @@ class MessageStore(_StoreCore):
 
     async def earliest_time(self, topic: str, queue_id: int) -> int:
         return await self._earliest_time(topic, queue_id)
+
+    async def commit_offset(self, group: str, topic: str, queue_id: int, offset: int) -> None:
+        """Commit ``offset`` (the next to read) for ``group`` on ``topic``/``queue_id``; durable
+        when this returns. OffsetOutOfRangeError beyond the queue's max offset."""
+        self._hot()
+        key = self.consumers.check_commit(group, topic, queue_id, offset)
+        await asyncio.to_thread(self.offsets.commit, group, {key: offset})
+
+    async def reset_offsets(
+        self,
+        group: str,
+        topic: str,
+        to: str,
+        *,
+        timestamp: int | None = None,
+        offset: int | None = None,
+        queue_id: int | None = None,
+    ) -> dict[tuple[str, int], int]:
+        """Move ``group`` on ``topic`` (every queue, or ``queue_id``) to the ``earliest`` or
+        ``latest`` offset, the first stored at/after ``timestamp`` (ms), or ``offset`` (one
+        queue, inside its range). Returns the offsets set. Stop the group's consumers first:
+        a consumer still running commits its own position over the reset."""
+        self._hot()
+        plan = await self.consumers.reset_plan(
+            group, topic, to, timestamp=timestamp, offset=offset, queue_id=queue_id
+        )
+        await asyncio.to_thread(self.offsets.commit, group, plan)
+        return plan
+
+    async def delete_group(self, group: str, topic: str | None = None) -> int:
+        """Forget ``group``'s offsets (or only those of ``topic``); returns queues forgotten."""
+        self._hot()
+        return await asyncio.to_thread(self.offsets.delete, check_group(group), topic)
 
     async def wait_ready(self, timeout: float = 30.0) -> None:
         """Wait until the cold tier has loaded (no-op without one): until then reads and
@@ -225,12 +390,15 @@ class MessageStore(_StoreCore):
         if self.tiering is None:
             return 0
         await asyncio.to_thread(self._hot().wait_dispatched, 30)
-        return await self.tiering.tier_now()
+        n = await self.tiering.tier_now()
+        await self._upload_offsets()
+        return n
 
     async def close(self, grace: float | None = None) -> None:
         """Close both tiers; pending messages get ``grace`` seconds (default
         ``server.shutdown_grace``) to reach the cold tier, the rest goes at the next start."""
         await self.router.fetcher.aclose()
+        await self._stop_consumers()
         if self.tiering is not None:
             await self.tiering.close(self.config.server.shutdown_grace if grace is None else grace)
             self.tiering = self.router.tiering = None
@@ -254,6 +422,7 @@ class _Opener:
 
     async def _open(self) -> MessageStore:
         self._store = await _open_async(MessageStore, self._cfg)
+        self._store._start_consumers()
         return self._store
 
     def __await__(self) -> Generator[object, None, MessageStore]:
@@ -296,7 +465,9 @@ class BlockingMessageStore(_StoreCore):
         except BaseException:
             loop.stop()
             raise
-        return cls(cfg, inner.hot, inner.tiering, loop)
+        store = cls(cfg, inner.hot, inner.tiering, loop)
+        loop.run(_started(store))
+        return store
 
     @staticmethod
     def restore(cfg: TierdConfig, progress: Progress | None = None) -> RestoreReport:
@@ -308,7 +479,9 @@ class BlockingMessageStore(_StoreCore):
         if self.tiering is None or self._loop is None:
             return 0
         self._hot().wait_dispatched(30)
-        return self._loop.run(self.tiering.tier_now())
+        n = self._loop.run(self.tiering.tier_now())
+        self._loop.run(self._upload_offsets())
+        return n
 
     def put(self, message: Message) -> PutResult:
         res, fut = self.hot.put(message)  # the hot store checks it is open
@@ -329,8 +502,14 @@ class BlockingMessageStore(_StoreCore):
         offset: int,
         max_count: int = 32,
         policy: ReadPolicy | str | None = None,
+        *,
+        tags: str | TagFilter | None = None,
+        wait_ms: int = 0,
     ) -> GetResult:
-        return self._run(self._get(topic, queue_id, offset, max_count, policy))
+        """See :meth:`MessageStore.get` (``tags``, ``wait_ms``: the calling thread waits)."""
+        if self._check_wait(wait_ms):
+            return self._run_any(self._get_waiting(topic, queue_id, offset, max_count, policy, tags, wait_ms))
+        return self._run(self._get(topic, queue_id, offset, max_count, policy, tags))
 
     def offset_for_time(self, topic: str, queue_id: int, timestamp: int, boundary: str = "lower") -> int:
         """First offset stored at/after ``timestamp`` (``upper``: last of those stored exactly then)."""
@@ -338,6 +517,34 @@ class BlockingMessageStore(_StoreCore):
 
     def earliest_time(self, topic: str, queue_id: int) -> int:
         return self._run(self._earliest_time(topic, queue_id))
+
+    def commit_offset(self, group: str, topic: str, queue_id: int, offset: int) -> None:
+        """See :meth:`MessageStore.commit_offset`."""
+        self._hot()
+        self.offsets.commit(group, {self.consumers.check_commit(group, topic, queue_id, offset): offset})
+
+    def reset_offsets(
+        self,
+        group: str,
+        topic: str,
+        to: str,
+        *,
+        timestamp: int | None = None,
+        offset: int | None = None,
+        queue_id: int | None = None,
+    ) -> dict[tuple[str, int], int]:
+        """See :meth:`MessageStore.reset_offsets`."""
+        self._hot()
+        plan = self._run(
+            self.consumers.reset_plan(group, topic, to, timestamp=timestamp, offset=offset, queue_id=queue_id)
+        )
+        self.offsets.commit(group, plan)
+        return plan
+
+    def delete_group(self, group: str, topic: str | None = None) -> int:
+        """See :meth:`MessageStore.delete_group`."""
+        self._hot()
+        return self.offsets.delete(check_group(group), topic)
 
     def wait_ready(self, timeout: float = 30.0) -> None:
         """Wait until the cold tier has loaded (no-op without one): until then reads and
@@ -385,8 +592,10 @@ class BlockingMessageStore(_StoreCore):
     def close(self, grace: float | None = None) -> None:
         """Close both tiers; pending messages get ``grace`` seconds (default
         ``server.shutdown_grace``) to reach the cold tier, the rest goes at the next start."""
+        self.arrivals.release()
         if self._loop is not None:
             self._loop.run(self.router.fetcher.aclose())
+            self._loop.run(self._stop_consumers())
         if self.tiering is not None and self._loop is not None:
             self._loop.run(self.tiering.close(self.config.server.shutdown_grace if grace is None else grace))
             self.tiering = self.router.tiering = None
@@ -415,6 +624,10 @@ async def _open_async(cls: type[MessageStore], cfg: TierdConfig) -> MessageStore
             await asyncio.to_thread(hot.close)
             raise
     return cls(cfg, hot, tiering)
+
+
+async def _started(store: _StoreCore) -> None:
+    store._start_consumers()
 
 
 class _LoopThread:

@@ -342,7 +342,21 @@ async def _openapi(tmp_path: Path) -> None:
         "/metrics",
         "/healthz",
         "/readyz",
+        "/v1/topics/{topic}/queues/{queue}/offset",
+        "/v1/topics/{topic}/queues/{queue}/earliest-time",
+        "/v1/groups",
+        "/v1/groups/{group}",
+        "/v1/groups/{group}/offsets",
+        "/v1/groups/{group}/topics/{topic}/queues/{queue}/offset",
+        "/v1/groups/{group}/reset",
     }
+    for path, model in (
+        ("/v1/groups/{group}/topics/{topic}/queues/{queue}/offset", "CommitIn"),
+        ("/v1/groups/{group}/reset", "ResetIn"),
+    ):
+        [op] = spec["paths"][path].values()
+        body = op["requestBody"]["content"]["application/json"]["schema"]["$ref"]
+        assert body.endswith(f"/{model}") and model in spec["components"]["schemas"]
     produce = spec["paths"]["/v1/topics/{topic}/messages"]["post"]
     assert {"400", "401", "413", "422", "500", "503"} <= set(produce["responses"])
     assert produce["responses"]["400"]["content"]["application/json"]["schema"]["$ref"].endswith("/ErrorOut")

@@ -2,15 +2,16 @@
 
 ``app`` holds the global options and shared helpers; each module adds one family of commands:
 :mod:`~tierd.cli.data` (produce, consume, query), :mod:`~tierd.cli.inspect` (topics, queues,
-segments), :mod:`~tierd.cli.admin` (serve, tier, verify, gc, restore).
+segments), :mod:`~tierd.cli.admin` (serve, tier, verify, gc, restore),
+:mod:`~tierd.cli.consumers` (seek, earliest-time, groups).
 """
 
 from __future__ import annotations
 
-from tierd.cli import admin, data, inspect
+from tierd.cli import admin, consumers, data, inspect
 from tierd.cli.app import app, handle_errors
 
-__all__ = ["admin", "app", "data", "handle_errors", "inspect", "main"]
+__all__ = ["admin", "app", "consumers", "data", "handle_errors", "inspect", "main"]
 
 
 def main() -> None:

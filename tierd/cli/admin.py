@@ -144,11 +144,14 @@ def restore(
                 "segments": report.segments,
                 "messages": report.messages,
                 "bytes": report.bytes,
+                "groups": report.groups,
+                "offsets_lowered": report.offsets_lowered,
             }
         )
     else:
         echo(
             f"restored {report.topics} topic(s), {report.queues} queue(s), {report.segments} segment(s) "
-            f"holding {report.messages} message(s) into {cfg.store.dir}; "
+            f"holding {report.messages} message(s) and the committed offsets of {report.groups} "
+            f"consumer group(s) into {cfg.store.dir}; "
             f"set [backend] url = {cfg.backend.url!r} and run `tierd serve`"
         )

@@ -13,7 +13,7 @@ import typer
 
 from tierd.cli.app import app, echo, emit_json, emit_table, handle_errors, obj
 from tierd.errors import InvalidArgumentError
-from tierd.message import Message, MessageExt, ReadPolicy
+from tierd.message import GetStatus, Message, MessageExt, ReadPolicy
 
 PREVIEW = 60
 
@@ -132,32 +132,81 @@ def consume(
             case_sensitive=False,
         ),
     ] = None,
+    tags: Annotated[
+        str | None,
+        typer.Option(
+            "--tags",
+            help="Only messages with these tags: 'paid || refunded' ('*' = all). Others are skipped "
+            "without being read; status NO_MATCHED_MESSAGE when none matched.",
+        ),
+    ] = None,
+    group: Annotated[
+        str | None,
+        typer.Option(
+            "--group",
+            "-g",
+            help="Consumer group: start at its committed offset (the oldest kept if it has none) "
+            "and commit where this read ended (see --no-commit).",
+        ),
+    ] = None,
+    commit: Annotated[
+        bool, typer.Option("--commit/--no-commit", help="With --group: commit the next offset.")
+    ] = True,
+    wait_ms: Annotated[
+        int,
+        typer.Option(
+            "--wait-ms",
+            help="Long poll: when caught up, wait up to this many ms for a matching message "
+            "(at most server.long_poll_max_ms).",
+            min=0,
+        ),
+    ] = 0,
 ) -> None:
     """Read messages of one queue, from whichever tier holds them.
 
-    Example: `tierd consume orders -q 0 --offset 0 -n 10 --policy FORCE`.
+    Examples: `tierd consume orders -q 0 --offset 0 -n 10 --policy FORCE`;
+    `tierd consume orders -q 0 --group billing --tags 'paid || refunded'` (run it again to
+    continue where the group stopped).
     """
     c = obj(ctx)
-    with c.store() as store:
-        start = store.min_offset(topic, queue) if offset is None else offset
-        res = store.get(topic, queue, start, max_count, policy)
-    if c.json:
-        emit_json(
-            {
-                "status": res.status.name,
-                "source": res.source,
-                "next_offset": res.next_offset,
-                "min_offset": res.min_offset,
-                "max_offset": res.max_offset,
-                "messages": [m.to_json() for m in res.messages],
-            }
+    if group is not None and offset is not None:
+        raise typer.BadParameter(
+            "--group starts at the group's committed offset; move it with `tierd groups reset`",
+            param_hint="--offset",
         )
+    committed = None
+    with c.store() as store:
+        if group is not None:
+            start = store.committed_offsets(group).get((topic, queue))
+        else:
+            start = offset
+        if start is None:
+            start = store.min_offset(topic, queue)
+        res = store.get(topic, queue, start, max_count, policy, tags=tags, wait_ms=wait_ms)
+        moved = res.next_offset != start and res.status is not GetStatus.NO_MATCHED_LOGIC_QUEUE
+        if group is not None and commit and moved:
+            store.commit_offset(group, topic, queue, res.next_offset)
+            committed = res.next_offset
+    if c.json:
+        out: dict[str, Any] = {
+            "status": res.status.name,
+            "source": res.source,
+            "next_offset": res.next_offset,
+            "min_offset": res.min_offset,
+            "max_offset": res.max_offset,
+            "messages": [m.to_json() for m in res.messages],
+        }
+        if group is not None:
+            out |= {"group": group, "committed": committed}
+        emit_json(out)
         return
     emit_table(None, MESSAGE_COLUMNS, _message_rows(res.messages))
     echo(
         f"{res.status.name}: {len(res.messages)} message(s) from the {res.source} tier; "
         f"next offset {res.next_offset} (queue holds [{res.min_offset}, {res.max_offset}))"
     )
+    if committed is not None:
+        echo(f"committed offset {committed} for group {group}")
 
 
 @app.command()

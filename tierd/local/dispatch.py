@@ -221,6 +221,8 @@ class ReputService:
         self._stopping = False
         #: The error of the last failed dispatch attempt (None when healthy).
         self.last_error: Exception | None = None
+        #: Called with the (topic, queue) keys of each batch once its units are readable.
+        self.listener: Callable[[list[tuple[str, int]]], None] | None = None
         self._thread = threading.Thread(target=self._run, name="tierd-reput", daemon=True)
 
     def start(self) -> None:
@@ -292,6 +294,11 @@ class ReputService:
             retry, backoff = None, RETRY_MIN
             with self._done:
                 self._done.notify_all()
+            if self.listener is not None:
+                try:
+                    self.listener([key for key, _ in batch.groups])
+                except Exception:
+                    log.exception("dispatch listener failed")
             if len(taken) < SMALL_ROUND and not self._stopping:
                 time.sleep(IDLE_PAUSE)
                 if pending:

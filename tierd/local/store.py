@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal, overload
 
+import numpy as np
+
 from tierd.errors import (
     ConfigError,
     CorruptionError,
@@ -39,14 +41,15 @@ from tierd.local.index import IndexService, index_key
 from tierd.local.prepare import Preparer
 from tierd.local.validation import RECORD_OVERHEAD_LIMIT, check_queue, check_topic
 from tierd.message import GetStatus, Message, MessageExt, PutResult
+from tierd.subscription import MAX_SCAN_UNITS
 
 if TYPE_CHECKING:
     import concurrent.futures
 
-    import numpy as np
     import numpy.typing as npt
 
     from tierd.config import StoreConfig
+    from tierd.subscription import TagFilter
 
 log = logging.getLogger(__name__)
 
@@ -342,9 +345,11 @@ class HotStore:
         cq = self._visible_queue(topic, queue_id)
         return cq.max_offset if cq else 0
 
-    def get(self, topic: str, queue_id: int, offset: int, max_count: int) -> HotGetResult:
+    def get(
+        self, topic: str, queue_id: int, offset: int, max_count: int, tags: TagFilter | None = None
+    ) -> HotGetResult:
         """Read up to ``max_count`` messages from ``offset`` with GetMessageStatus semantics
-        (docs/reading.md has the table)."""
+        (docs/reading.md has the table); ``tags`` keeps only messages of those tags."""
         self._check_open()
         check_topic(topic)
         check_queue(queue_id, self.cfg.max_queues)
@@ -365,6 +370,8 @@ class HotStore:
             return HotGetResult(GetStatus.OFFSET_OVERFLOW_ONE, (), offset, lo, hi)
         if offset > hi:
             return HotGetResult(GetStatus.OFFSET_OVERFLOW_BADLY, (), hi, lo, hi)
+        if tags is not None and not tags.matches_all:
+            return self._get_filtered(cq, offset, max_count, tags)
         messages: list[MessageExt] = []
         pos = offset
         total = 0
@@ -383,6 +390,40 @@ class HotStore:
         if not messages:
             return HotGetResult(GetStatus.OFFSET_FOUND_NULL, (), pos, lo, hi)
         return HotGetResult(GetStatus.FOUND, tuple(messages), pos, lo, hi)
+
+    def _get_filtered(self, cq: ConsumeQueue, offset: int, max_count: int, tags: TagFilter) -> HotGetResult:
+        """A read that skips other tags: units are matched on their tags code with numpy (no
+        record read for a miss), candidates are read and kept only when their decoded tag is
+        one of ``tags`` (a hash collision is skipped). At most :data:`MAX_SCAN_UNITS` units are
+        examined; ``next_offset`` is one past the last unit examined."""
+        lo, hi = cq.min_offset, cq.max_offset
+        end = min(hi, offset + MAX_SCAN_UNITS)
+        messages: list[MessageExt] = []
+        unreadable = 0
+        total = 0
+        pos = offset
+        while pos < end and len(messages) < max_count and total < MAX_GET_BYTES:
+            units = cq.read_units(pos, end - pos)
+            if not len(units):
+                break
+            stop = pos + len(units)
+            phys, sizes = units["offset"], units["size"]
+            for i in np.flatnonzero(tags.unit_mask(units["tags_code"])).tolist():
+                size = int(sizes[i])
+                msg = self._read_checked(int(phys[i]), size, cq.topic, cq.queue_id, pos + i)
+                if msg is None:
+                    unreadable += 1
+                elif tags.matches(msg):
+                    messages.append(msg)
+                    total += size
+                    if len(messages) >= max_count or total >= MAX_GET_BYTES:
+                        stop = pos + i + 1
+                        break
+            pos = stop
+        if messages:
+            return HotGetResult(GetStatus.FOUND, tuple(messages), pos, lo, hi)
+        status = GetStatus.OFFSET_FOUND_NULL if unreadable else GetStatus.NO_MATCHED_MESSAGE
+        return HotGetResult(status, (), pos, lo, hi)
 
     def _read_checked(
         self, phys: int, size: int, topic: str, queue_id: int, queue_offset: int
@@ -550,6 +591,12 @@ class HotStore:
     def wait_dispatched(self, timeout: float | None = None) -> bool:
         """Block until everything appended so far is in the consume queues and index."""
         return self.reput.wait_dispatched(self.commitlog.max_offset, timeout)
+
+    def listen_dispatched(self, listener: Callable[[list[tuple[str, int]]], None]) -> None:
+        """Call ``listener`` with the (topic, queue) keys of every dispatched batch, once its
+        messages are readable (long polling wakes on it). It runs on the dispatch thread: it
+        must be quick and must not block."""
+        self.reput.listener = listener
 
 
 def _disk_usage_ratio(path: Path) -> float:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
-from typing import TYPE_CHECKING, Annotated, Any, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar
 
 from fastapi import APIRouter, Depends, FastAPI, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
@@ -40,14 +40,23 @@ from tierd.service.schemas import (
     TOPIC_PATTERN,
     BatchIn,
     BatchOut,
+    CommitIn,
+    DeletedOut,
+    EarliestTimeOut,
     ErrorOut,
     GetOut,
+    GroupOffsetsOut,
+    GroupOut,
+    GroupsOut,
     MessageIn,
     MessageOut,
+    OffsetForTimeOut,
     PutOut,
     QueryOut,
+    QueueOffsetOut,
     QueueOut,
     QueuesOut,
+    ResetIn,
     SegmentOut,
     SegmentsOut,
     SegmentType,
@@ -56,6 +65,7 @@ from tierd.service.schemas import (
     TopicOut,
     TopicsOut,
 )
+from tierd.subscription import MAX_EXPRESSION_LENGTH
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
@@ -114,8 +124,12 @@ class Service:
                 self._idle.set()
 
     async def drain(self, timeout: float) -> bool:
-        """Refuse new writes and wait (at most ``timeout`` s) for those in flight; True when idle."""
+        """Refuse new writes and wait (at most ``timeout`` s) for those in flight; True when idle.
+        Long polls end at once (with what they have), and new reads no longer wait."""
         self.draining = True
+        store = self._provider()
+        if store is not None:
+            store.release_waiters()
         try:
             await asyncio.wait_for(self._idle.wait(), timeout)
         except TimeoutError:
@@ -274,10 +288,166 @@ async def consume(
             description="Which tier serves the read; default `tiered.storage_level` (see docs/reading.md)."
         ),
     ] = None,
+    tags: Annotated[
+        str | None,
+        Query(
+            max_length=MAX_EXPRESSION_LENGTH,
+            description="Subscription expression: `paid || refunded`, or `*` (default) for every "
+            "message. Other messages are skipped without being read; `next_offset` moves past them "
+            "and a read where nothing matched answers `NO_MATCHED_MESSAGE`. A bad expression is a "
+            "400 `invalid_subscription`.",
+        ),
+    ] = None,
+    wait_ms: Annotated[
+        int,
+        IntText,
+        Query(
+            ge=0,
+            le=MAX_INT64,
+            description="Long poll: when caught up, wait up to this many ms (≤ `server.long_poll_max_ms`) "
+            "and return as soon as a matching message arrives; empty when the wait ends.",
+        ),
+    ] = 0,
 ) -> dict[str, Any]:
     """Messages from `offset` on. Nothing found is not an error: `status` says why (RocketMQ's
     GetMessageStatus) and `next_offset` where to continue. `source` is the tier that served it."""
-    return GetOut.of(await svc.store().get(topic, queue, offset, max, policy))
+    store = svc.store()
+    wait = 0 if svc.draining else wait_ms
+    return GetOut.of(await store.get(topic, queue, offset, max, policy, tags=tags, wait_ms=wait))
+
+
+@router.get(
+    "/v1/topics/{topic}/queues/{queue}/offset",
+    response_model=OffsetForTimeOut,
+    tags=["consume"],
+    summary="Seek by time: the offset stored at a time",
+    responses=READ_ERRORS,
+)
+async def offset_for_time(
+    topic: Topic,
+    queue: QueueId,
+    svc: Svc,
+    timestamp: Annotated[
+        int, IntText, Query(ge=0, le=MAX_INT64, description="Store time, ms since the epoch.")
+    ],
+    boundary: Annotated[
+        Literal["lower", "upper"],
+        Query(description="`lower`: first offset stored at/after; `upper`: last stored exactly then."),
+    ] = "lower",
+) -> OffsetForTimeOut:
+    """Where to start a replay from a point in time, across both tiers (the cold part through
+    the read-ahead cache): read from the returned offset."""
+    offset = await svc.store().offset_for_time(topic, queue, timestamp, boundary)
+    return OffsetForTimeOut(
+        topic=topic, queue_id=queue, timestamp=timestamp, boundary=boundary, offset=offset
+    )
+
+
+@router.get(
+    "/v1/topics/{topic}/queues/{queue}/earliest-time",
+    response_model=EarliestTimeOut,
+    tags=["consume"],
+    summary="Store time of the first readable message",
+    responses=READ_ERRORS,
+)
+async def earliest_time(topic: Topic, queue: QueueId, svc: Svc) -> EarliestTimeOut:
+    """How far back the queue reaches, over both tiers (-1 when it holds no message)."""
+    return EarliestTimeOut(
+        topic=topic, queue_id=queue, earliest_time=await svc.store().earliest_time(topic, queue)
+    )
+
+
+Group = Annotated[
+    str,
+    Path(pattern=TOPIC_PATTERN, description="Consumer group: 1–255 characters from A-Z a-z 0-9 _ % | -."),
+]
+
+
+@router.get("/v1/groups", response_model=GroupsOut, tags=["groups"], summary="List consumer groups with lag")
+async def groups(svc: Svc) -> GroupsOut:
+    """Every consumer group with, per queue of the topics it committed on, its committed
+    offset, the queue's range and its lag (max offset − committed)."""
+    return GroupsOut(groups=[GroupOut.of(g) for g in svc.store().consumer_groups()])
+
+
+@router.get(
+    "/v1/groups/{group}",
+    response_model=GroupOut,
+    tags=["groups"],
+    summary="One consumer group with lag",
+    responses=_errors(400, 404, 422, 503),
+)
+async def group(group: Group, svc: Svc) -> GroupOut:
+    """404 when the group has no committed offset."""
+    return GroupOut.of(svc.store().consumer_groups(group)[0])
+
+
+@router.get(
+    "/v1/groups/{group}/offsets",
+    response_model=GroupOffsetsOut,
+    tags=["groups"],
+    summary="Committed offsets of a group",
+    responses=_errors(400, 422, 503),
+)
+async def group_offsets(group: Group, svc: Svc) -> GroupOffsetsOut:
+    """The offsets the group will read next (an empty list for a group that never committed)."""
+    return GroupOffsetsOut.of(group, svc.store().committed_offsets(group))
+
+
+@router.put(
+    "/v1/groups/{group}/topics/{topic}/queues/{queue}/offset",
+    response_model=QueueOffsetOut,
+    tags=["groups"],
+    summary="Commit an offset",
+    responses=_errors(400, 404, 422, 503),
+    openapi_extra=_request_body(CommitIn),
+)
+async def commit_offset(
+    group: Group, topic: Topic, queue: QueueId, request: Request, svc: Svc
+) -> QueueOffsetOut:
+    """Record that `group` will read `queue` from `offset` on (the `next_offset` of its last
+    read); durable when the response arrives. 400 `offset_out_of_range` beyond the max offset."""
+    body = await _parse(request, CommitIn)
+    await svc.store().commit_offset(group, topic, queue, body.offset)
+    return QueueOffsetOut(topic=topic, queue_id=queue, offset=body.offset)
+
+
+@router.post(
+    "/v1/groups/{group}/reset",
+    response_model=GroupOffsetsOut,
+    tags=["groups"],
+    summary="Reset a group on a topic",
+    responses=_errors(400, 404, 422, 503),
+    openapi_extra=_request_body(ResetIn),
+)
+async def reset_group(group: Group, request: Request, svc: Svc) -> GroupOffsetsOut:
+    """Move the group to the earliest or latest offset, to a time, or to an offset (one queue,
+    inside its range: 400 `offset_out_of_range` otherwise, never a silent clamp). Returns the
+    offsets set. Stop the group's consumers first, or they commit over the reset."""
+    body = await _parse(request, ResetIn)
+    plan = await svc.store().reset_offsets(
+        group, body.topic, body.to, timestamp=body.timestamp, offset=body.offset, queue_id=body.queue_id
+    )
+    return GroupOffsetsOut.of(group, plan)
+
+
+@router.delete(
+    "/v1/groups/{group}",
+    response_model=DeletedOut,
+    tags=["groups"],
+    summary="Forget a consumer group",
+    responses=_errors(400, 422, 503),
+)
+async def delete_group(
+    group: Group,
+    svc: Svc,
+    topic: Annotated[
+        str | None, Query(pattern=TOPIC_PATTERN, description="Only this topic's offsets.")
+    ] = None,
+) -> DeletedOut:
+    """Drop the group's committed offsets (all, or one topic's): its lag series disappear and
+    it no longer counts against the group limit."""
+    return DeletedOut(group=group, queues=await svc.store().delete_group(group, topic))
 
 
 @router.get(
@@ -439,6 +609,7 @@ def create_app(cfg: TierdConfig, store: MessageStore | Callable[[], MessageStore
         openapi_tags=[
             {"name": "produce", "description": "Append messages to the hot store."},
             {"name": "consume", "description": "Read by queue offset or by key, across both tiers."},
+            {"name": "groups", "description": "Consumer groups: committed offsets, lag, resets."},
             {"name": "admin", "description": "Topics, queues, cold segments, tiering."},
             {"name": "ops", "description": "Health, readiness and metrics."},
         ],
@@ -467,7 +638,7 @@ def _document_security(app: FastAPI) -> None:
         schema = base()
         # Bodies parsed by _parse are invisible to FastAPI: publish their schemas ourselves.
         components = schema.setdefault("components", {}).setdefault("schemas", {})
-        for model in (BatchIn, MessageIn):
+        for model in (BatchIn, MessageIn, CommitIn, ResetIn):
             js = model.model_json_schema(ref_template="#/components/schemas/{model}")
             components.update(js.pop("$defs", {}))
             components[model.__name__] = js

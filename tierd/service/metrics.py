@@ -37,6 +37,9 @@ BACKEND_LATENCY_BUCKETS = (0.001, 0.003, 0.005, 0.007, 0.01, 0.1, 0.2, 0.4, 0.6,
 BYTES_BUCKETS = (1e3, 1e4, 1e5, 1e6, 1e7, 32e6, 50e6, 100e6)
 #: Methods labelled as themselves; anything else (client-controlled) is ``other``.
 _METHODS = frozenset({"GET", "POST", "PUT", "DELETE", "HEAD", "OPTIONS", "PATCH"})
+#: Per-queue consumer-lag series exported at most (groups × queues is user-controlled); the
+#: per-group totals are always exported (at most ``tierd.offsets.MAX_GROUPS`` series).
+LAG_SERIES_LIMIT = 1000
 HTTP_LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0)
 
 
@@ -130,6 +133,7 @@ class StoreCollector(Collector):
         for source, n in sorted(router.reads.items()):
             reads.add_metric([source], n)
         yield reads
+        yield from self._consumers(store)
         tiering = store.tiering
         yield _gauge("tierd_tiering_enabled", "1 when the cold tier is configured.", tiering is not None)
         if tiering is None:
@@ -163,6 +167,36 @@ class StoreCollector(Collector):
                 family.add_metric([name], float(value))
         family.add_metric(["range_reads"], float(report.get("range_reads") == "exact"))
         yield family
+
+    def _consumers(self, store: MessageStore) -> Iterator[Metric]:
+        yield _gauge("tierd_long_poll_waiters", "Reads waiting for new messages now.", store.arrivals.waiting)
+        per_group = GaugeMetricFamily(
+            "tierd_consumer_group_lag_messages",
+            "Per consumer group: messages after its committed offsets, summed over its queues.",
+            labels=["group"],
+        )
+        per_queue = GaugeMetricFamily(
+            "tierd_consumer_lag_messages",
+            f"Per group and queue: max offset - committed offset (the first {LAG_SERIES_LIMIT} "
+            "series, by group, topic and queue; see tierd_consumer_lag_series_dropped).",
+            labels=["group", "topic", "queue_id"],
+        )
+        series = dropped = 0
+        for g in store.consumer_groups():
+            per_group.add_metric([g.group], g.lag)
+            for q in g.queues:
+                if series < LAG_SERIES_LIMIT:
+                    per_queue.add_metric([g.group, q.topic, str(q.queue_id)], q.lag)
+                    series += 1
+                else:
+                    dropped += 1
+        yield per_group
+        yield per_queue
+        yield _gauge(
+            "tierd_consumer_lag_series_dropped",
+            f"Per-queue lag series left out beyond {LAG_SERIES_LIMIT} (group totals include them).",
+            dropped,
+        )
 
     def _dispatch(self, store: MessageStore) -> Iterator[Metric]:
         assert store.tiering is not None
@@ -223,6 +257,16 @@ class StoreCollector(Collector):
         )
         yield _counter(
             "tierd_cold_read_backend_requests", "Backend reads made by cold fetches.", s.backend_reads
+        )
+        yield _counter(
+            "tierd_cold_filter_skipped_messages",
+            "Tag-filtered cold reads: messages skipped on their tags code, never fetched.",
+            s.filter_skipped,
+        )
+        yield _counter(
+            "tierd_cold_filter_hash_collisions",
+            "Tag-filtered cold reads: messages fetched for a matching tags code whose tag did not match.",
+            s.filter_collisions,
         )
         yield _gauge("tierd_read_ahead_cache_bytes", "Bytes held by the read-ahead cache.", cache.bytes)
         yield _gauge(

@@ -22,6 +22,7 @@ from tierd.local.store import MAX_GET_COUNT
 from tierd.message import GetStatus, Message
 
 if TYPE_CHECKING:
+    from tierd.groups import GroupInfo
     from tierd.inventory import QueueInfo, SegmentRow
     from tierd.message import GetResult, MessageExt, PutResult
 
@@ -266,6 +267,94 @@ class ErrorOut(_Model):
     detail: dict[str, Any] = Field(description="Structured context (offending value, limits, ...).")
 
 
+class OffsetForTimeOut(_Model):
+    """Seek by time: where a consumer replaying from a point in time starts."""
+
+    topic: str
+    queue_id: int
+    timestamp: int = Field(description="The time asked for (ms since the epoch).")
+    boundary: Literal["lower", "upper"]
+    offset: int = Field(
+        description="`lower`: first offset stored at or after `timestamp`; `upper`: the last of "
+        "those stored exactly then. Before every message: the min offset; after: the max offset."
+    )
+
+
+class EarliestTimeOut(_Model):
+    topic: str
+    queue_id: int
+    earliest_time: int = Field(
+        description="Store time (ms) of the first readable message, either tier; -1 when none."
+    )
+
+
+class QueueOffsetOut(_Model):
+    topic: str
+    queue_id: int
+    offset: int
+
+
+class CommitIn(_Request):
+    """A committed offset: the next offset the group will read."""
+
+    offset: int = Field(ge=0, le=MAX_INT64, description="Next offset to read (at most the max offset).")
+
+
+class ResetIn(_Request):
+    """Where to move a group on one topic (every queue, or `queue_id`)."""
+
+    topic: str = Field(pattern=TOPIC_PATTERN)
+    to: Literal["earliest", "latest", "timestamp", "offset"] = Field(
+        description="`earliest`/`latest` offset of each queue, the first offset stored at or after "
+        "`timestamp`, or `offset` (one queue, inside its range)."
+    )
+    timestamp: int | None = Field(None, ge=0, le=MAX_INT64, description="With `to: timestamp` (ms).")
+    offset: int | None = Field(None, ge=0, le=MAX_INT64, description="With `to: offset`.")
+    queue_id: int | None = Field(None, ge=0, le=65535, description="Only this queue (needed for `offset`).")
+
+
+class GroupOffsetsOut(_Model):
+    """A group's committed offsets (empty for a group that never committed)."""
+
+    group: str
+    offsets: list[QueueOffsetOut]
+
+    @classmethod
+    def of(cls, group: str, offsets: dict[tuple[str, int], int]) -> GroupOffsetsOut:
+        return cls(
+            group=group,
+            offsets=[QueueOffsetOut(topic=t, queue_id=q, offset=o) for (t, q), o in sorted(offsets.items())],
+        )
+
+
+class GroupQueueOut(_Model):
+    topic: str
+    queue_id: int
+    committed: int | None = Field(description="None when the group never committed for this queue.")
+    min_offset: int
+    max_offset: int
+    lag: int = Field(description="max_offset − committed (− min_offset when none is committed).")
+
+
+class GroupOut(_Model):
+    group: str
+    lag: int = Field(description="Sum over the queues.")
+    queues: list[GroupQueueOut] = Field(description="Every queue of each topic the group committed on.")
+
+    @classmethod
+    def of(cls, g: GroupInfo) -> GroupOut:
+        return cls.model_validate(g.as_dict())
+
+
+class GroupsOut(_Model):
+    groups: list[GroupOut]
+
+
+class DeletedOut(_Model):
+    group: str
+    queues: int = Field(description="Committed offsets forgotten.")
+
+
 #: The ``type`` filter of ``/v1/segments`` (CL/CQ are the CLI's short forms).
 SegmentType = Literal["COMMIT_LOG", "CONSUME_QUEUE", "INDEX", "CL", "CQ"]
 
@@ -277,14 +366,24 @@ __all__ = [
     "TOPIC_PATTERN",
     "BatchIn",
     "BatchOut",
+    "CommitIn",
+    "DeletedOut",
+    "EarliestTimeOut",
     "ErrorOut",
     "GetOut",
+    "GroupOffsetsOut",
+    "GroupOut",
+    "GroupQueueOut",
+    "GroupsOut",
     "MessageIn",
     "MessageOut",
+    "OffsetForTimeOut",
     "PutOut",
     "QueryOut",
+    "QueueOffsetOut",
     "QueueOut",
     "QueuesOut",
+    "ResetIn",
     "SegmentOut",
     "SegmentType",
     "SegmentsOut",

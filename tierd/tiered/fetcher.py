@@ -8,6 +8,12 @@ never data.
 
 The :class:`ReadAheadCache` holds batches, bounded in **bytes** (``cache_max_bytes``) with idle
 expiry (``cache_expire``); concurrent readers of the same batch share one backend read.
+
+A *filtered* read (:meth:`ColdFetcher.read_filtered`, a tag subscription) skips what does not
+match before fetching it: it reads the consume-queue range, matches the units' tags codes, and
+fetches only the commitlog byte ranges of candidate records — neighbours closer than
+``tiered.filter_read_gap`` bytes share one ranged read, so a dense match still costs one read
+per batch while a rare tag costs little more than its own records.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import bisect
 import gc
+import itertools
 import logging
 import time
 from collections import OrderedDict
@@ -27,10 +34,12 @@ import numpy.typing as npt
 from tierd.errors import CorruptionError, CorruptRecordError
 from tierd.local.codec import RecordBatch
 from tierd.local.consumequeue import UNIT_SIZE
+from tierd.subscription import MAX_SCAN_UNITS
 
 if TYPE_CHECKING:
     from tierd.config import TieredConfig
     from tierd.message import MessageExt
+    from tierd.subscription import TagFilter
     from tierd.tiered.flatmessage import FlatMessageFile
 
 log = logging.getLogger(__name__)
@@ -47,8 +56,8 @@ READ_AHEAD_DEPTH = 2
 TAIL_SHARE = 8
 #: A sequential reader's consume-queue reads take this many times ``read_ahead_count`` units.
 SEQUENTIAL_UNIT_READ = 4
-#: Bytes a cached unit takes (flat offset + size, two int64).
-UNIT_ROW_BYTES = 16
+#: Bytes a cached unit takes (flat offset, size, tags code: three int64).
+UNIT_ROW_BYTES = 24
 #: Messages decoded between two turns of the event loop.
 DECODE_SLICE = 1024
 #: Smallest budget of the consume-queue unit cache (an eighth of ``tiered.cache_max_bytes``).
@@ -57,7 +66,10 @@ UNIT_CACHE_MIN = 1 << 20
 SEQUENTIAL_QUEUES = 4096
 #: Reads of at least this many messages decode with the cyclic garbage collector paused.
 GC_PAUSE_MIN = 256
+#: Commitlog range reads one filtered read keeps in flight at once.
+FILTER_FETCHES = 8
 QueueKey = tuple[str, int]
+Units = tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64]]
 
 
 @dataclass(slots=True)
@@ -73,6 +85,8 @@ class ColdBatch:
     last_access: float = field(default=0.0)
     #: Column-wise decoder over ``data``, built on first access.
     records: RecordBatch | None = field(default=None)
+    #: Consume-queue tags codes of the messages (filtered reads match on them without decoding).
+    tags_codes: npt.NDArray[np.int64] | None = field(default=None)
 
     @property
     def end(self) -> int:
@@ -149,6 +163,10 @@ class CacheStats:
     evictions: int = 0
     #: Batches loaded ahead of a sequential reader.
     prefetches: int = 0
+    #: Filtered reads: messages skipped on their tags code without being fetched.
+    filter_skipped: int = 0
+    #: Filtered reads: messages fetched because their tags code matched, whose tag did not.
+    filter_collisions: int = 0
 
 
 class ReadAheadCache:
@@ -224,38 +242,36 @@ class UnitCache:
     def __init__(self, max_bytes: int) -> None:
         self.max_bytes = max_bytes
         self.bytes = 0
-        self._units: OrderedDict[QueueKey, tuple[int, npt.NDArray[np.int64], npt.NDArray[np.int64]]] = (
-            OrderedDict()
-        )
+        self._units: OrderedDict[QueueKey, tuple[int, Units]] = OrderedDict()
 
-    def take(self, key: QueueKey, offset: int) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]] | None:
-        """Units from ``offset`` on, if this queue's cached run covers it."""
+    def take(self, key: QueueKey, offset: int) -> Units | None:
+        """Units (flat offsets, sizes, tags codes) from ``offset`` on, if this queue's cached
+        run covers it."""
         entry = self._units.get(key)
         if entry is None:
             return None
-        first, flat, sizes = entry
+        first, (flat, sizes, codes) = entry
         if not first <= offset < first + len(flat):
             return None
         self._units.move_to_end(key)
-        return flat[offset - first :], sizes[offset - first :]
+        at = offset - first
+        return flat[at:], sizes[at:], codes[at:]
 
-    def put(
-        self, key: QueueKey, first: int, flat: npt.NDArray[np.int64], sizes: npt.NDArray[np.int64]
-    ) -> None:
+    def put(self, key: QueueKey, first: int, units: Units) -> None:
         self.invalidate(key)
-        nbytes = flat.nbytes + sizes.nbytes
+        nbytes = sum(a.nbytes for a in units)
         if nbytes > self.max_bytes:
             return
-        self._units[key] = (first, flat, sizes)
+        self._units[key] = (first, units)
         self.bytes += nbytes
         while self.bytes > self.max_bytes:
-            _, (_, f, z) = self._units.popitem(last=False)
-            self.bytes -= f.nbytes + z.nbytes
+            _, (_, dropped) = self._units.popitem(last=False)
+            self.bytes -= sum(a.nbytes for a in dropped)
 
     def invalidate(self, key: QueueKey) -> None:
         entry = self._units.pop(key, None)
         if entry is not None:
-            self.bytes -= entry[1].nbytes + entry[2].nbytes
+            self.bytes -= sum(a.nbytes for a in entry[1])
 
 
 class ColdFetcher:
@@ -296,6 +312,134 @@ class ColdFetcher:
             if len(self._sequential) > SEQUENTIAL_QUEUES:
                 self._sequential.pop(next(iter(self._sequential)))
         return out
+
+    async def read_filtered(
+        self, ff: FlatMessageFile, offset: int, max_count: int, tags: TagFilter
+    ) -> tuple[list[MessageExt], int]:
+        """Messages of the subscription ``tags`` from ``offset`` (committed cold), at most
+        ``max_count``, and the offset to continue from (one past the last unit examined; at most
+        :data:`MAX_SCAN_UNITS` units are). Units whose tags code does not match are never
+        fetched; candidates are fetched in coalesced ranges (:meth:`_plan`) and kept only when
+        their decoded tag matches. Batches already in the read-ahead cache are filtered there."""
+        key = (ff.topic, ff.queue_id)
+        end = min(ff.max_offset, offset + MAX_SCAN_UNITS)
+        out: list[MessageExt] = []
+        pos = offset
+        while pos < end and len(out) < max_count:
+            batch = self.cache.find(key, pos)
+            if batch is not None and batch.tags_codes is not None:
+                self.cache.stats.hits += 1
+                stop = min(batch.end, end)
+                codes = batch.tags_codes[pos - batch.first : stop - batch.first]
+                done = self._collect(batch, pos + np.flatnonzero(tags.unit_mask(codes)), tags, out, max_count)
+                pos = stop if done is None else done
+                continue
+            self.cache.stats.misses += 1
+            flat, sizes, codes = await self._scan(ff, pos, end)
+            hits = np.flatnonzero(tags.unit_mask(codes))
+            chosen = self._plan(ff, flat[hits], flat[hits] + sizes[hits], max_count - len(out))
+            # Units after the last range read now serve the next read (no second CQ read).
+            stop_i = int(hits[chosen[-1][1] - 1]) + 1 if chosen and chosen[-1][1] < len(hits) else len(flat)
+            if stop_i < len(flat):
+                self.units.put(key, pos + stop_i, (flat[stop_i:], sizes[stop_i:], codes[stop_i:]))
+            spans = [(int(hits[ha]), int(hits[hb - 1]) + 1) for ha, hb in chosen]
+            self.cache.stats.filter_skipped += stop_i - sum(b - a for a, b in spans)
+            batches = await self._fetch_spans(ff, pos, (flat, sizes, codes), spans)
+            done = None
+            for got, (ha, hb) in zip(batches, chosen, strict=True):
+                done = self._collect(got, pos + hits[ha:hb], tags, out, max_count)
+                if done is not None:
+                    break
+            pos = pos + stop_i if done is None else done
+        return out, pos
+
+    async def _fetch_spans(
+        self, ff: FlatMessageFile, pos: int, units: Units, spans: list[tuple[int, int]]
+    ) -> list[ColdBatch]:
+        """The batches of ``units[a:b]`` for each span (queue offsets from ``pos``): from the
+        cache when it holds them, else one ranged read each, :data:`FILTER_FETCHES` at once."""
+        key = (ff.topic, ff.queue_id)
+        gate = asyncio.Semaphore(FILTER_FETCHES)
+
+        async def fetch(a: int, b: int) -> ColdBatch:
+            cached = self.cache.find(key, pos + a)
+            if cached is not None and cached.end >= pos + b and cached.tags_codes is not None:
+                return cached
+            async with gate:
+                got = await self._fetch(ff, pos + a, (units[0][a:b], units[1][a:b], units[2][a:b]))
+            self.cache.put(got)
+            return got
+
+        return list(await asyncio.gather(*(fetch(a, b) for a, b in spans)))
+
+    async def _scan(self, ff: FlatMessageFile, pos: int, end: int) -> Units:
+        """Units from ``pos`` (before ``end``) for a filtered read: the queue's cached run, or
+        one consume-queue read (within one CQ segment) of up to :data:`MAX_SCAN_UNITS` units."""
+        cached = self.units.take((ff.topic, ff.queue_id), pos)
+        if cached is not None:
+            n = min(len(cached[0]), end - pos)
+            return cached[0][:n], cached[1][:n], cached[2][:n]
+        cq_end = ff.consumequeue.segment_end(pos * UNIT_SIZE) // UNIT_SIZE
+        budget = max(1, self.units.max_bytes // (2 * UNIT_ROW_BYTES))
+        units = await ff.read_units(pos, min(end - pos, max(1, cq_end - pos), budget))
+        self.cache.stats.backend_reads += 1
+        if not len(units):
+            raise CorruptionError(f"cold consume queue {ff.topic}/{ff.queue_id} returned no unit at {pos}")
+        return (
+            units["offset"].astype(np.int64),
+            units["size"].astype(np.int64),
+            units["tags_code"].astype(np.int64),
+        )
+
+    def _plan(
+        self, ff: FlatMessageFile, starts: npt.NDArray[np.int64], ends: npt.NDArray[np.int64], need: int
+    ) -> list[tuple[int, int]]:
+        """Group candidate records (their commitlog ``starts``/``ends``, ascending) into ranges
+        read with one request each: ``[ha, hb)`` index spans of candidates. Neighbours join while
+        the bytes between them are at most ``tiered.filter_read_gap``; a range spans at most
+        ``read_ahead_size`` bytes (at least one record) and never crosses a commitlog segment
+        end. Planning stops at the range holding the ``need``-th candidate."""
+        out: list[tuple[int, int]] = []
+        if not len(starts):
+            return out
+        breaks = np.flatnonzero(starts[1:] - ends[:-1] > self.cfg.filter_read_gap) + 1
+        bounds = [0, *breaks.tolist(), len(starts)]
+        covered = 0
+        for lo, hi in itertools.pairwise(bounds):
+            a = lo
+            while a < hi:
+                first = int(starts[a])
+                limit = min(ff.commitlog.segment_end(first), first + self.cfg.read_ahead_size)
+                k = max(1, int(np.searchsorted(ends[a:hi], limit, side="right")))
+                out.append((a, a + k))
+                covered += k
+                a += k
+                if covered >= need:
+                    return out
+        return out
+
+    def _collect(
+        self,
+        batch: ColdBatch,
+        candidates: npt.NDArray[np.int64],
+        tags: TagFilter,
+        out: list[MessageExt],
+        max_count: int,
+    ) -> int | None:
+        """Decode ``candidates`` (queue offsets in ``batch``, ascending; runs of consecutive ones
+        at once) and append those whose tag matches to ``out``. Returns the offset after the
+        message that filled ``out`` to ``max_count``, else None."""
+        if not len(candidates):
+            return None
+        for run in np.split(candidates, np.flatnonzero(np.diff(candidates) != 1) + 1):
+            for msg in batch.messages(int(run[0]), int(run[-1]) + 1):
+                if not tags.matches(msg):
+                    self.cache.stats.filter_collisions += 1
+                    continue
+                out.append(msg)
+                if len(out) >= max_count:
+                    return msg.queue_offset + 1
+        return None
 
     def _read_ahead(self, ff: FlatMessageFile, current: ColdBatch) -> None:
         """Keep the batches after ``current`` (the reader's) loaded, up to
@@ -383,9 +527,7 @@ class ColdFetcher:
         size = self.cfg.read_ahead_size
         return to_end if to_end <= size + size // TAIL_SHARE else min(size, to_end)
 
-    async def _units(
-        self, ff: FlatMessageFile, offset: int, ahead: bool
-    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    async def _units(self, ff: FlatMessageFile, offset: int, ahead: bool) -> Units:
         """Units from ``offset`` enough for one batch: the cached run left by the previous
         batch, extended by consume-queue reads (each within one CQ segment) until they span
         the batch's byte limit, reach ``read_ahead_count`` units or the committed end. A batch
@@ -402,7 +544,7 @@ class ColdFetcher:
         if ahead:
             read = max(want, min(want * SEQUENTIAL_UNIT_READ, self.units.max_bytes // (4 * UNIT_ROW_BYTES)))
         cached = self.units.take(key, offset)
-        flats, sizes = ([cached[0]], [cached[1]]) if cached is not None else ([], [])
+        flats, sizes, codes = ([cached[0]], [cached[1]], [cached[2]]) if cached is not None else ([], [], [])
         have = len(cached[0]) if cached is not None else 0
         while have < want and offset + have < ff.max_offset:
             if have and int(flats[-1][-1] + sizes[-1][-1] - flats[0][0]) >= self._limit(ff, flats[0]):
@@ -417,24 +559,34 @@ class ColdFetcher:
                 )
             flats.append(units["offset"].astype(np.int64))
             sizes.append(units["size"].astype(np.int64))
+            codes.append(units["tags_code"].astype(np.int64))
             have += len(units)
         if len(flats) == 1:
-            return flats[0], sizes[0]
-        return np.concatenate(flats), np.concatenate(sizes)
+            return flats[0], sizes[0], codes[0]
+        return np.concatenate(flats), np.concatenate(sizes), np.concatenate(codes)
 
     async def _load(self, ff: FlatMessageFile, offset: int, ahead: bool = False) -> ColdBatch:
         key = (ff.topic, ff.queue_id)
-        flat, sizes = await self._units(ff, offset, ahead)
+        flat, sizes, codes = await self._units(ff, offset, ahead)
         ends = flat + sizes - flat[0]
         limit = self._limit(ff, flat)
         n = min(self.cfg.read_ahead_count, max(1, int(np.searchsorted(ends, limit, side="right"))))
+        if n < len(flat):  # units read beyond this batch serve the next one (no second CQ read)
+            self.units.put(key, offset + n, (flat[n:], sizes[n:], codes[n:]))
+        return await self._fetch(ff, offset, (flat[:n], sizes[:n], codes[:n]))
+
+    async def _fetch(self, ff: FlatMessageFile, offset: int, units: Units) -> ColdBatch:
+        """The batch of consecutive ``units`` (queue offsets from ``offset``): ONE ranged read
+        of the commitlog bytes they cover, checked to be contiguous and complete."""
+        flat, sizes, codes = units
+        n = len(flat)
         if np.any(flat[1:n] != flat[: n - 1] + sizes[: n - 1]):
             raise CorruptionError(
                 f"cold consume queue {ff.topic}/{ff.queue_id} units from {offset} are not "
                 "contiguous in the commitlog",
                 offset=offset,
             )
-        length = int(ends[n - 1])
+        length = int(flat[-1] + sizes[-1] - flat[0])
         data = await ff.read_commitlog(int(flat[0]), length)
         self.cache.stats.backend_reads += 1
         if len(data) != length:
@@ -442,6 +594,4 @@ class ColdFetcher:
                 f"short cold commitlog read for {ff.topic}/{ff.queue_id}: wanted {length} "
                 f"bytes at {int(flat[0])}, got {len(data)}"
             )
-        if n < len(flat):  # units read beyond this batch serve the next one (no second CQ read)
-            self.units.put(key, offset + n, flat[n:], sizes[n:])
-        return ColdBatch(ff.topic, ff.queue_id, offset, flat[:n], sizes[:n], data)
+        return ColdBatch(ff.topic, ff.queue_id, offset, flat, sizes, data, tags_codes=codes)

@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING
 
 from tierd.errors import InvalidArgumentError
 from tierd.local.store import HotStore
+from tierd.offsets import download as download_offsets
+from tierd.offsets import restore_offsets
 from tierd.tiered.flatstore import FlatFileStore
 from tierd.tiered.manifest import ManifestSegment, read_broker_manifest, read_queue_manifest
 from tierd.tiered.metadata import MetadataStore, QueueMeta, SegmentMeta, TieredMetadata, TopicMeta
@@ -38,6 +40,10 @@ class RestoreReport:
     segments: int
     messages: int
     bytes: int
+    #: Consumer groups whose committed offsets came back from the bucket.
+    groups: int = 0
+    #: Committed offsets lowered to the restored end of their queue (consumed, never tiered).
+    offsets_lowered: int = 0
 
 
 def _segment(s: ManifestSegment) -> SegmentMeta:
@@ -116,6 +122,7 @@ async def restore(
             key: (ff.min_offset, ff.max_offset, ff.commitlog.commit_offset - max(ff.commitlog.min_offset, 0))
             for key, ff in flat.files.items()
         }
+        committed = await download_offsets(root, cfg.tiered.cluster, cfg.tiered.broker)
     finally:
         if own_root:
             await root.aclose()
@@ -125,22 +132,27 @@ async def restore(
             hot.seed_queue(topic, qid, end)
     finally:
         hot.close()
+    groups, lowered = restore_offsets(store_dir, committed, {k: hi for k, (_, hi, _) in ends.items()})
     report = RestoreReport(
         len(broker.topics),
         len(queues),
         segments,
         sum(hi - lo for lo, hi, _ in ends.values()),
         sum(b for _, _, b in ends.values()),
+        groups,
+        lowered,
     )
     for (topic, qid), (lo, hi, _) in sorted(ends.items()):
         log.info("restore: %s/%d offsets %d..%d", topic, qid, lo, hi)
     log.info(
-        "restore: %d topic(s), %d queue(s), %d segment(s), %d message(s), %d bytes from %r",
+        "restore: %d topic(s), %d queue(s), %d segment(s), %d message(s), %d bytes, "
+        "committed offsets of %d consumer group(s) from %r",
         report.topics,
         report.queues,
         report.segments,
         report.messages,
         report.bytes,
+        report.groups,
         root,
     )
     return report

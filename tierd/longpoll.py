@@ -1,0 +1,91 @@
+"""Long polling: a read that finds nothing new waits for the next message of its queue.
+
+RocketMQ parks such pulls in ``PullRequestHoldService`` and wakes them from the reput thread
+(``NotifyMessageArrivingListener``). Here a waiting read is an asyncio future registered under
+its (topic, queue): no thread and no timer per waiter, no polling. The hot store's dispatch
+thread calls :meth:`ArrivalNotifier.arrived` after each batch of units became readable; the
+waiters of those queues are woken on their own event loop and read again (a waiter whose
+filter the new messages do not match goes back to waiting until its deadline).
+
+Order makes it race-free: a waiter registers *before* its read, and dispatch notifies *after*
+the units are written — a message either is seen by the read or wakes the future.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+
+QueueKey = tuple[str, int]
+
+
+def _wake(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)
+
+
+def _wake_from_any_thread(fut: asyncio.Future[None]) -> None:
+    with contextlib.suppress(RuntimeError):  # its loop is closed: nobody awaits it any more
+        fut.get_loop().call_soon_threadsafe(_wake, fut)
+
+
+class ArrivalNotifier:
+    """Waiters per queue, woken from any thread."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._waiters: dict[QueueKey, set[asyncio.Future[None]]] = {}
+        #: Set by :meth:`release` (draining, closing): every wait ends at once, none starts.
+        self.released = False
+
+    def register(self, key: QueueKey) -> asyncio.Future[None]:
+        """A future completed by the next arrival in ``key`` (already completed when released).
+        Call on the event loop that will await it; :meth:`unregister` it afterwards."""
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        with self._lock:
+            if self.released:
+                fut.set_result(None)
+            else:
+                self._waiters.setdefault(key, set()).add(fut)
+        return fut
+
+    def unregister(self, key: QueueKey, fut: asyncio.Future[None]) -> None:
+        with self._lock:
+            waiters = self._waiters.get(key)
+            if waiters is not None:
+                waiters.discard(fut)
+                if not waiters:
+                    del self._waiters[key]
+
+    def arrived(self, keys: Iterable[QueueKey]) -> None:
+        """Messages became readable in ``keys`` (called by the dispatch thread: cheap when
+        nobody waits)."""
+        if not self._waiters:
+            return
+        with self._lock:
+            woken = [f for key in keys for f in self._waiters.pop(key, ())]
+        for fut in woken:
+            _wake_from_any_thread(fut)
+
+    def release(self) -> None:
+        """End every wait now and refuse new ones (the daemon drains, or the store closes)."""
+        with self._lock:
+            self.released = True
+            woken = [f for waiters in self._waiters.values() for f in waiters]
+            self._waiters.clear()
+        for fut in woken:
+            _wake_from_any_thread(fut)
+
+    @property
+    def waiting(self) -> int:
+        """Reads waiting now (a metric)."""
+        with self._lock:
+            return sum(len(w) for w in self._waiters.values())
+
+
+__all__ = ["ArrivalNotifier"]

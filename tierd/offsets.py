@@ -1,0 +1,261 @@
+"""Committed consumer offsets per (group, topic, queue), durable on the store's disk and
+mirrored to the bucket.
+
+RocketMQ keeps ``config/consumerOffset.json`` and flushes it every 5 s, so a crash forgets the
+last seconds of commits. Here a commit is **durable when it returns**: the whole table is
+written to ``{store.dir}/config/consumer-offsets.json`` (temp file, fsync, rename, fsync of the
+directory — a crash leaves the old table or the new one, never a torn one). Concurrent commits
+share one write (group commit: whoever writes takes every change made so far), so a burst of
+commits from many consumers costs a few writes, not one each.
+
+The bucket holds a copy, ``{cluster_dir}/{broker}/consumer-offsets.json``, uploaded when the
+table changed: on the manifest interval, after ``tier_now`` and at close. ``tierd restore``
+brings it back, so a sidecar rebuilt from the bucket resumes its consumers (at most one
+manifest interval behind — consumers then see a few messages again, never skip one).
+
+File format (JSON, kebab-case keys, versioned like the bucket manifests)::
+
+    {"format-version": 1, "written-at": 1700000000000,
+     "groups": {"billing": {"orders": {"0": 1200, "1": 980}}}}
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Final, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from tierd.errors import CorruptionError, InvalidGroupError, SegmentNotFoundError
+from tierd.local.mapped_file import fsync_dir
+from tierd.local.validation import TOPIC_PATTERN
+from tierd.tiered.paths import cluster_dir
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+    from tierd.tiered.segment import DriverRoot
+
+log = logging.getLogger(__name__)
+
+FILE_NAME: Final = "consumer-offsets.json"
+#: Consumer groups a store keeps offsets for (each is a metric label value too).
+MAX_GROUPS: Final = 1024
+QueueKey = tuple[str, int]
+
+
+def _kebab(name: str) -> str:
+    return name.replace("_", "-")
+
+
+class OffsetTable(BaseModel):
+    """The file's shape (``format-version`` 1; unknown keys refused)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", alias_generator=_kebab, populate_by_name=True)
+
+    format_version: Literal[1] = 1
+    written_at: int = 0
+    #: group → topic → queue id (as a string: JSON keys) → committed offset.
+    groups: dict[str, dict[str, dict[str, int]]] = Field(default_factory=dict)
+
+
+def check_group(group: object) -> str:
+    """A group name: 1–255 characters from ``A-Z a-z 0-9 _ % | -`` (the topic alphabet)."""
+    if not isinstance(group, str) or not TOPIC_PATTERN.fullmatch(group):
+        raise InvalidGroupError(
+            f"consumer group must be 1-255 characters from A-Z a-z 0-9 _ % | -, got {group!r}",
+            group=repr(group),
+        )
+    return group
+
+
+def bucket_path(cluster: str, broker: str) -> str:
+    return f"{cluster_dir(cluster)}/{broker}/{FILE_NAME}"
+
+
+def _encode(groups: Mapping[str, Mapping[QueueKey, int]]) -> bytes:
+    nested: dict[str, dict[str, dict[str, int]]] = {}
+    for group, offsets in sorted(groups.items()):
+        topics: dict[str, dict[str, int]] = {}
+        for (topic, queue_id), offset in sorted(offsets.items()):
+            topics.setdefault(topic, {})[str(queue_id)] = offset
+        nested[group] = topics
+    table = OffsetTable(written_at=int(time.time() * 1000), groups=nested)
+    return json.dumps(table.model_dump(by_alias=True), indent=1).encode()
+
+
+def decode(raw: bytes, where: str) -> dict[str, dict[QueueKey, int]]:
+    """Parse a table (local file or bucket copy); CorruptionError naming ``where`` if invalid."""
+    try:
+        table = OffsetTable.model_validate_json(raw)
+        return {
+            group: {(topic, int(q)): off for topic, queues in topics.items() for q, off in queues.items()}
+            for group, topics in table.groups.items()
+        }
+    except (ValidationError, ValueError) as e:
+        raise CorruptionError(
+            f"consumer offsets {where} are not valid: {str(e).splitlines()[0]}", path=where
+        ) from e
+
+
+def write_atomically(path: Path, data: bytes) -> None:
+    """Replace ``path`` with ``data``: the old content or the new survives a crash, never a mix."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    with tmp.open("wb") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
+
+
+class ConsumerOffsets:
+    """The table in memory, written through to disk (thread-safe; writes block, so async
+    callers run :meth:`commit` in a worker thread)."""
+
+    def __init__(self, store_dir: str | os.PathLike[str]) -> None:
+        self.path = Path(store_dir) / "config" / FILE_NAME
+        self._groups: dict[str, dict[QueueKey, int]] = {}
+        self._lock = threading.Lock()  # the table
+        self._write_lock = threading.Lock()  # one writer at a time
+        #: Bumped by every change; what is on disk / in the bucket carries the version it had.
+        self.version = 0
+        self._durable = 0
+        self._uploaded = 0
+        if self.path.exists():
+            self._groups = decode(self.path.read_bytes(), str(self.path))
+
+    # ------------------------------------------------------------------ reads
+    def groups(self) -> list[str]:
+        with self._lock:
+            return sorted(self._groups)
+
+    def get(self, group: str) -> dict[QueueKey, int]:
+        """The group's committed offsets (empty for an unknown group)."""
+        with self._lock:
+            return dict(self._groups.get(group, {}))
+
+    def snapshot(self) -> dict[str, dict[QueueKey, int]]:
+        with self._lock:
+            return {g: dict(o) for g, o in self._groups.items()}
+
+    # ------------------------------------------------------------------ writes
+    def commit(self, group: str, offsets: Mapping[QueueKey, int]) -> None:
+        """Set committed offsets of ``group``; durable on disk when this returns."""
+        with self._lock:
+            known = self._groups.get(group)
+            if known is None:
+                if len(self._groups) >= MAX_GROUPS:
+                    raise InvalidGroupError(
+                        f"this store already keeps offsets of {MAX_GROUPS} consumer groups (the limit); "
+                        f"delete unused ones (`tierd groups delete GROUP`) before committing for {group!r}",
+                        group=group,
+                        limit=MAX_GROUPS,
+                    )
+                known = self._groups[group] = {}
+            known.update(offsets)
+            self.version += 1
+            version = self.version
+        self._persist(version)
+
+    def delete(self, group: str, topic: str | None = None) -> int:
+        """Forget ``group`` (or only its offsets of ``topic``); returns queues forgotten."""
+        with self._lock:
+            offsets = self._groups.get(group, {})
+            doomed = [k for k in offsets if topic is None or k[0] == topic]
+            for k in doomed:
+                del offsets[k]
+            if group in self._groups and not offsets:
+                del self._groups[group]
+            if not doomed:
+                return 0
+            self.version += 1
+            version = self.version
+        self._persist(version)
+        return len(doomed)
+
+    def _persist(self, version: int) -> None:
+        """Make the table as of ``version`` durable. A writer takes the newest table, so a
+        commit that waited for the lock often finds its change already written."""
+        with self._write_lock:
+            if self._durable >= version:
+                return
+            with self._lock:
+                data = _encode(self._groups)
+                current = self.version
+            write_atomically(self.path, data)
+            self._durable = current
+
+    # ------------------------------------------------------------------ bucket copy
+    async def upload(self, root: DriverRoot, cluster: str, broker: str) -> bool:
+        """Put the table in the bucket if it changed since the last upload; True if it did."""
+        with self._lock:
+            if self.version == self._uploaded:
+                return False
+            data = _encode(self._groups)
+            version = self.version
+        await root.put_object(bucket_path(cluster, broker), data)
+        self._uploaded = version
+        return True
+
+
+async def download(root: DriverRoot, cluster: str, broker: str) -> dict[str, dict[QueueKey, int]]:
+    """The bucket's copy of the table (empty when the store never committed an offset)."""
+    path = bucket_path(cluster, broker)
+    try:
+        raw = await root.get_object(path)
+    except SegmentNotFoundError:
+        return {}
+    return decode(raw, f"{root.url}/{path}")
+
+
+def restore_offsets(
+    store_dir: str | os.PathLike[str],
+    groups: Mapping[str, Mapping[QueueKey, int]],
+    ends: Mapping[QueueKey, int],
+) -> tuple[int, int]:
+    """Write ``groups`` (from the bucket) as a restored store's table. An offset beyond the
+    restored queue's end — messages consumed from the lost hot store, never tiered — is
+    lowered to that end, where the restored queue continues, and logged: left as it was, the
+    group would skip the first new messages. Returns (groups, offsets lowered)."""
+    lowered = 0
+    fixed: dict[str, dict[QueueKey, int]] = {}
+    for group, offsets in groups.items():
+        fixed[group] = {}
+        for key, offset in offsets.items():
+            end = ends.get(key)
+            if end is not None and offset > end:
+                log.warning(
+                    "restore: group %s committed %s/%d up to %d, but the bucket holds it only up to %d "
+                    "(the rest was never tiered); the group resumes at %d",
+                    group,
+                    key[0],
+                    key[1],
+                    offset,
+                    end,
+                    end,
+                )
+                offset = end
+                lowered += 1
+            fixed[group][key] = offset
+    if fixed:
+        write_atomically(Path(store_dir) / "config" / FILE_NAME, _encode(fixed))
+    return len(fixed), lowered
+
+
+__all__ = [
+    "FILE_NAME",
+    "MAX_GROUPS",
+    "ConsumerOffsets",
+    "OffsetTable",
+    "bucket_path",
+    "check_group",
+    "download",
+    "restore_offsets",
+]
