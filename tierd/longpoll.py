@@ -42,6 +42,8 @@ class ArrivalNotifier:
         self._waiters: dict[QueueKey, set[asyncio.Future[None]]] = {}
         #: Set by :meth:`release` (draining, closing): every wait ends at once, none starts.
         self.released = False
+        #: Waiters woken by arrivals so far (a metric).
+        self.wakeups = 0
 
     def register(self, key: QueueKey) -> asyncio.Future[None]:
         """A future completed by the next arrival in ``key`` (already completed when released).
@@ -69,6 +71,7 @@ class ArrivalNotifier:
             return
         with self._lock:
             woken = [f for key in keys for f in self._waiters.pop(key, ())]
+            self.wakeups += len(woken)
         for fut in woken:
             _wake_from_any_thread(fut)
 

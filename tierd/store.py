@@ -8,6 +8,7 @@ owns lifecycle; it holds no data structures of its own.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import threading
 from dataclasses import dataclass
@@ -131,6 +132,7 @@ class _StoreCore:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait_ms / 1000
         key = (topic, queue_id)
+        skipped = False  # some messages were examined and none matched: say so at the end
         while True:
             arrival = self.arrivals.register(key)
             try:
@@ -138,6 +140,9 @@ class _StoreCore:
                 unmatched = r.status is GetStatus.NO_MATCHED_MESSAGE
                 if r.messages or not (r.status in _CAUGHT_UP or unmatched):
                     return r
+                skipped |= unmatched
+                if skipped and r.status is GetStatus.OFFSET_OVERFLOW_ONE:
+                    r = dataclasses.replace(r, status=GetStatus.NO_MATCHED_MESSAGE)
                 left = deadline - loop.time()
                 if left <= 0 or self.arrivals.released:
                     return r

@@ -356,7 +356,8 @@ async def _openapi(tmp_path: Path) -> None:
     ):
         [op] = spec["paths"][path].values()
         body = op["requestBody"]["content"]["application/json"]["schema"]["$ref"]
-        assert body.endswith(f"/{model}") and model in spec["components"]["schemas"]
+        assert body.endswith(f"/{model}")
+        assert model in spec["components"]["schemas"]
     produce = spec["paths"]["/v1/topics/{topic}/messages"]["post"]
     assert {"400", "401", "413", "422", "500", "503"} <= set(produce["responses"])
     assert produce["responses"]["400"]["content"]["application/json"]["schema"]["$ref"].endswith("/ErrorOut")

@@ -170,6 +170,11 @@ class StoreCollector(Collector):
 
     def _consumers(self, store: MessageStore) -> Iterator[Metric]:
         yield _gauge("tierd_long_poll_waiters", "Reads waiting for new messages now.", store.arrivals.waiting)
+        yield _counter(
+            "tierd_long_poll_wakeups",
+            "Waiting reads woken by new messages in their queue.",
+            store.arrivals.wakeups,
+        )
         per_group = GaugeMetricFamily(
             "tierd_consumer_group_lag_messages",
             "Per consumer group: messages after its committed offsets, summed over its queues.",

@@ -396,9 +396,10 @@ class ColdFetcher:
     ) -> list[tuple[int, int]]:
         """Group candidate records (their commitlog ``starts``/``ends``, ascending) into ranges
         read with one request each: ``[ha, hb)`` index spans of candidates. Neighbours join while
-        the bytes between them are at most ``tiered.filter_read_gap``; a range spans at most
-        ``read_ahead_size`` bytes (at least one record) and never crosses a commitlog segment
-        end. Planning stops at the range holding the ``need``-th candidate."""
+        the bytes between them are at most ``tiered.filter_read_gap``; a range spans what an
+        unfiltered batch may (:meth:`_limit`: ``read_ahead_size``, cut at the commitlog segment
+        end; at least one record). Planning stops at the range holding the ``need``-th
+        candidate."""
         out: list[tuple[int, int]] = []
         if not len(starts):
             return out
@@ -408,8 +409,7 @@ class ColdFetcher:
         for lo, hi in itertools.pairwise(bounds):
             a = lo
             while a < hi:
-                first = int(starts[a])
-                limit = min(ff.commitlog.segment_end(first), first + self.cfg.read_ahead_size)
+                limit = int(starts[a]) + self._limit(ff, starts[a:])
                 k = max(1, int(np.searchsorted(ends[a:hi], limit, side="right")))
                 out.append((a, a + k))
                 covered += k
