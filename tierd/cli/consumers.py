@@ -82,7 +82,9 @@ def seek(
             ]
         )
         return
-    emit_table(f"{topic} at {_when(ms)} ({boundary})", ["queue", "offset"], [[q, off] for q, off in rows])
+    emit_table(None, ["queue", "offset"], [[q, off] for q, off in rows])
+    which = "last offset stored exactly at" if upper else "first offset stored at or after"
+    echo(f"{topic}: {which} {_when(ms)} per queue")
 
 
 @app.command("earliest-time")
