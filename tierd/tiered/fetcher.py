@@ -67,7 +67,7 @@ SEQUENTIAL_QUEUES = 4096
 #: Reads of at least this many messages decode with the cyclic garbage collector paused.
 GC_PAUSE_MIN = 256
 #: Commitlog range reads one filtered read keeps in flight at once.
-FILTER_FETCHES = 8
+FILTER_FETCHES = 32
 QueueKey = tuple[str, int]
 Units = tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64]]
 
@@ -217,11 +217,15 @@ class ReadAheadCache:
         self.stats.evictions += 1
 
     def _shrink(self) -> None:
+        # Batches are kept in order of last access (every access moves its batch to the end), so
+        # the idle ones are at the front: stop at the first that is not (no scan of all of them
+        # per put — a filtered replay puts thousands of small batches).
         now = time.monotonic()
-        for k in [k for k, b in self._batches.items() if now - b.last_access > self.expire]:
+        while self._batches:
+            k, oldest = next(iter(self._batches.items()))
+            if now - oldest.last_access <= self.expire and self.bytes <= self.max_bytes:
+                break
             self._drop(k)
-        while self.bytes > self.max_bytes and self._batches:
-            self._drop(next(iter(self._batches)))
 
     @property
     def batch_count(self) -> int:
