@@ -21,6 +21,7 @@ File format (JSON, kebab-case keys, versioned like the bucket manifests)::
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
@@ -128,6 +129,7 @@ class ConsumerOffsets:
         self.version = 0
         self._durable = 0
         self._uploaded = 0
+        self._upload_lock = asyncio.Lock()  # one upload at a time: an older copy never lands last
         if self.path.exists():
             self._groups = decode(self.path.read_bytes(), str(self.path))
 
@@ -195,14 +197,15 @@ class ConsumerOffsets:
     # ------------------------------------------------------------------ bucket copy
     async def upload(self, root: DriverRoot, cluster: str, broker: str) -> bool:
         """Put the table in the bucket if it changed since the last upload; True if it did."""
-        with self._lock:
-            if self.version == self._uploaded:
-                return False
-            data = _encode(self._groups)
-            version = self.version
-        await root.put_object(bucket_path(cluster, broker), data)
-        self._uploaded = version
-        return True
+        async with self._upload_lock:
+            with self._lock:
+                if self.version == self._uploaded:
+                    return False
+                data = _encode(self._groups)
+                version = self.version
+            await root.put_object(bucket_path(cluster, broker), data)
+            self._uploaded = version
+            return True
 
 
 async def download(root: DriverRoot, cluster: str, broker: str) -> dict[str, dict[QueueKey, int]]:

@@ -349,6 +349,8 @@ class MessageStore(_StoreCore):
         queue, inside its range). Returns the offsets set. Stop the group's consumers first:
         a consumer still running commits its own position over the reset."""
         self._hot()
+        if self.tiering is not None:  # earliest offsets and times live in the cold tier
+            await self.tiering.wait_ready()
         plan = await self.consumers.reset_plan(
             group, topic, to, timestamp=timestamp, offset=offset, queue_id=queue_id
         )
@@ -540,6 +542,7 @@ class BlockingMessageStore(_StoreCore):
     ) -> dict[tuple[str, int], int]:
         """See :meth:`MessageStore.reset_offsets`."""
         self._hot()
+        self.wait_ready()  # earliest offsets and times live in the cold tier
         plan = self._run(
             self.consumers.reset_plan(group, topic, to, timestamp=timestamp, offset=offset, queue_id=queue_id)
         )
