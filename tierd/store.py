@@ -198,6 +198,18 @@ class _StoreCore:
         self._hot()
         return self.consumers.info(group)
 
+    async def _reset(
+        self, group: str, topic: str, to: str, timestamp: int | None, offset: int | None, queue_id: int | None
+    ) -> dict[tuple[str, int], int]:
+        self._hot()
+        if self.tiering is not None:  # earliest offsets and times live in the cold tier
+            await self.tiering.wait_ready()
+        plan = await self.consumers.reset_plan(
+            group, topic, to, timestamp=timestamp, offset=offset, queue_id=queue_id
+        )
+        await asyncio.to_thread(self.offsets.commit, group, plan)
+        return plan
+
     def _start_consumers(self) -> None:
         """On the store's loop: mirror committed offsets to the bucket (with a cold tier)."""
         if self.tiering is not None and self._offsets_mirror is None:
@@ -348,14 +360,7 @@ class MessageStore(_StoreCore):
         ``latest`` offset, the first stored at/after ``timestamp`` (ms), or ``offset`` (one
         queue, inside its range). Returns the offsets set. Stop the group's consumers first:
         a consumer still running commits its own position over the reset."""
-        self._hot()
-        if self.tiering is not None:  # earliest offsets and times live in the cold tier
-            await self.tiering.wait_ready()
-        plan = await self.consumers.reset_plan(
-            group, topic, to, timestamp=timestamp, offset=offset, queue_id=queue_id
-        )
-        await asyncio.to_thread(self.offsets.commit, group, plan)
-        return plan
+        return await self._reset(group, topic, to, timestamp, offset, queue_id)
 
     async def delete_group(self, group: str, topic: str | None = None) -> int:
         """Forget ``group``'s offsets (or only those of ``topic``); returns queues forgotten."""
@@ -541,13 +546,7 @@ class BlockingMessageStore(_StoreCore):
         queue_id: int | None = None,
     ) -> dict[tuple[str, int], int]:
         """See :meth:`MessageStore.reset_offsets`."""
-        self._hot()
-        self.wait_ready()  # earliest offsets and times live in the cold tier
-        plan = self._run(
-            self.consumers.reset_plan(group, topic, to, timestamp=timestamp, offset=offset, queue_id=queue_id)
-        )
-        self.offsets.commit(group, plan)
-        return plan
+        return self._run_any(self._reset(group, topic, to, timestamp, offset, queue_id))
 
     def delete_group(self, group: str, topic: str | None = None) -> int:
         """See :meth:`MessageStore.delete_group`."""

@@ -44,6 +44,14 @@ def cold_config(root: Path, backend: dict[str, Any] | None = None, **tiered: Any
     )
 
 
+def hot_only_config(root: Path, **store: Any) -> TierdConfig:
+    """A store without a cold tier (small files, as :func:`cold_config`)."""
+    data = cold_config(root).model_dump()
+    data["store"].update(store)
+    data["tiered"]["enabled"] = False
+    return TierdConfig.from_dict(data)
+
+
 def run(store: BlockingMessageStore, coro: Coroutine[Any, Any, T]) -> T:
     """Run a coroutine on the store's tiering loop (where flat files live)."""
     assert store._loop is not None

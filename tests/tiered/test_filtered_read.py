@@ -17,10 +17,10 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from tierd import BlockingMessageStore, GetStatus, Message, TierdConfig
+from tierd import BlockingMessageStore, GetStatus, Message
 from tierd.errors import InvalidSubscriptionError
 
-from .conftest import cold_config, run
+from .conftest import cold_config, hot_only_config, run
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -255,19 +255,7 @@ def test_a_corrupt_cold_candidate_is_never_returned(tmp_path: Path) -> None:
 
 
 def test_filtered_reads_without_a_cold_tier(tmp_path: Path) -> None:
-    cfg = TierdConfig.from_dict(
-        {
-            "store": {
-                "dir": str(tmp_path / "hot"),
-                "commitlog_file_size": 4 << 20,
-                "max_message_size": 1 << 20,
-                "consumequeue_file_units": 1000,
-                "index_slots": 64,
-                "index_items": 4000,
-            },
-            "tiered": {"enabled": False},
-        }
-    )
+    cfg = hot_only_config(tmp_path)
     with BlockingMessageStore.open(cfg) as store:
         store.put_batch([Message(topic="t", body=_body(i), queue_id=0, tags=_tag(i)) for i in range(100)])
         got, _ = _consume(store, "Aa || paid")

@@ -14,7 +14,8 @@ import os
 import subprocess
 import sys
 import threading
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -28,10 +29,7 @@ from tierd.errors import (
 )
 from tierd.offsets import FILE_NAME
 
-from .conftest import cold_config
-
-if TYPE_CHECKING:
-    from pathlib import Path
+from .conftest import cold_config, hot_only_config
 
 
 def _fill(store: BlockingMessageStore) -> None:
@@ -137,18 +135,8 @@ def test_bad_resets_are_refused_not_clamped(
 
 
 def test_a_reset_below_the_retained_range_is_an_error(tmp_path: Path) -> None:
-    cfg = TierdConfig.from_dict(
-        {
-            "store": {
-                "dir": str(tmp_path / "hot"),
-                "commitlog_file_size": 256 * 1024,
-                "max_message_size": 64 * 1024,
-                "file_reserved_time": 1.0,
-                "index_slots": 64,
-                "index_items": 4000,
-            },
-            "tiered": {"enabled": False},
-        }
+    cfg = hot_only_config(
+        tmp_path, commitlog_file_size=256 * 1024, max_message_size=64 * 1024, file_reserved_time=1.0
     )
     with BlockingMessageStore.open(cfg) as store:
         store.hot.commitlog.clock = functools.partial(int, 1_000)
@@ -214,10 +202,10 @@ def test_the_number_of_groups_is_bounded(cfg: TierdConfig, monkeypatch: pytest.M
 
 _COMMITTER = """
 import sys
-from tierd import BlockingMessageStore, Message, TierdConfig
-cfg = TierdConfig.from_dict({"store": {"dir": sys.argv[1], "commitlog_file_size": 4 << 20,
-    "max_message_size": 1 << 20, "index_slots": 64, "index_items": 4000}, "tiered": {"enabled": False}})
-store = BlockingMessageStore.open(cfg)
+from pathlib import Path
+from tests.tiered.conftest import hot_only_config
+from tierd import BlockingMessageStore, Message
+store = BlockingMessageStore.open(hot_only_config(Path(sys.argv[1])))
 store.put_batch([Message(topic="t", body=b"x", queue_id=q) for q in (0, 1) for _ in range(20_000)])
 store.commit_offset("g", "t", 1, 10)
 for i in range(1, 20_000):
@@ -230,7 +218,8 @@ def test_committed_offsets_survive_kill_9_mid_commit(tmp_path: Path) -> None:
     """A process committing as fast as it can is killed; every commit it acknowledged (printed
     after ``commit_offset`` returned) is there, and the table is whole."""
     proc = subprocess.Popen(
-        [sys.executable, "-c", _COMMITTER, str(tmp_path / "hot")],
+        [sys.executable, "-c", _COMMITTER, str(tmp_path)],
+        cwd=Path(__file__).parents[2],  # the repository: the script imports tests.tiered.conftest
         stdout=subprocess.PIPE,
         text=True,
     )
@@ -247,18 +236,7 @@ def test_committed_offsets_survive_kill_9_mid_commit(tmp_path: Path) -> None:
         proc.wait(30)
         if proc.stdout is not None:
             proc.stdout.close()
-    cfg = TierdConfig.from_dict(
-        {
-            "store": {
-                "dir": str(tmp_path / "hot"),
-                "commitlog_file_size": 4 << 20,
-                "max_message_size": 1 << 20,
-                "index_slots": 64,
-                "index_items": 4000,
-            },
-            "tiered": {"enabled": False},
-        }
-    )
+    cfg = hot_only_config(tmp_path)
     with BlockingMessageStore.open(cfg) as store:
         committed = store.committed_offsets("g")
     assert committed[("t", 0)] >= last
