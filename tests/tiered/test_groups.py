@@ -271,3 +271,20 @@ def test_offsets_reach_the_bucket_on_close(tmp_path: Path) -> None:
     assert len(copies) == 1
     assert json.loads(copies[0].read_text())["groups"] == {"billing": {"t": {"0": 10}}}
     assert os.path.exists(cfg.store.dir / "config" / FILE_NAME)
+
+
+def test_restore_goes_on_without_an_unreadable_offsets_copy(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    cfg = cold_config(tmp_path)
+    with BlockingMessageStore.open(cfg) as store:
+        _fill(store)
+        store.commit_offset("billing", "t", 0, 10)
+    [copy] = list((tmp_path / "cold").rglob(FILE_NAME))
+    copy.write_text("{not json")
+    fresh = cfg.with_overrides(store={"dir": str(tmp_path / "restored")})
+    report = BlockingMessageStore.restore(fresh)
+    assert (report.messages, report.groups) == (601, 0)
+    assert "restoring without them" in caplog.text
+    with BlockingMessageStore.open(fresh) as store:
+        assert store.consumer_groups() == []

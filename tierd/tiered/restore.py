@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from tierd.errors import InvalidArgumentError
+from tierd.errors import CorruptionError, InvalidArgumentError
 from tierd.local.store import HotStore
 from tierd.offsets import download as download_offsets
 from tierd.offsets import restore_offsets
@@ -122,7 +122,11 @@ async def restore(
             key: (ff.min_offset, ff.max_offset, ff.commitlog.commit_offset - max(ff.commitlog.min_offset, 0))
             for key, ff in flat.files.items()
         }
-        committed = await download_offsets(root, cfg.tiered.cluster, cfg.tiered.broker)
+        try:
+            committed = await download_offsets(root, cfg.tiered.cluster, cfg.tiered.broker)
+        except CorruptionError as e:  # the messages matter more: restore them, say what is lost
+            log.error("restore: %s; restoring without them — consumer groups start over", e)
+            committed = {}
     finally:
         if own_root:
             await root.aclose()
