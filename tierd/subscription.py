@@ -37,8 +37,9 @@ if TYPE_CHECKING:
 #: Subscribes to every message, tagged or not (RocketMQ's ``SubscriptionData.SUB_ALL``).
 SUB_ALL: Final = "*"
 SEPARATOR: Final = "||"
-#: Longest expression accepted (characters) and most tags in one.
-MAX_EXPRESSION_LENGTH: Final = 16_384
+#: Longest expression accepted (characters: URL-encoded it stays well inside what an HTTP request
+#: line may hold) and most tags in one.
+MAX_EXPRESSION_LENGTH: Final = 4096
 MAX_TAGS: Final = 256
 #: Consume-queue units one filtered read examines at most before it returns (with
 #: ``NO_MATCHED_MESSAGE`` and ``next_offset`` past them when none matched): a consumer of a rare

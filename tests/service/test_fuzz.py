@@ -50,7 +50,8 @@ CHECKS = [
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
     root = tmp_path_factory.mktemp("fuzz")
-    with running(TierdConfig.from_dict(service_config(root))) as r:
+    # Long polls bounded at 100 ms: a generated wait_ms must not park the fuzzer for 30 s.
+    with running(TierdConfig.from_dict(service_config(root, server={"long_poll_max_ms": 100}))) as r:
         # Some data, so reads, key queries and segment listings have something to find.
         r.client.post("/v1/topics/orders/messages", json={"body": "aGVsbG8=", "keys": ["k"], "queue_id": 0})
         r.client.post("/v1/admin/tier")
