@@ -225,7 +225,7 @@ class _StoreCore:
     async def _upload_offsets(self) -> None:
         """Put the committed offsets in the bucket if they changed (restore brings them back)."""
         t = self.tiering
-        if t is None or not t.ready.is_set():
+        if t is None or not t.ready.is_set() or t.refused is not None:  # refused: write nothing
             return
         try:
             await self.offsets.upload(t.root, self.config.tiered.cluster, self.config.tiered.broker)
