@@ -54,6 +54,15 @@ file older than ``max_file_age_ms``, then, oldest first: compacts a sealed file 
 worker thread), uploads it (piecewise commits, then seal), records it as UPLOADED
 (``on_change`` persists metadata), and only then deletes the local file.
 
+**Index manifest.** A reader of the bucket alone (Spark) sees only uploaded files, which lag the
+messages by up to ``max_file_age_ms``. After every upload, and before every expiry, the service
+publishes ``{cluster dir}/{broker}/INDEX_MANIFEST.json``: the uploaded segments and, per queue,
+the queue offsets ``[first, end)`` whose keys are certainly in them — claimed from the snapshot a
+file takes when this process seals it (offsets added before the seal by this process; never
+those of a batch a roll split, never those added before a restart), plus ``expired-through``,
+the newest end timestamp of a deleted file (messages stored up to then may have lost their
+items). Claiming less is always safe: a reader scans what is not claimed.
+
 **Crash safety.** Compaction output never touches local disk, and a local file is deleted only
 after the upload committed *and* ``on_change`` returned, so after a crash at any step the sealed
 local file is still there and is compacted and uploaded again. The compacted bytes are a pure
@@ -108,6 +117,7 @@ from tierd.local.mapped_file import fsync_dir
 from tierd.message import KEY_SEPARATOR, PROPERTY_KEYS, PROPERTY_UNIQ_KEY
 from tierd.tiered import paths
 from tierd.tiered.flatfile import SegmentInfo
+from tierd.tiered.manifest import IndexCoverage, IndexManifest, ManifestSegment, index_manifest_path
 from tierd.tiered.segment import AppendResult, ByteRange, FileSegment, FileType
 
 if TYPE_CHECKING:
@@ -564,6 +574,10 @@ class _LocalFile:
         #: written); None after a reopen or once a slot outgrows 16 bits (then the chains
         #: are peeled instead).
         self.ranks: RankArray | None = None
+        #: Set when this process seals the file: per (topic id, queue id), the queue offsets
+        #: ``[first, end)`` added by this process before the seal — all in this file or older
+        #: ones. None for a file sealed before a restart (what it covers is not known).
+        self.covers: dict[tuple[int, int], tuple[int, int]] | None = None
 
     @classmethod
     def create(cls, path: Path, slots: int, items: int, begin: int) -> _LocalFile:
@@ -944,6 +958,21 @@ def _append(seg: FileSegment, data: bytes, timestamp: int) -> None:
 
 # ----------------------------------------------------------------------------- the service
 ChangeCallback = Callable[[], Awaitable[None]]
+Coverage = dict[tuple[int, int], tuple[int, int]]
+
+
+def _merge_coverage(published: Coverage, covers: Coverage) -> Coverage:
+    """``published`` extended by a sealed file's snapshot: per queue, the union when the two
+    ranges meet, else the snapshot alone (the newer range; the offsets between them are not
+    covered, and an older range beyond the gap is dropped rather than tracked)."""
+    out = dict(published)
+    for key, (first, end) in covers.items():
+        cur = out.get(key)
+        if cur is not None and first <= cur[1] and end >= cur[0]:
+            out[key] = (min(cur[0], first), max(cur[1], end))
+        else:
+            out[key] = (first, end)
+    return out
 
 
 class ColdIndexService:
@@ -996,6 +1025,17 @@ class ColdIndexService:
         #: Local files already uploaded and recorded in memory, deleted after on_change succeeds.
         self._unlink_after_change: list[Path] = []
         self._last_begin = -1
+        #: Per (topic id, queue id): queue offsets ``[first, end)`` added since this process
+        #: started (contiguous; a gap restarts it).
+        self._added: dict[tuple[int, int], tuple[int, int]] = {}
+        #: Per (topic id, queue id): queue offsets ``[first, end)`` whose keys are all in
+        #: uploaded segments (see :meth:`write_manifest`), as published in the index manifest.
+        self.coverage: Coverage = {}
+        #: Newest end timestamp of an index file deleted by retention (None: none yet).
+        self.expired_through: int | None = None
+        #: Whether :attr:`coverage` and :attr:`expired_through` were read from the bucket (done
+        #: before the first publication, not at load: most start-ups never need it).
+        self._manifest_read = False
         self._lock = asyncio.Lock()
         self._inflight: asyncio.Future[Any] | None = None
         self._loaded = False
@@ -1137,20 +1177,29 @@ class ColdIndexService:
         UNIQ_KEY, each once). Returns the number of items added. Synchronous: call it on the
         loop, right after the commit made the records readable."""
         self._check_ready()
-        if len(batch.sizes) == 0:
+        n = len(batch.sizes)
+        if n == 0:
             return 0
         keys, owners = batch_keys(batch)
-        if not keys:
-            return 0
-        rec = np.asarray(owners, dtype=np.intp)
-        return self.put_items(
-            hash_keys(keys),
-            topic_id,
-            batch.queue_id,
-            np.asarray(batch.flat_offsets, dtype=np.int64)[rec],
-            np.asarray(batch.sizes, dtype=np.int64)[rec],
-            np.asarray(batch.store_timestamps, dtype=np.int64)[rec],
-        )
+        added = 0
+        if keys:
+            rec = np.asarray(owners, dtype=np.intp)
+            added = self.put_items(
+                hash_keys(keys),
+                topic_id,
+                batch.queue_id,
+                np.asarray(batch.flat_offsets, dtype=np.int64)[rec],
+                np.asarray(batch.sizes, dtype=np.int64)[rec],
+                np.asarray(batch.store_timestamps, dtype=np.int64)[rec],
+            )
+        # After the items: a file sealed while they went in (a roll inside put_items) must not
+        # claim this batch, part of which went into the next file.
+        key = (topic_id, batch.queue_id)
+        first, end = batch.first_queue_offset, batch.first_queue_offset + n
+        prev = self._added.get(key)
+        joins = prev is not None and first <= prev[1] and end >= prev[0]
+        self._added[key] = (min(prev[0], first), max(prev[1], end)) if prev and joins else (first, end)
+        return added
 
     def put_items(
         self,
@@ -1203,8 +1252,9 @@ class ColdIndexService:
         begin = max(self._clock(), self._last_begin + 1)
         f = _LocalFile.create(self.directory / str(begin), self.slots, self.items, begin)
         self._last_begin = begin
-        if self._local:
+        if self._local and self._local[-1].status is FileStatus.UNSEALED:
             self._local[-1].status = FileStatus.SEALED
+            self._local[-1].covers = dict(self._added)
         self._local.append(f)
         self._update_gauges()
         return f
@@ -1274,11 +1324,16 @@ class ColdIndexService:
             None,
             crc,
         )
-        self._uploaded.append(
-            _UploadedFile(
-                info, driver, slots=compacted.slots, count=compacted.item_count, end=compacted.end_timestamp
-            )
+        uploaded = _UploadedFile(
+            info, driver, slots=compacted.slots, count=compacted.item_count, end=compacted.end_timestamp
         )
+        # Published before the upload is recorded: if this fails, the file stays local and the
+        # next maintain() uploads it again (the same bytes) and retries.
+        await self._read_manifest()
+        coverage = _merge_coverage(self.coverage, f.covers or {})
+        await self._write_manifest(coverage, self.expired_through, [*self._uploaded, uploaded])
+        self.coverage = coverage
+        self._uploaded.append(uploaded)
         self._uploaded.sort(key=lambda u: u.begin)
         self._local.remove(f)
         f.close()
@@ -1351,6 +1406,75 @@ class ColdIndexService:
         for path in doomed:
             path.unlink(missing_ok=True)
 
+    # ------------------------------------------------------------------ index manifest
+    @property
+    def manifest_path(self) -> str:
+        """Where the index manifest lives (relative to the root)."""
+        return index_manifest_path(self.cluster, self.broker)
+
+    async def _read_manifest(self) -> None:
+        """Once per process, before the first publication: load :attr:`coverage` and
+        :attr:`expired_through` from the published index manifest. A missing one is a first
+        start; one that does not parse is logged and replaced (claiming less coverage is
+        always safe)."""
+        if self._manifest_read:
+            return
+        try:
+            raw = await self.root.get_object(self.manifest_path)
+        except SegmentNotFoundError:
+            raw = None
+        if raw is not None:
+            try:
+                m = IndexManifest.model_validate_json(raw)
+            except ValueError as e:
+                log.error("index manifest %s is not valid (%s); publishing a new one", self.manifest_path, e)
+            else:
+                self.coverage = {(c.topic_id, c.queue_id): (c.first_offset, c.end_offset) for c in m.coverage}
+                self.expired_through = m.expired_through
+        self._manifest_read = True
+
+    async def _write_manifest(
+        self,
+        coverage: Coverage,
+        expired_through: int | None,
+        uploaded: Sequence[_UploadedFile],
+    ) -> None:
+        """Publish the index manifest (:class:`~tierd.tiered.manifest.IndexManifest`): the
+        segments a bucket reader may look keys up in and, per queue, the offsets they cover.
+
+        Coverage is only ever claimed for what is certain: the offsets a file's seal snapshot
+        (:attr:`_LocalFile.covers`) names were all added by this process before the seal, so
+        their items are in that file or an older one — all uploaded before it, oldest first.
+        Items added before a restart are not claimed (their local file may have lost unflushed
+        items to a power cut), and retention's deletions are published as
+        :attr:`expired_through` before they happen."""
+        segments = tuple(
+            ManifestSegment(
+                type="INDEX",
+                base_offset=u.begin,
+                size=u.info.size,
+                sealed=True,
+                min_store_timestamp=u.info.min_timestamp,
+                max_store_timestamp=u.end,
+                message_count=u.count,
+                crc32c=u.info.crc32c,
+            )
+            for u in sorted(uploaded, key=lambda u: u.begin)
+            if u.slots > 0
+        )
+        manifest = IndexManifest(
+            cluster=self.cluster,
+            broker=self.broker,
+            segments=segments,
+            coverage=tuple(
+                IndexCoverage(topic_id=t, queue_id=q, first_offset=a, end_offset=b)
+                for (t, q), (a, b) in sorted(coverage.items())
+            ),
+            expired_through=expired_through,
+            written_at=self._clock(),
+        )
+        await self.root.put_object(self.manifest_path, manifest.model_dump_json(by_alias=True).encode())
+
     # ------------------------------------------------------------------ query
     async def query(
         self, topic: str, topic_id: int, key: str, max_count: int, begin_ms: int, end_ms: int
@@ -1403,10 +1527,19 @@ class ColdIndexService:
         async with self._lock:
             self._check_ready()
             doomed_remote = [u for u in self._uploaded if u.end < before_ms]
+            doomed_local = [f for f in self._local if f.status is FileStatus.SEALED and f.end < before_ms]
+            if doomed_remote or doomed_local:
+                # Readers of the bucket learn first that messages stored up to here may have
+                # lost their items, then the files go.
+                await self._read_manifest()
+                expired = max([u.end for u in doomed_remote] + [f.end for f in doomed_local])
+                through = expired if self.expired_through is None else max(self.expired_through, expired)
+                kept = [u for u in self._uploaded if u not in doomed_remote]
+                await self._write_manifest(self.coverage, through, kept)
+                self.expired_through = through
             for u in doomed_remote:
                 await u.driver.delete()
                 self._uploaded.remove(u)
-            doomed_local = [f for f in self._local if f.status is FileStatus.SEALED and f.end < before_ms]
             for f in doomed_local:
                 # A failed upload may have left part of it on the backend.
                 await self.root.driver(self.segment_path(f.begin)).delete()

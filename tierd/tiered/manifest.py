@@ -5,6 +5,9 @@
   message count and (sealed) CRC32C.
 * Broker manifest ``{cluster_dir}/{broker}/MANIFEST.json``: topics with ids, reserve hours and
   queue ids; index segments.
+* Index manifest ``{cluster_dir}/{broker}/INDEX_MANIFEST.json`` (:class:`IndexManifest`, written
+  by :class:`~tierd.tiered.index.ColdIndexService`): the uploaded INDEX segments and the queue
+  offsets whose keys they hold.
 
 Both are JSON with kebab-case keys and ``"format-version": 1``, replaced atomically with one
 whole-object write. Spark and ``restore`` read the bucket through them alone; the sizes of open
@@ -35,6 +38,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 MANIFEST_NAME = "MANIFEST.json"
+INDEX_MANIFEST_NAME = "INDEX_MANIFEST.json"
 #: Queue manifests written at once.
 MANIFEST_CONCURRENCY = 8
 M = TypeVar("M", bound="_Model")
@@ -82,8 +86,43 @@ class BrokerManifest(_Model):
     written_at: int
 
 
+class IndexCoverage(_Model):
+    """Queue offsets ``[first_offset, end_offset)`` of one queue whose keys are all in the
+    index segments of an :class:`IndexManifest` (unless their store timestamp is at or before
+    its ``expired_through``)."""
+
+    topic_id: int = Field(ge=0)
+    queue_id: int = Field(ge=0)
+    first_offset: int = Field(ge=0)
+    end_offset: int = Field(ge=0)
+
+
+class IndexManifest(_Model):
+    """``{cluster_dir}/{broker}/INDEX_MANIFEST.json``: the uploaded (sealed) INDEX segments of a
+    broker and what they cover, written by the cold index service after every upload and before
+    every expiry. A reader of the bucket alone (Spark) needs both: index items are uploaded an
+    index file at a time (up to ``max_file_age`` after the messages), so the index covers a
+    prefix of each queue, not all of it — and after a restart or an expiry, not even that."""
+
+    format_version: Literal[1] = 1
+    cluster: str
+    broker: str
+    #: type INDEX; base offset = begin timestamp, message count = item count, min/max store
+    #: timestamp = smallest item time / end timestamp.
+    segments: tuple[ManifestSegment, ...] = ()
+    coverage: tuple[IndexCoverage, ...] = ()
+    #: Index files ending at or before this store timestamp (ms) were deleted: messages stored
+    #: then may have no items left even inside a covered range.
+    expired_through: int | None = None
+    written_at: int
+
+
 def broker_manifest_path(cluster: str, broker: str) -> str:
     return f"{cluster_dir(cluster)}/{broker}/{MANIFEST_NAME}"
+
+
+def index_manifest_path(cluster: str, broker: str) -> str:
+    return f"{cluster_dir(cluster)}/{broker}/{INDEX_MANIFEST_NAME}"
 
 
 def queue_manifest_path(cluster: str, broker: str, topic: str, queue_id: int) -> str:
