@@ -22,8 +22,8 @@ run: $(STAMP)
 	$(BIN)/tierd --config conf/local.toml serve
 
 lint: $(STAMP)
-	$(BIN)/ruff check tierd backends tests bench examples
-	$(BIN)/ruff format --check tierd backends tests bench examples
+	$(BIN)/ruff check tierd backends tests bench examples pyspark_tierd.py
+	$(BIN)/ruff format --check tierd backends tests bench examples pyspark_tierd.py
 
 typecheck: $(STAMP)
 	$(BIN)/mypy

@@ -139,6 +139,13 @@ class UnsafeBackendError(BackendError):
     code = "backend_unsafe"
 
 
+class CredentialsError(BackendError):
+    """The backend refused or could not sign a request: no credentials, or ones it rejects.
+    Not retryable until the environment changes; the message names where credentials come from."""
+
+    code = "backend_credentials"
+
+
 class SegmentNotFoundError(TierdError, FileNotFoundError):
     """The backend has no object/file for the segment."""
 

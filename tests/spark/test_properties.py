@@ -15,9 +15,9 @@ import pyarrow as pa
 from tierd.local.codec import decode_properties
 from tierd.spark.decode import _properties, _split_pairs, _uniform_pairs
 
-NAMES = ["a", "KEYS", "TAGS", "é"]
+NAMES = ["a", "KEYS", "TAGS", "UNIQ_KEY", "é"]
 VALUES = ["1", "k1 k2", "  x  y ", "é", " "]
-PIECES = ["a", "KEYS", "TAGS", "k1 k2", "  x  y ", "", "\x01", "é", "\x02"]
+PIECES = ["a", "KEYS", "TAGS", "UNIQ_KEY", "k1 k2", "  x  y ", "", "\x01", "é", "\x02"]
 
 
 def _batches(seed: int) -> list[pa.Array]:
@@ -54,14 +54,20 @@ def test_the_uniform_split_equals_the_general_one_wherever_it_applies() -> None:
 
 def test_properties_columns_match_the_codec() -> None:
     for arr in _batches(seed=2):
-        props, tags, keys = _properties(arr, len(arr))
-        for text, got, tag, key in zip(
-            arr.to_pylist(), props.to_pylist(), tags.to_pylist(), keys.to_pylist(), strict=True
+        props, tags, keys, uniq = _properties(arr, len(arr))
+        for text, got, tag, key, u in zip(
+            arr.to_pylist(),
+            props.to_pylist(),
+            tags.to_pylist(),
+            keys.to_pylist(),
+            uniq.to_pylist(),
+            strict=True,
         ):
             want = decode_properties(text)
             assert dict(got) == want  # the map may repeat a name; the codec keeps the last one
             assert tag == want.get("TAGS")
             assert key == [t for t in want.get("KEYS", "").split(" ") if t]
+            assert u == want.get("UNIQ_KEY")
 
 
 def test_a_batch_with_an_empty_row_takes_the_general_split() -> None:

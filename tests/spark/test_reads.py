@@ -23,7 +23,9 @@ import pytest
 
 from tierd.errors import CorruptionError, CorruptRecordError, SegmentNotFoundError
 from tierd.spark.decode import ARROW_SCHEMA, READ_PIECE, read_range
-from tierd.spark.plan import Constraints, ReadOptions, SegmentRange, plan_ranges
+from tierd.spark.filters import Constraints
+from tierd.spark.options import ReadOptions
+from tierd.spark.plan import SegmentRange, plan_ranges
 from tierd.spark.storage import ColdStorage
 from tierd.testing.s3server import create_bucket
 

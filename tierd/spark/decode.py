@@ -44,15 +44,16 @@ from tierd.local.codec import (
     decode_record,
     gather_at,
 )
-from tierd.message import KEY_SEPARATOR, PROPERTY_KEYS, PROPERTY_TAGS
-from tierd.spark.plan import row_mask
+from tierd.message import KEY_SEPARATOR, PROPERTY_KEYS, PROPERTY_TAGS, PROPERTY_UNIQ_KEY
+from tierd.spark.filters import property_mask, row_mask
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
 
     import numpy.typing as npt
 
-    from tierd.spark.plan import Constraints, SegmentRange
+    from tierd.spark.filters import Constraints
+    from tierd.spark.plan import SegmentRange
     from tierd.spark.storage import ColdStorage, SegmentSource
 
 __all__ = [
@@ -83,6 +84,7 @@ ARROW_SCHEMA: Final = pa.schema(
         ("reconsume_times", pa.int32()),
         ("born_host", pa.string()),
         ("store_host", pa.string()),
+        ("uniq_key", pa.string()),
     ]
 )
 #: Smallest valid record: IPv4 header, empty body, empty topic length byte, properties length.
@@ -285,15 +287,17 @@ def _split_pairs(
     return names, values, rows, _offsets(np.bincount(rows, minlength=n).astype(np.int64))
 
 
-def _properties(props: pa.Array, n: int) -> tuple[pa.Array, pa.Array, pa.Array]:
-    """``name 0x01 value 0x02`` strings → (map column, tags column, keys column). Pieces without a
-    name or a value are dropped, as RocketMQ (and :func:`tierd.local.codec.decode_properties`) do."""
+def _properties(props: pa.Array, n: int) -> tuple[pa.Array, pa.Array, pa.Array, pa.Array]:
+    """``name 0x01 value 0x02`` strings → (map column, tags column, keys column, uniq_key column).
+    Pieces without a name or a value are dropped, as RocketMQ (and
+    :func:`tierd.local.codec.decode_properties`) do."""
     pairs = _uniform_pairs(props, n)
     names, values, rows, offsets = pairs if pairs is not None else _split_pairs(props, n)
     props_map = pa.MapArray.from_arrays(
         pa.array(offsets), names, values, type=ARROW_SCHEMA.field("properties").type
     )
     tags = _lookup(names, values, rows, n, PROPERTY_TAGS)
+    uniq = _lookup(names, values, rows, n, PROPERTY_UNIQ_KEY)
     keys_raw = _lookup(names, values, rows, n, PROPERTY_KEYS)
     split = pc.split_pattern(keys_raw, KEY_SEPARATOR)
     counts = pc.fill_null(pc.list_value_length(split), 0).to_numpy(zero_copy_only=False).astype(np.int64)
@@ -303,7 +307,7 @@ def _properties(props: pa.Array, n: int) -> tuple[pa.Array, pa.Array, pa.Array]:
     tokens = tokens.filter(pa.array(keep))
     key_offsets = _offsets(np.bincount(token_rows[keep], minlength=n).astype(np.int64))
     keys = pa.ListArray.from_arrays(pa.array(key_offsets), tokens, type=ARROW_SCHEMA.field("keys").type)
-    return props_map, tags, keys
+    return props_map, tags, keys, uniq
 
 
 def decode_records(
@@ -317,12 +321,15 @@ def decode_records(
     fail: Callable[[int, str], CorruptRecordError],
     select: Callable[[npt.NDArray[np.int64], npt.NDArray[np.int64]], npt.NDArray[np.bool_] | None]
     | None = None,
+    select_properties: Callable[[pa.Array, pa.Array, pa.Array], npt.NDArray[np.bool_]] | None = None,
     schema: pa.Schema = ARROW_SCHEMA,
 ) -> pa.RecordBatch:
     """Decode the records starting at ``starts`` (the last one ends at ``end``) of ``data``, whose
     byte 0 is flat commitlog offset ``flat_base``. Every record is validated and CRC-checked;
-    ``select(queue_offsets, store_ms)`` may then drop rows (pushed filters). Only the columns of
-    ``schema`` (a selection of :data:`ARROW_SCHEMA`'s, any order) are built."""
+    ``select(queue_offsets, store_ms)`` may then drop rows (pushed filters), and
+    ``select_properties(tags, keys, uniq_key)`` after the properties are split (tag and key
+    filters). Only the columns of ``schema`` (a selection of :data:`ARROW_SCHEMA`'s, any order)
+    are built."""
     n = len(starts)
     buf = np.frombuffer(data, np.uint8)
     s = starts
@@ -416,8 +423,25 @@ def decode_records(
     # the same whatever is selected). Columns derived together are built together.
     wanted = set(schema.names)
     made: dict[str, pa.Array] = {}
-    if wanted & {"properties", "tags", "keys"}:
-        made["properties"], made["tags"], made["keys"] = _properties(props, n)
+    if select_properties is not None or wanted & {"properties", "tags", "keys", "uniq_key"}:
+        made["properties"], made["tags"], made["keys"], made["uniq_key"] = _properties(props, n)
+    if select_properties is not None:
+        keep = select_properties(made["tags"], made["keys"], made["uniq_key"])
+        if not keep.all():
+            idx = np.flatnonzero(keep)
+            s, ends, body_len = s[idx], ends[idx], body_len[idx]
+            sysflag, born_v6, store_v6, born_len, store_len = (
+                sysflag[idx],
+                born_v6[idx],
+                store_v6[idx],
+                born_len[idx],
+                store_len[idx],
+            )
+            phys, queue_offsets, store_ms = phys[idx], queue_offsets[idx], store_ms[idx]
+            body_start = body_start[idx]
+            taken = pa.array(idx)
+            made = {name: col.take(taken) for name, col in made.items()}
+            n = len(idx)
     store_host_pos = s + POS_BORN_HOST + born_len + 8
     if wanted & {"store_host", "msg_id"}:
         made["store_host"], store_raw = _hosts(buf, store_host_pos, store_v6)
@@ -493,6 +517,7 @@ def read_range(
     *,
     piece: int = READ_PIECE,
     schema: pa.Schema = ARROW_SCHEMA,
+    source: SegmentSource | None = None,
 ) -> Iterator[pa.RecordBatch]:
     """Decode range ``r`` piece by piece (memory stays ~3 pieces whatever the range size), into
     the columns of ``schema`` (a selection of :data:`ARROW_SCHEMA`'s).
@@ -504,7 +529,14 @@ def read_range(
     """
     # A sealed segment is what its manifest says (a missing or shorter object fails the read);
     # anything else is listed as it is stored now.
-    src = storage.sealed_segment(r.path, r.end) if r.sealed and r.end is not None else storage.segment(r.path)
+    # ``source``: the segment already opened by the caller (several ranges of one segment).
+    src = source
+    if src is None:
+        src = (
+            storage.sealed_segment(r.path, r.end)
+            if r.sealed and r.end is not None
+            else storage.segment(r.path)
+        )
     end = src.size if r.end is None else r.end
     promised = max(end, r.promised_end)
     if promised > src.size:
@@ -529,17 +561,28 @@ def read_range(
         return fail
 
     select = None
-    if constraints is not None and constraints.row_filters:
-        c = constraints
+    limit = r.max_offset
+    c = constraints if constraints is not None and constraints.row_filters else None
+    if c is not None or limit is not None:
 
         def select(qo: npt.NDArray[np.int64], ms: npt.NDArray[np.int64]) -> npt.NDArray[np.bool_] | None:
-            return row_mask(c, qo, ms)
+            mask = row_mask(c, qo, ms) if c is not None else None
+            if limit is not None:
+                mask = qo <= limit if mask is None else mask & (qo <= limit)
+            return mask
+
+    select_properties = None
+    if c is not None and c.property_filters:
+        pc_ = c
+
+        def select_properties(tags: pa.Array, keys: pa.Array, uniq: pa.Array) -> npt.NDArray[np.bool_]:
+            return property_mask(pc_, tags, keys, uniq)
 
     # The next piece is read in a background thread while this one is decoded: socket reads
     # release the GIL, so the backend's latency hides behind the decoding.
     pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="tierd-spark-read")
     try:
-        yield from _read_pieces(src, r, end, piece, pool, fail_at, select, schema)
+        yield from _read_pieces(src, r, end, piece, pool, fail_at, select, select_properties, schema)
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
 
@@ -552,6 +595,7 @@ def _read_pieces(
     pool: concurrent.futures.ThreadPoolExecutor,
     fail_at: Callable[[int], Callable[[int, str], CorruptRecordError]],
     select: Callable[[npt.NDArray[np.int64], npt.NDArray[np.int64]], npt.NDArray[np.bool_] | None] | None,
+    select_properties: Callable[[pa.Array, pa.Array, pa.Array], npt.NDArray[np.bool_]] | None,
     schema: pa.Schema,
 ) -> Iterator[pa.RecordBatch]:
     """Every read starts on a record boundary: the first at the range's start, each next one
@@ -585,6 +629,7 @@ def _read_pieces(
                 queue_id=r.queue_id,
                 fail=fail,
                 select=select,
+                select_properties=select_properties,
                 schema=schema,
             )
         if read_end >= end and nxt < read_end:

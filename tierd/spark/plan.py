@@ -21,16 +21,14 @@ unit-tested without a SparkSession:
 
 from __future__ import annotations
 
-import datetime as dt
-import json
 import math
 import re
-from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Final
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
-from tierd.errors import CorruptionError, InvalidArgumentError, NotFoundError, SegmentNotFoundError
+from tierd.errors import CorruptionError, NotFoundError, SegmentNotFoundError
 from tierd.local.consumequeue import UNIT_SIZE
 from tierd.tiered.manifest import (
     BrokerManifest,
@@ -43,345 +41,27 @@ from tierd.tiered.paths import cluster_dir, get_hash, segment_path
 from tierd.tiered.segment import FileType
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable, Mapping, Sequence
+    from collections.abc import Iterable, Sequence
 
-    import numpy as np
-    import numpy.typing as npt
-
+    from tierd.spark.filters import Constraints
+    from tierd.spark.options import ReadOptions
     from tierd.spark.storage import ColdStorage
 
 __all__ = [
-    "DEFAULT_MAX_PARTITION_BYTES",
-    "OPTION_NAMES",
-    "Constraints",
-    "Interval",
-    "ReadOptions",
+    "CqSegment",
+    "Queue",
     "SegmentRange",
+    "clip_ranges",
+    "discover_brokers",
+    "load_queues",
     "plan_ranges",
-    "row_mask",
+    "record_positions",
+    "sort_ranges",
+    "split_ranges",
+    "total_known_bytes",
 ]
 
-MiB: Final = 1024 * 1024
-#: Default upper bound of one partition's commitlog bytes (like ``spark.sql.files.maxPartitionBytes``).
-DEFAULT_MAX_PARTITION_BYTES: Final = 128 * MiB
-#: Options the source understands (Spark passes ``path`` for ``.load(path)``).
-OPTION_NAMES: Final = frozenset(
-    {
-        "path",
-        "cluster",
-        "broker",
-        "topic",
-        "queue_ids",
-        "storage_options",
-        "include_open_segments",
-        "max_partition_bytes",
-    }
-)
-_SIZE = re.compile(r"\s*(\d+)\s*([kmgt]?)(i?b)?\s*", re.IGNORECASE)
-_SIZE_UNITS = {"": 1, "k": 1024, "m": MiB, "g": 1024 * MiB, "t": 1024 * 1024 * MiB}
 _CLUSTER_DIR = re.compile(r"([0-9a-f]{8})_(.+)")
-_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
-_TRUE = frozenset({"true", "1", "yes", "on"})
-_FALSE = frozenset({"false", "0", "no", "off"})
-
-
-# ----------------------------------------------------------------------------- options
-def _names(option: str, raw: str) -> tuple[str, ...]:
-    names = tuple(p.strip() for p in raw.split(","))
-    if not raw.strip() or any(not n or "/" in n for n in names):
-        raise InvalidArgumentError(
-            f"option {option} must be a name or a comma-separated list of names, got {raw!r}",
-            option=option,
-            value=raw,
-        )
-    return tuple(dict.fromkeys(names))
-
-
-def parse_size(option: str, raw: str) -> int:
-    """``"134217728"``, ``"128m"``, ``"128MiB"``, ``"1g"`` → bytes (binary units)."""
-    m = _SIZE.fullmatch(raw)
-    if not m:
-        raise InvalidArgumentError(
-            f"option {option} must be a size such as 134217728, 128m or 1GiB, got {raw!r}",
-            option=option,
-            value=raw,
-        )
-    value = int(m.group(1)) * _SIZE_UNITS[m.group(2).lower()]
-    if value < 1:
-        raise InvalidArgumentError(f"option {option} must be at least 1 byte, got {raw!r}", option=option)
-    return value
-
-
-@dataclass(frozen=True, slots=True)
-class ReadOptions:
-    """The validated options of one ``spark.read.format("tierd")`` — plain, picklable data."""
-
-    url: str
-    storage_options: Mapping[str, Any] = field(default_factory=dict)
-    clusters: tuple[str, ...] | None = None
-    brokers: tuple[str, ...] | None = None
-    topics: tuple[str, ...] | None = None
-    queue_ids: tuple[int, ...] | None = None
-    include_open_segments: bool = True
-    max_partition_bytes: int = DEFAULT_MAX_PARTITION_BYTES
-
-    @classmethod
-    def parse(cls, options: Mapping[str, str]) -> ReadOptions:
-        """Validate Spark's options (case-insensitive names, string values). Every error names
-        the option and the value received."""
-        opts = {k.lower(): v for k, v in options.items()}
-        unknown = sorted(set(opts) - OPTION_NAMES)
-        if unknown:
-            raise InvalidArgumentError(
-                f"unknown option(s) {unknown} for format 'tierd'; valid options: {sorted(OPTION_NAMES)}",
-                options=unknown,
-            )
-        url = (opts.get("path") or "").strip()
-        if not url:
-            raise InvalidArgumentError(
-                "option path is required: .option('path', 's3://bucket/prefix') or .load('file:///dir')",
-                option="path",
-            )
-        if "://" not in url:
-            if not url.startswith("/"):
-                raise InvalidArgumentError(
-                    f"option path must be a URL (s3://bucket/prefix, file:///abs/dir) or an absolute "
-                    f"directory, got {url!r}",
-                    option="path",
-                    value=url,
-                )
-            url = "file://" + url
-        raw_so = opts.get("storage_options")
-        storage: dict[str, Any] = {}
-        if raw_so is not None and raw_so.strip():
-            try:
-                storage = json.loads(raw_so)
-            except json.JSONDecodeError as e:
-                raise InvalidArgumentError(
-                    f"option storage_options must be a JSON object, got invalid JSON ({e.msg} at "
-                    f"character {e.pos})",
-                    option="storage_options",
-                ) from e
-            if not isinstance(storage, dict):
-                raise InvalidArgumentError(
-                    f"option storage_options must be a JSON object, got a {type(storage).__name__}",
-                    option="storage_options",
-                )
-        queue_ids: tuple[int, ...] | None = None
-        if opts.get("queue_ids") is not None:
-            raw = opts["queue_ids"]
-            try:
-                queue_ids = tuple(sorted({int(p) for p in raw.split(",")}))
-            except ValueError:
-                queue_ids = None
-            if queue_ids is None or any(q < 0 for q in queue_ids):
-                raise InvalidArgumentError(
-                    f"option queue_ids must be a comma-separated list of integers >= 0, got {raw!r}",
-                    option="queue_ids",
-                    value=raw,
-                )
-        include = True
-        if opts.get("include_open_segments") is not None:
-            raw = opts["include_open_segments"].strip().lower()
-            if raw not in _TRUE | _FALSE:
-                raise InvalidArgumentError(
-                    "option include_open_segments must be true or false, "
-                    f"got {opts['include_open_segments']!r}",
-                    option="include_open_segments",
-                    value=opts["include_open_segments"],
-                )
-            include = raw in _TRUE
-        max_bytes = DEFAULT_MAX_PARTITION_BYTES
-        if opts.get("max_partition_bytes") is not None:
-            max_bytes = parse_size("max_partition_bytes", opts["max_partition_bytes"])
-        return cls(
-            url=url,
-            storage_options=storage,
-            clusters=_names("cluster", opts["cluster"]) if opts.get("cluster") is not None else None,
-            brokers=_names("broker", opts["broker"]) if opts.get("broker") is not None else None,
-            topics=_names("topic", opts["topic"]) if opts.get("topic") is not None else None,
-            queue_ids=queue_ids,
-            include_open_segments=include,
-            max_partition_bytes=max_bytes,
-        )
-
-
-# ----------------------------------------------------------------------------- constraints
-@dataclass(frozen=True, slots=True)
-class Interval:
-    """Inclusive integer interval; ``None`` is unbounded on that side."""
-
-    lo: int | None = None
-    hi: int | None = None
-
-    def meet(self, other: Interval) -> Interval:
-        lo = self.lo if other.lo is None else other.lo if self.lo is None else max(self.lo, other.lo)
-        hi = self.hi if other.hi is None else other.hi if self.hi is None else min(self.hi, other.hi)
-        return Interval(lo, hi)
-
-    @property
-    def empty(self) -> bool:
-        return self.lo is not None and self.hi is not None and self.lo > self.hi
-
-    def overlaps(self, lo: int | None, hi: int | None) -> bool:
-        """Does ``[lo, hi]`` (None = unknown/unbounded) intersect this interval?"""
-        if self.empty:
-            return False
-        if self.hi is not None and lo is not None and lo > self.hi:
-            return False
-        return not (self.lo is not None and hi is not None and hi < self.lo)
-
-    def contains(self, v: int) -> bool:
-        return (self.lo is None or v >= self.lo) and (self.hi is None or v <= self.hi)
-
-
-def _is_int(v: object) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _micros(v: object) -> int | None:
-    """Exact microseconds since the epoch of a Spark timestamp literal; None if it has no zone
-    (a naive value's instant depends on the session time zone, so it is not claimed)."""
-    if isinstance(v, dt.datetime) and v.tzinfo is not None:
-        return (v - _EPOCH) // dt.timedelta(microseconds=1)
-    return None
-
-
-def _ts_interval(op: str, us: int) -> Interval:
-    """Bounds on store_timestamp in *milliseconds* equivalent to ``ts_us <op> us`` where
-    ts_us = ms * 1000 — exact integer arithmetic, so claiming the filter is safe."""
-    floor, ceil = us // 1000, -(-us // 1000)
-    if op == ">=":
-        return Interval(ceil, None)
-    if op == ">":
-        return Interval(floor + 1, None)
-    if op == "<=":
-        return Interval(None, floor)
-    if op == "<":
-        return Interval(None, ceil - 1)
-    # "=="
-    return Interval(us // 1000, us // 1000) if us % 1000 == 0 else Interval(1, 0)
-
-
-def _int_interval(op: str, v: int) -> Interval:
-    return {
-        ">=": Interval(v, None),
-        ">": Interval(v + 1, None),
-        "<=": Interval(None, v),
-        "<": Interval(None, v - 1),
-        "==": Interval(v, v),
-    }[op]
-
-
-@dataclass(slots=True)
-class Constraints:
-    """Conjunction of the restrictions of one read: the ``topic``/``queue_ids`` options and the
-    filters pushed by Spark. Plain data (pickled to workers with the reader)."""
-
-    topics: frozenset[str] | None = None
-    queue_ids: frozenset[int] | None = None
-    queue_id: Interval = field(default_factory=Interval)
-    queue_offsets: frozenset[int] | None = None
-    queue_offset: Interval = field(default_factory=Interval)
-    #: store_timestamp bounds in milliseconds.
-    store_ms: Interval = field(default_factory=Interval)
-    #: Whether any pushed filter was accepted (rows must then be filtered in ``read``).
-    row_filters: bool = False
-
-    @classmethod
-    def from_options(cls, opts: ReadOptions) -> Constraints:
-        return cls(
-            topics=frozenset(opts.topics) if opts.topics is not None else None,
-            queue_ids=frozenset(opts.queue_ids) if opts.queue_ids is not None else None,
-        )
-
-    def push(self, column: str, op: str, value: object) -> bool:
-        """Add ``column <op> value`` (op: ``== < <= > >= in``); True if it is now enforced
-        exactly (pruning plus :func:`row_mask`), False if Spark must evaluate it."""
-        accepted = self._push(column, op, value)
-        self.row_filters |= accepted
-        return accepted
-
-    def _push(self, column: str, op: str, value: object) -> bool:
-        if column == "topic":
-            if op == "==" and isinstance(value, str):
-                values: frozenset[Any] = frozenset({value})
-            elif op == "in" and isinstance(value, tuple | list) and all(isinstance(v, str) for v in value):
-                values = frozenset(value)
-            else:
-                return False
-            self.topics = values if self.topics is None else self.topics & values
-            return True
-        if column in ("queue_id", "queue_offset"):
-            if op == "in":
-                if not isinstance(value, tuple | list) or not all(_is_int(v) for v in value):
-                    return False
-                ints = frozenset(int(v) for v in value)
-                if column == "queue_id":
-                    self.queue_ids = ints if self.queue_ids is None else self.queue_ids & ints
-                else:
-                    self.queue_offsets = ints if self.queue_offsets is None else self.queue_offsets & ints
-                return True
-            if not _is_int(value) or op not in ("==", "<", "<=", ">", ">="):
-                return False
-            iv = _int_interval(op, int(value))  # type: ignore[call-overload]
-            if column == "queue_id":
-                self.queue_id = self.queue_id.meet(iv)
-            else:
-                self.queue_offset = self.queue_offset.meet(iv)
-            return True
-        if column == "store_timestamp":
-            us = _micros(value)
-            if us is None or op not in ("==", "<", "<=", ">", ">="):
-                return False
-            self.store_ms = self.store_ms.meet(_ts_interval(op, us))
-            return True
-        return False
-
-    def allows_topic(self, topic: str) -> bool:
-        return self.topics is None or topic in self.topics
-
-    def allows_queue(self, queue_id: int) -> bool:
-        return (self.queue_ids is None or queue_id in self.queue_ids) and self.queue_id.contains(queue_id)
-
-    def offset_bounds(self) -> Interval:
-        """queue_offset bounds including those implied by an IN list."""
-        if self.queue_offsets is None:
-            return self.queue_offset
-        if not self.queue_offsets:
-            return Interval(1, 0)
-        return self.queue_offset.meet(Interval(min(self.queue_offsets), max(self.queue_offsets)))
-
-    def may_match(self, r: SegmentRange) -> bool:
-        """Can range ``r`` hold a matching row, judging by its manifest bounds?"""
-        if not (self.allows_topic(r.topic) and self.allows_queue(r.queue_id)):
-            return False
-        if not self.offset_bounds().overlaps(r.first_queue_offset, r.last_queue_offset):
-            return False
-        return self.store_ms.overlaps(r.min_store_ms, r.max_store_ms)
-
-
-def row_mask(
-    c: Constraints, queue_offsets: npt.NDArray[np.int64], store_ms: npt.NDArray[np.int64]
-) -> npt.NDArray[np.bool_] | None:
-    """Rows of one range (one topic and queue, already checked by planning) that satisfy the
-    pushed offset and timestamp filters; None when every row does."""
-    import numpy as np
-
-    mask: npt.NDArray[np.bool_] | None = None
-
-    def both(m: npt.NDArray[np.bool_]) -> None:
-        nonlocal mask
-        mask = m if mask is None else mask & m
-
-    for iv, col in ((c.queue_offset, queue_offsets), (c.store_ms, store_ms)):
-        if iv.lo is not None:
-            both(col >= iv.lo)
-        if iv.hi is not None:
-            both(col <= iv.hi)
-    if c.queue_offsets is not None:
-        both(np.isin(queue_offsets, np.fromiter(c.queue_offsets, np.int64, len(c.queue_offsets))))
-    return mask
 
 
 # ----------------------------------------------------------------------------- ranges
@@ -408,6 +88,9 @@ class SegmentRange:
     last_queue_offset: int | None
     min_store_ms: int | None
     max_store_ms: int | None
+    #: Rows with a larger queue offset are dropped when read (an unbounded tail read up to an
+    #: offset: a streaming micro-batch); None keeps every row.
+    max_offset: int | None = None
 
     @property
     def known_bytes(self) -> int:
@@ -416,10 +99,87 @@ class SegmentRange:
 
 
 @dataclass(frozen=True, slots=True)
-class _Queue:
+class CqSegment:
+    """A consume-queue segment of a queue, as its manifest lists it (tag pruning reads it)."""
+
+    path: str
+    base_offset: int
+    size: int
+    sealed: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Queue:
+    """One queue of the cold tier as its manifest describes it (plain data)."""
+
     cluster: str
     broker: str
+    #: The topic's id in the broker manifest (what cold index items carry).
+    topic_id: int
     manifest: QueueManifest
+
+    @property
+    def topic(self) -> str:
+        return self.manifest.topic
+
+    @property
+    def queue_id(self) -> int:
+        return self.manifest.queue_id
+
+    @property
+    def key(self) -> str:
+        """``cluster/broker/topic/queue id``: unique in a bucket (names hold no ``/``)."""
+        return f"{self.cluster}/{self.broker}/{self.topic}/{self.queue_id}"
+
+    def commitlogs(self) -> list[ManifestSegment]:
+        segs = (s for s in self.manifest.segments if s.type == "COMMIT_LOG")
+        return sorted(segs, key=lambda s: s.base_offset)
+
+    def consume_queues(self) -> list[ManifestSegment]:
+        return sorted(
+            (s for s in self.manifest.segments if s.type == "CONSUME_QUEUE"), key=lambda s: s.base_offset
+        )
+
+    def cq_segments(self) -> tuple[CqSegment, ...]:
+        return tuple(
+            CqSegment(self.path(FileType.CONSUME_QUEUE, s.base_offset), s.base_offset, s.size, s.sealed)
+            for s in self.consume_queues()
+        )
+
+    def path(self, file_type: FileType, base_offset: int) -> str:
+        return segment_path("", self.cluster, self.broker, self.topic, self.queue_id, file_type, base_offset)
+
+    def unit_request(self, queue_offset: int) -> tuple[str, int, int] | None:
+        """The ranged read of queue offset's 20-byte consume-queue unit, if the manifest lists it."""
+        pos = queue_offset * UNIT_SIZE
+        for s in self.consume_queues():
+            if s.base_offset <= pos and pos + UNIT_SIZE <= s.base_offset + s.size:
+                rel = self.path(FileType.CONSUME_QUEUE, s.base_offset)
+                return rel, pos - s.base_offset, pos - s.base_offset + UNIT_SIZE
+        return None
+
+    def segment_range(self, seg: ManifestSegment, is_tail: bool) -> SegmentRange:
+        """The whole of commitlog segment ``seg`` as one range."""
+        m = self.manifest
+        open_tail = not seg.sealed and is_tail
+        return SegmentRange(
+            cluster=self.cluster,
+            broker=self.broker,
+            topic=m.topic,
+            queue_id=m.queue_id,
+            path=self.path(FileType.COMMIT_LOG, seg.base_offset),
+            base_offset=seg.base_offset,
+            start=0,
+            end=None if not seg.sealed else seg.size,
+            promised_end=seg.size,
+            sealed=seg.sealed,
+            first_queue_offset=seg.first_queue_offset
+            if seg.first_queue_offset is not None
+            else (m.max_offset if open_tail else None),
+            last_queue_offset=None if open_tail else seg.last_queue_offset,
+            min_store_ms=seg.min_store_timestamp,
+            max_store_ms=None if open_tail else seg.max_store_timestamp,
+        )
 
 
 def _parse_manifest(model: type[BrokerManifest] | type[QueueManifest], raw: bytes, where: str) -> Any:
@@ -465,8 +225,10 @@ def discover_brokers(storage: ColdStorage, opts: ReadOptions) -> list[tuple[str,
     return found
 
 
-def _queues(storage: ColdStorage, opts: ReadOptions, c: Constraints) -> list[_Queue]:
-    queues: list[_Queue] = []
+def load_queues(storage: ColdStorage, opts: ReadOptions, c: Constraints) -> list[Queue]:
+    """The manifests of every queue the options and constraints select (broker manifests first,
+    then the selected queue manifests, read together)."""
+    queues: list[Queue] = []
     seen_topics: set[str] = set()
     for cluster, broker, known in discover_brokers(storage, opts):
         path = broker_manifest_path(cluster, broker)
@@ -479,18 +241,18 @@ def _queues(storage: ColdStorage, opts: ReadOptions, c: Constraints) -> list[_Qu
                 path=path,
             ) from e
         bm: BrokerManifest = _parse_manifest(BrokerManifest, raw, f"{opts.url}/{path}")
-        wanted: list[tuple[str, int, str]] = []
+        wanted: list[tuple[int, str, int, str]] = []
         for t in bm.topics:
             seen_topics.add(t.name)
             if not c.allows_topic(t.name):
                 continue
             wanted.extend(
-                (t.name, qid, queue_manifest_path(cluster, broker, t.name, qid))
+                (t.id, t.name, qid, queue_manifest_path(cluster, broker, t.name, qid))
                 for qid in t.queues
                 if c.allows_queue(qid)
             )
-        for (topic, qid, qpath), qraw in zip(
-            wanted, storage.read_objects([w[2] for w in wanted]), strict=True
+        for (topic_id, topic, qid, qpath), qraw in zip(
+            wanted, storage.read_objects([w[3] for w in wanted]), strict=True
         ):
             if qraw is None:
                 raise NotFoundError(
@@ -498,7 +260,7 @@ def _queues(storage: ColdStorage, opts: ReadOptions, c: Constraints) -> list[_Qu
                     path=qpath,
                 )
             qm: QueueManifest = _parse_manifest(QueueManifest, qraw, f"{opts.url}/{qpath}")
-            queues.append(_Queue(cluster, broker, qm))
+            queues.append(Queue(cluster, broker, topic_id, qm))
     missing = sorted(set(opts.topics or ()) - seen_topics)
     if missing:
         raise NotFoundError(
@@ -509,111 +271,160 @@ def _queues(storage: ColdStorage, opts: ReadOptions, c: Constraints) -> list[_Qu
     return queues
 
 
-def _segment_ranges(q: _Queue, seg: ManifestSegment, is_tail: bool) -> SegmentRange:
-    m = q.manifest
-    open_tail = not seg.sealed and is_tail
-    return SegmentRange(
-        cluster=q.cluster,
-        broker=q.broker,
-        topic=m.topic,
-        queue_id=m.queue_id,
-        path=segment_path("", q.cluster, q.broker, m.topic, m.queue_id, FileType.COMMIT_LOG, seg.base_offset),
-        base_offset=seg.base_offset,
-        start=0,
-        end=None if not seg.sealed else seg.size,
-        promised_end=seg.size,
-        sealed=seg.sealed,
-        first_queue_offset=seg.first_queue_offset
-        if seg.first_queue_offset is not None
-        else (m.max_offset if open_tail else None),
-        last_queue_offset=None if open_tail else seg.last_queue_offset,
-        min_store_ms=seg.min_store_timestamp,
-        max_store_ms=None if open_tail else seg.max_store_timestamp,
-    )
+def _unit(raw: bytes) -> tuple[int, int]:
+    """(flat commitlog offset, size) of a 20-byte consume-queue unit."""
+    return int.from_bytes(raw[:8], "big", signed=True), int.from_bytes(raw[8:12], "big")
 
 
-def _cq_unit_request(
-    m: QueueManifest, cqs: Sequence[ManifestSegment], cluster: str, broker: str, q: int
-) -> tuple[str, int, int] | None:
-    pos = q * UNIT_SIZE
-    for s in cqs:
-        if s.base_offset <= pos and pos + UNIT_SIZE <= s.base_offset + s.size:
-            rel = segment_path(
-                "", cluster, broker, m.topic, m.queue_id, FileType.CONSUME_QUEUE, s.base_offset
+def record_positions(storage: ColdStorage, wanted: Sequence[tuple[Queue, int]]) -> list[int | None]:
+    """Flat commitlog offset where the record of each (queue, queue offset) starts, from the cold
+    consume queue: its own unit, or — for the queue's ``max_offset``, the next record to come —
+    the end of the previous one. None where the manifest lists neither (one batched read)."""
+    requests: list[tuple[str, int, int]] = []
+    plan: list[tuple[int, bool] | None] = []  # (index into requests, add the size)
+    for q, qo in wanted:
+        req = q.unit_request(qo)
+        after = False
+        if req is None and qo > 0:
+            req, after = q.unit_request(qo - 1), True
+        if req is None:
+            plan.append(None)
+            continue
+        plan.append((len(requests), after))
+        requests.append(req)
+    units = storage.read_units(requests)
+    out: list[int | None] = []
+    for p in plan:
+        if p is None:
+            out.append(None)
+            continue
+        flat, size = _unit(units[p[0]])
+        out.append(flat + size if p[1] else flat)
+    return out
+
+
+def clip_ranges(q: Queue, lo: int, hi: int | None, first_qo: int, end_qo: int | None) -> list[SegmentRange]:
+    """The commitlog ranges holding flat bytes ``[lo, hi)`` of queue ``q`` (both record starts;
+    ``hi`` None: to the end, as stored when read) — the records with queue offsets
+    ``[first_qo, end_qo)``. Nothing outside the bytes is read; when ``hi`` is None and ``end_qo``
+    is given, rows past it are dropped when read (:attr:`SegmentRange.max_offset`)."""
+    out: list[SegmentRange] = []
+    segs = q.commitlogs()
+    for i, seg in enumerate(segs):
+        is_tail = i == len(segs) - 1
+        seg_end = None if is_tail and not seg.sealed else seg.base_offset + seg.size
+        if (seg_end is not None and seg_end <= lo) or (hi is not None and seg.base_offset >= hi):
+            continue
+        r = q.segment_range(seg, is_tail)
+        start = max(lo, seg.base_offset) - seg.base_offset
+        ends_here = is_tail if hi is None else seg_end is None or hi <= seg_end
+        end = hi - seg.base_offset if hi is not None and ends_here else r.end
+        if end is not None and end <= start:
+            continue
+        last = r.last_queue_offset
+        if ends_here and end_qo is not None:
+            last = end_qo - 1
+        out.append(
+            replace(
+                r,
+                start=start,
+                end=end,
+                promised_end=max(start, r.promised_end) if end is None else end,
+                first_queue_offset=first_qo if lo >= seg.base_offset else r.first_queue_offset,
+                last_queue_offset=last,
+                max_offset=end_qo - 1 if end is None and end_qo is not None else None,
             )
-            return rel, pos - s.base_offset, pos - s.base_offset + UNIT_SIZE
-    return None
+        )
+    return out
 
 
-def plan_ranges(storage: ColdStorage, opts: ReadOptions, c: Constraints) -> list[SegmentRange]:
-    """Every commitlog range to read, pruned by ``c`` and split to ``opts.max_partition_bytes``."""
-    ranges: list[SegmentRange] = []
-    # (whole-segment range, cut queue offsets, CQ unit requests)
+def split_ranges(
+    storage: ColdStorage, url: str, pieces: Sequence[tuple[Queue, SegmentRange]], max_bytes: int
+) -> list[SegmentRange]:
+    """Cut every range larger than ``max_bytes`` (by the bytes its manifest knows) at record
+    starts: queue offsets interpolated over its known offsets, their positions read from the
+    cold consume queue (all cuts of a plan in one batched read). A range whose offsets or
+    consume-queue units are not known stays whole."""
+    out: list[SegmentRange] = []
     splits: list[tuple[SegmentRange, list[int], list[tuple[str, int, int]], int | None]] = []
-    for q in _queues(storage, opts, c):
-        m = q.manifest
-        cls = sorted((s for s in m.segments if s.type == "COMMIT_LOG"), key=lambda s: s.base_offset)
-        cqs = [s for s in m.segments if s.type == "CONSUME_QUEUE"]
+    for q, r in pieces:
+        first, last = r.first_queue_offset, r.last_queue_offset
+        seg = next(s for s in q.commitlogs() if s.base_offset == r.base_offset)
+        if last is None and r.end is None:
+            # An open tail: cut what the manifest knows of it; the last piece stays unbounded.
+            last = seg.last_queue_offset
+        n = math.ceil(r.known_bytes / max_bytes)
+        if n <= 1 or first is None or last is None or last <= first:
+            out.append(r)
+            continue
+        count = last - first + 1
+        cuts = sorted({first + round(count * k / n) for k in range(1, n)} - {first})
+        found = [q.unit_request(qo) for qo in cuts]
+        reqs = [req for req in found if req is not None]
+        if len(reqs) != len(found):  # CQ not (fully) in the manifest: keep the range whole
+            out.append(r)
+            continue
+        splits.append((r, cuts, reqs, seg.max_store_timestamp))
+    units = storage.read_units([req for _, _, reqs, _ in splits for req in reqs])
+    k = 0
+    for r, cuts, reqs, seg_max_ms in splits:
+        bounds: list[tuple[int, int]] = []  # (byte position in segment, queue offset)
+        for qo, req in zip(cuts, reqs, strict=True):
+            flat, size = _unit(units[k])
+            k += 1
+            pos = flat - r.base_offset
+            if size <= 0 or pos < r.start or pos >= r.promised_end:
+                raise CorruptionError(
+                    f"{url}/{req[0]}: consume-queue unit of queue offset {qo} points at flat "
+                    f"offset {flat} (size {size}), outside commitlog range {r.path} "
+                    f"[{r.base_offset + r.start}, {r.base_offset + r.promised_end})",
+                    path=req[0],
+                    queue_offset=qo,
+                )
+            if pos > r.start:
+                bounds.append((pos, qo))
+        bounds.sort()
+        starts: list[tuple[int, int | None]] = [(r.start, r.first_queue_offset), *bounds]
+        for j, (at, first_qo) in enumerate(starts):
+            nxt = bounds[j] if j < len(bounds) else None
+            out.append(
+                replace(
+                    r,
+                    start=at,
+                    end=nxt[0] if nxt is not None else r.end,
+                    promised_end=nxt[0] if nxt is not None else r.promised_end,
+                    # committed when the manifest was written: the manifest's maximum covers it
+                    max_store_ms=seg_max_ms if nxt is not None else r.max_store_ms,
+                    first_queue_offset=first_qo,
+                    last_queue_offset=nxt[1] - 1 if nxt is not None else r.last_queue_offset,
+                    max_offset=None if nxt is not None else r.max_offset,
+                )
+            )
+    return out
+
+
+def plan_ranges(
+    storage: ColdStorage, opts: ReadOptions, c: Constraints, queues: Sequence[Queue] | None = None
+) -> list[SegmentRange]:
+    """Every commitlog range to read, pruned by ``c`` and split to ``opts.max_partition_bytes``
+    (``queues``: their manifests if already loaded)."""
+    pieces: list[tuple[Queue, SegmentRange]] = []
+    for q in load_queues(storage, opts, c) if queues is None else queues:
+        cls = q.commitlogs()
         for i, seg in enumerate(cls):
             if not seg.sealed and not opts.include_open_segments:
                 continue
             if seg.sealed and seg.size == 0:
                 continue
-            r = _segment_ranges(q, seg, is_tail=i == len(cls) - 1)
-            if not c.may_match(r):
-                continue
-            first, last = seg.first_queue_offset, seg.last_queue_offset
-            n = math.ceil(seg.size / opts.max_partition_bytes)
-            if n <= 1 or first is None or last is None or last <= first:
-                ranges.append(r)
-                continue
-            count = last - first + 1
-            cuts = sorted({first + round(count * k / n) for k in range(1, n)} - {first})
-            found = [_cq_unit_request(m, cqs, q.cluster, q.broker, qo) for qo in cuts]
-            reqs = [req for req in found if req is not None]
-            if len(reqs) != len(found):  # CQ not (fully) in the manifest: keep the segment whole
-                ranges.append(r)
-                continue
-            splits.append((r, cuts, reqs, seg.max_store_timestamp))
-    units = storage.read_units([req for _, _, reqs, _ in splits for req in reqs])
-    k = 0
-    for r, cuts, reqs, seg_max_ms in splits:
-        bounds: list[tuple[int, int | None]] = []  # (byte position in segment, queue offset)
-        for qo, req in zip(cuts, reqs, strict=True):
-            unit = units[k]
-            k += 1
-            flat, size = int.from_bytes(unit[:8], "big", signed=True), int.from_bytes(unit[8:12], "big")
-            pos = flat - r.base_offset
-            known_end = r.promised_end
-            if size <= 0 or pos <= 0 or pos >= known_end:
-                raise CorruptionError(
-                    f"{opts.url}/{req[0]}: consume-queue unit of queue offset {qo} points at flat "
-                    f"offset {flat} (size {size}), outside commitlog segment {r.path} "
-                    f"[{r.base_offset}, {r.base_offset + known_end})",
-                    path=req[0],
-                    queue_offset=qo,
-                )
-            bounds.append((pos, qo))
-        bounds.sort(key=lambda b: b[0])
-        starts: list[tuple[int, int | None]] = [(0, r.first_queue_offset), *bounds]
-        for j, (at, first_qo) in enumerate(starts):
-            nxt = starts[j + 1] if j + 1 < len(starts) else None
-            piece = replace(
-                r,
-                start=at,
-                end=nxt[0] if nxt is not None else r.end,
-                promised_end=nxt[0] if nxt is not None else r.promised_end,
-                # committed when the manifest was written: the manifest's maximum covers it
-                max_store_ms=seg_max_ms if nxt is not None else r.max_store_ms,
-                first_queue_offset=first_qo,
-                last_queue_offset=(nxt[1] - 1 if nxt[1] is not None else None)
-                if nxt is not None
-                else r.last_queue_offset,
-            )
-            if c.may_match(piece):
-                ranges.append(piece)
-    ranges.sort(key=lambda r: (r.cluster, r.broker, r.topic, r.queue_id, r.base_offset, r.start))
-    return ranges
+            r = q.segment_range(seg, is_tail=i == len(cls) - 1)
+            if c.may_match(r):
+                pieces.append((q, r))
+    ranges = [r for r in split_ranges(storage, opts.url, pieces, opts.max_partition_bytes) if c.may_match(r)]
+    return sort_ranges(ranges)
+
+
+def sort_ranges(ranges: Iterable[SegmentRange]) -> list[SegmentRange]:
+    return sorted(ranges, key=lambda r: (r.cluster, r.broker, r.topic, r.queue_id, r.base_offset, r.start))
 
 
 def total_known_bytes(ranges: Iterable[SegmentRange]) -> int:

@@ -1,20 +1,28 @@
-"""The ``tierd`` PySpark data source: the Spark-facing shell around :mod:`tierd.spark.plan` and
-:mod:`tierd.spark.decode`.
+"""The ``tierd`` PySpark data source: the Spark-facing shell around planning
+(:mod:`~tierd.spark.plan`, :mod:`~tierd.spark.lookup`, :mod:`~tierd.spark.stream`) and reading
+(:mod:`~tierd.spark.decode`, :mod:`~tierd.spark.sparse`).
 
-Everything that crosses to Spark's Python workers — the data source, the reader, the partitions
-— holds plain data only (options, constraints, :class:`~tierd.spark.plan.SegmentRange`);
-filesystems are opened inside ``partitions()`` and ``read()``.
+Everything that crosses to Spark's Python workers — the data source, the readers, the
+partitions — holds plain data only (options, constraints, ranges); filesystems are opened inside
+``partitions()`` and ``read()``. PySpark pickles a batch reader's read function *before* it calls
+``partitions()``, so what planning learns (the driver's credential source, for error messages)
+travels in the partitions.
 
 Filter pushdown (Spark ≥ 4.1) is off unless ``spark.sql.python.filterPushdown.enabled`` is true,
 and Spark then *rejects* any reader whose class defines ``pushFilters``
 (``DATA_SOURCE_PUSHDOWN_DISABLED``). The setting is not passed to the data source, so
 :meth:`TierdDataSource.reader` learns it from the planning worker that is calling it (see
 :func:`pushdown_enabled`) and returns :class:`TierdPushdownReader` or the plain
-:class:`TierdReader`. Rows are identical either way; pushdown only lets planning skip segments.
+:class:`TierdReader`. Rows are identical either way; pushdown only lets planning skip reads.
+
+Catalog tables: see :mod:`tierd.spark.options` — at ``CREATE TABLE`` the source stores the
+table's options in the metadata of the schema it returns; reads of the table find them in the
+schema Spark hands to :meth:`TierdDataSource.reader`.
 """
 
 from __future__ import annotations
 
+import json
 import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -22,6 +30,7 @@ from typing import TYPE_CHECKING
 from pyspark.sql.datasource import (
     DataSource,
     DataSourceReader,
+    DataSourceStreamReader,
     EqualTo,
     Filter,
     GreaterThan,
@@ -43,13 +52,24 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from tierd.errors import InvalidArgumentError
-from tierd.spark.plan import Constraints, ReadOptions, SegmentRange, plan_ranges
+from tierd.errors import CredentialsError, InvalidArgumentError, SegmentNotFoundError
+from tierd.spark.filters import Constraints
+from tierd.spark.options import (
+    TABLE_OPTIONS_METADATA,
+    ReadOptions,
+    check_table_options,
+    is_catalog,
+    normalize,
+    table_options,
+)
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator, Mapping
+    from collections.abc import Iterator, Mapping, Sequence
 
     import pyarrow as pa
+
+    from tierd.spark.plan import CqSegment, SegmentRange
+    from tierd.spark.storage import ColdStorage
 
 __all__ = [
     "SPARK_SCHEMA",
@@ -58,10 +78,11 @@ __all__ = [
     "TierdPartition",
     "TierdPushdownReader",
     "TierdReader",
+    "read_partition",
     "select_columns",
 ]
 
-#: DESIGN's columns; ``decode.ARROW_SCHEMA`` is the same schema in Arrow terms.
+#: DESIGN's columns (plus ``uniq_key``); ``decode.ARROW_SCHEMA`` is the same schema in Arrow terms.
 SPARK_SCHEMA = StructType(
     [
         StructField("topic", StringType()),
@@ -79,6 +100,7 @@ SPARK_SCHEMA = StructType(
         StructField("reconsume_times", IntegerType()),
         StructField("born_host", StringType()),
         StructField("store_host", StringType()),
+        StructField("uniq_key", StringType()),
     ]
 )
 
@@ -116,20 +138,111 @@ def pushdown_enabled() -> bool:
 
 
 class TierdPartition(InputPartition):
-    """One commitlog range (``value`` is the :class:`~tierd.spark.plan.SegmentRange`)."""
+    """What one task reads: commitlog ranges (``spans``: exact record runs a key lookup found,
+    else whole ranges, record-filtered by consume-queue tag codes when ``cq`` is given)."""
 
-    def __init__(self, segment_range: SegmentRange) -> None:
-        super().__init__(segment_range)
-        self.range = segment_range
+    def __init__(
+        self,
+        ranges: Sequence[SegmentRange],
+        *,
+        spans: bool = False,
+        cq: Sequence[CqSegment] | None = None,
+        credentials: str | None = None,
+        stream: bool = False,
+    ) -> None:
+        super().__init__(tuple(ranges))
+        self.ranges = tuple(ranges)
+        self.spans = spans
+        #: A micro-batch's: a segment deleted before it is read is data loss (failOnDataLoss).
+        self.stream = stream
+        self.cq = tuple(cq) if cq is not None else None
+        #: Where the driver's S3 credentials came from when it planned (for error messages).
+        self.credentials = credentials
 
     def __repr__(self) -> str:
-        r = self.range
+        r = self.ranges[0]
         end = "end" if r.end is None else r.end
-        return f"TierdPartition({r.topic}/{r.queue_id} {r.path} [{r.start}, {end}))"
+        more = f" +{len(self.ranges) - 1} spans" if len(self.ranges) > 1 else ""
+        return f"TierdPartition({r.topic}/{r.queue_id} {r.path} [{r.start}, {end}){more})"
+
+
+def plan_partitions(storage: ColdStorage, options: ReadOptions, c: Constraints) -> list[TierdPartition]:
+    """The partitions of a batch read: a key lookup through the cold index when the read is
+    restricted to keys, else every selected range (pruned by manifest bounds, tag-filtered
+    through the consume queue when ``tags`` is restricted)."""
+    from tierd.spark.lookup import plan_key_lookup
+    from tierd.spark.plan import load_queues, plan_ranges
+
+    queues = load_queues(storage, options, c)
+    cq = {q.key: q.cq_segments() for q in queues}
+    keys = c.lookup_keys
+    parts: list[TierdPartition] = []
+    if keys is not None:
+        kp = plan_key_lookup(storage, options, c, queues, keys)
+        parts += [TierdPartition([r]) for r in kp.scans]
+        parts += [TierdPartition(spans, spans=True) for spans in kp.lookups]
+    else:
+        for r in plan_ranges(storage, options, c, queues):
+            key = f"{r.cluster}/{r.broker}/{r.topic}/{r.queue_id}"
+            parts.append(TierdPartition([r], cq=cq[key] if c.tags is not None else None))
+    source = storage.credentials_source()
+    for part in parts:
+        part.credentials = source
+    return parts
+
+
+def read_partition(
+    options: ReadOptions, constraints: Constraints, columns: tuple[Column, ...], partition: InputPartition
+) -> Iterator[pa.RecordBatch]:
+    """Decode one partition into the columns Spark was told (names, order, nullability)."""
+    if not isinstance(partition, TierdPartition):  # Spark's InputPartition(None) for an empty plan
+        return
+    import pyarrow as pa
+
+    from tierd.spark.decode import ARROW_SCHEMA, read_range
+    from tierd.spark.sparse import read_spans, read_tagged
+    from tierd.spark.storage import credentials_advice, open_storage, report_stats
+
+    storage = open_storage(options.url, options.storage_options)
+    before = (storage.requests, storage.bytes_read)
+    decoded = pa.schema([ARROW_SCHEMA.field(c.column) for c in columns])
+    # Names and nullability as Spark was told: it checks the schema of every batch.
+    pairs = zip(decoded, columns, strict=True)
+    told = pa.schema([f.with_name(c.name).with_nullable(c.nullable) for f, c in pairs])
+    same = told.equals(decoded)
+
+    def batches() -> Iterator[pa.RecordBatch]:
+        if partition.spans:
+            yield from read_spans(storage, partition.ranges, constraints, decoded)
+            return
+        for r in partition.ranges:
+            it = None
+            if partition.cq is not None and constraints.tags is not None:
+                it = read_tagged(storage, r, partition.cq, constraints.tags, constraints, decoded)
+            yield from it if it is not None else read_range(storage, r, constraints, schema=decoded)
+
+    try:
+        for batch in batches():
+            yield batch if same else pa.RecordBatch.from_arrays(batch.columns, schema=told)
+    except CredentialsError as e:
+        failure = e.detail.get("failure", str(e))
+        raise CredentialsError(f"{failure}. {credentials_advice(partition.credentials)}", **e.detail) from e
+    except SegmentNotFoundError as e:
+        if not partition.stream:
+            raise
+        from tierd.spark.stream import data_loss, log
+
+        what = f"the records of {partition!r} ({e})"
+        if options.fail_on_data_loss:
+            raise data_loss(what) from e
+        log.warning("skipping %s: deleted by cold retention before this query read them", what)
+    finally:
+        report_stats(storage, "read", before)
 
 
 class TierdReader(DataSourceReader):
-    """Plans from manifests and decodes ranges; no ``pushFilters`` (see module docstring)."""
+    """Plans from manifests (and the cold index) and decodes ranges; no ``pushFilters`` (see
+    module docstring)."""
 
     def __init__(self, options: ReadOptions, columns: tuple[Column, ...] | None = None) -> None:
         self.options = options
@@ -138,34 +251,24 @@ class TierdReader(DataSourceReader):
         self.columns = columns if columns is not None else select_columns(SPARK_SCHEMA)
 
     def partitions(self) -> list[InputPartition]:
-        from tierd.spark.storage import open_storage
+        from tierd.spark.storage import open_storage, report_stats
 
         storage = open_storage(self.options.url, self.options.storage_options)
-        return [TierdPartition(r) for r in plan_ranges(storage, self.options, self.constraints)]
+        before = (storage.requests, storage.bytes_read)
+        try:
+            return list(plan_partitions(storage, self.options, self.constraints))
+        finally:
+            report_stats(storage, "plan", before)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        r = getattr(partition, "range", None)
-        if r is None:  # Spark substitutes InputPartition(None) for an empty plan
-            return
-        import pyarrow as pa
-
-        from tierd.spark.decode import ARROW_SCHEMA, read_range
-        from tierd.spark.storage import open_storage
-
-        storage = open_storage(self.options.url, self.options.storage_options)
-        decoded = pa.schema([ARROW_SCHEMA.field(c.column) for c in self.columns])
-        # Names and nullability as Spark was told: it checks the schema of every batch.
-        pairs = zip(decoded, self.columns, strict=True)
-        told = pa.schema([f.with_name(c.name).with_nullable(c.nullable) for f, c in pairs])
-        same = told.equals(decoded)
-        for batch in read_range(storage, r, self.constraints, schema=decoded):
-            yield batch if same else pa.RecordBatch.from_arrays(batch.columns, schema=told)
+        return read_partition(self.options, self.constraints, self.columns, partition)
 
 
 class TierdPushdownReader(TierdReader):
-    """:class:`TierdReader` that also takes Spark's filters on topic, queue_id, queue_offset and
-    store_timestamp. A filter is claimed only when it is enforced exactly: segments are pruned by
-    manifest bounds *and* each decoded row is checked, so Spark may drop it from its plan."""
+    """:class:`TierdReader` that also takes Spark's filters on topic, queue_id, queue_offset,
+    store_timestamp, tags and uniq_key. A filter is claimed only when it is enforced exactly:
+    reads are pruned (manifest bounds, the cold index, consume-queue tag codes) *and* each
+    decoded row is checked, so Spark may drop it from its plan."""
 
     def pushFilters(self, filters: list[Filter]) -> list[Filter]:
         rejected: list[Filter] = []
@@ -226,14 +329,19 @@ def select_columns(schema: StructType) -> tuple[Column, ...]:
 
 
 class TierdDataSource(DataSource):
-    """``spark.read.format("tierd")``: the messages of a tierd cold tier, read from the bucket.
+    """``spark.read.format("tierd")`` / ``spark.readStream.format("tierd")`` / ``CREATE TABLE t
+    USING tierd``: the messages of a tierd cold tier, read from the bucket.
 
-    Options are validated when the DataFrame is created (``.load()``), so a typo fails there
-    with a message naming the option, not later inside a task.
+    Options are validated when the DataFrame is created (``.load()``) or the table is created,
+    so a typo fails there with a message naming the option, not later inside a task.
     """
 
     def __init__(self, options: Mapping[str, str]) -> None:
         super().__init__(dict(options))
+        #: Created by Spark's catalog (``CREATE TABLE``): the options are the table's.
+        self.catalog = is_catalog(options)
+        if self.catalog:
+            check_table_options(options)
         self.read_options = ReadOptions.parse(dict(options))
 
     @classmethod
@@ -241,12 +349,34 @@ class TierdDataSource(DataSource):
         return "tierd"
 
     def schema(self) -> StructType:
-        return SPARK_SCHEMA
+        self.read_options.require_path()
+        if not self.catalog:
+            return SPARK_SCHEMA
+        # CREATE TABLE: Spark keeps this schema in the catalog, metadata included, and hands it
+        # back to reader() on every read of the table — the one way the table's options reach it.
+        stored = json.dumps(normalize(self.options), sort_keys=True)
+        first, *rest = SPARK_SCHEMA.fields
+        marked = StructField(first.name, first.dataType, first.nullable, {TABLE_OPTIONS_METADATA: stored})
+        return StructType([marked, *rest])
+
+    def _options(self, schema: StructType) -> ReadOptions:
+        """The read's options: a table's (from its schema), overridden by the query's own."""
+        stored = table_options(schema)
+        if not stored:
+            return self.read_options.require_path()
+        return ReadOptions.parse({**stored, **normalize(self.options)}).require_path()
 
     def reader(self, schema: StructType) -> DataSourceReader:
-        # Spark hands a user-specified .schema(...) here: a selection of the columns is honoured
-        # (only those are decoded), anything else refused now rather than inside a task.
+        # Spark hands a user-specified .schema(...) (or a table's schema) here: a selection of
+        # the columns is honoured (only those are decoded), anything else refused now rather
+        # than inside a task.
         columns = select_columns(schema)
+        options = self._options(schema)
         if pushdown_enabled():
-            return TierdPushdownReader(self.read_options, columns)
-        return TierdReader(self.read_options, columns)
+            return TierdPushdownReader(options, columns)
+        return TierdReader(options, columns)
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        from tierd.spark.stream import TierdStreamReader
+
+        return TierdStreamReader(self._options(schema), select_columns(schema))

@@ -16,17 +16,34 @@ from __future__ import annotations
 
 import bisect
 import json
+import os
+import socket
 import threading
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 from urllib.parse import urlsplit
 
 from backends._chunks import CHUNK_DIR_SUFFIX, Layout, Listing, ObjectInfo
-from tierd.errors import BackendError, CorruptionError, InvalidArgumentError, SegmentNotFoundError, TierdError
+from tierd.errors import (
+    BackendError,
+    CorruptionError,
+    CredentialsError,
+    InvalidArgumentError,
+    SegmentNotFoundError,
+    TierdError,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
 
-__all__ = ["ColdStorage", "SegmentSource", "open_storage"]
+__all__ = ["STATS_ENV", "ColdStorage", "SegmentSource", "credentials_advice", "open_storage", "report_stats"]
+
+#: Diagnostics: when set to a file path, every planning and every task appends one JSON line
+#: with the requests it sent and the bytes it read (``bench/spark_read.py`` uses it).
+STATS_ENV: Final = "TIERD_SPARK_STATS"
+#: botocore's names for "no usable credentials" (raised before any request is sent).
+_NO_CREDENTIALS = frozenset({"NoCredentialsError", "PartialCredentialsError", "CredentialRetrievalError"})
+#: S3 error codes that mean "these credentials are not accepted".
+_REJECTED = ("InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken", "InvalidToken", "AccessDenied")
 
 #: Protocols whose data lives in one process: a Spark worker could never see it.
 _PROCESS_LOCAL = frozenset({"memory"})
@@ -185,6 +202,9 @@ class ColdStorage:
         self.fs: Any = fs
         self.root = root.rstrip("/")
         self.scheme = scheme or "file"
+        #: Requests sent and bytes read so far (this process; diagnostics and benchmarks).
+        self.requests = 0
+        self.bytes_read = 0
 
     # ------------------------------------------------------------------ naming
     def full(self, rel: str) -> str:
@@ -205,9 +225,34 @@ class ColdStorage:
             return err
         if isinstance(err, FileNotFoundError):
             return SegmentNotFoundError(f"{self.display(path)} does not exist", path=self.display(path))
+        if _is_credentials_problem(err, self.scheme in ("s3", "s3a")):
+            host = socket.gethostname()
+            failure = f"{op} of {self.display(path)} failed on host {host}: {type(err).__name__}: {err}"
+            return CredentialsError(
+                f"{failure}. {credentials_advice()}", path=self.display(path), failure=failure
+            )
         return BackendError(
             f"{op} of {self.display(path)} failed: {type(err).__name__}: {err}", path=self.display(path)
         )
+
+    def _count(self, requests: int, data: int) -> None:
+        self.requests += requests
+        self.bytes_read += data
+
+    def credentials_source(self) -> str | None:
+        """Where this process's S3 client took its credentials from (botocore's name for it:
+        ``env``, ``shared-credentials-file``, ``iam-role``, ``container-role``,
+        ``assume-role-with-web-identity``, ``explicit`` ...); None before any request or
+        for other filesystems."""
+        if self.scheme not in ("s3", "s3a"):
+            return None
+        try:
+            client = getattr(self.fs, "s3", None)
+        except Exception:  # not connected yet
+            return None
+        creds = getattr(getattr(client, "_request_signer", None), "_credentials", None)
+        method = getattr(creds, "method", None)
+        return str(method) if method else None
 
     def cat(self, path: str, start: int, end: int) -> bytes:
         """Bytes ``[start, end)`` of the object at full path ``path``."""
@@ -215,6 +260,7 @@ class ColdStorage:
             data: bytes = self.fs.cat_file(path, start=start, end=end)
         except Exception as e:
             raise self._fail("read", path, e) from e
+        self._count(1, len(data))
         return data
 
     def cat_spans(self, spans: Sequence[tuple[str, int, int]]) -> list[bytes]:
@@ -227,7 +273,9 @@ class ColdStorage:
             )
         except Exception as e:
             raise self._fail("read", spans[0][0], e) from e
-        return [bytes(d) if not isinstance(d, bytes) else d for d in got]
+        out = [bytes(d) if not isinstance(d, bytes) else d for d in got]
+        self._count(len(out), sum(len(d) for d in out))
+        return out
 
     def read_object(self, rel: str) -> bytes:
         """A whole small object (a manifest); :class:`SegmentNotFoundError` if it is missing.
@@ -239,6 +287,7 @@ class ColdStorage:
             data: bytes = self.fs.cat_file(path, start=0)
         except Exception as e:
             raise self._fail("read", path, e) from e
+        self._count(1, len(data))
         return data
 
     def read_objects(self, rels: Sequence[str]) -> list[bytes | None]:
@@ -261,12 +310,14 @@ class ColdStorage:
                 raise self._fail("read", path, data) from data
             else:
                 out.append(bytes(data))
+        self._count(len(paths), sum(len(d) for d in out if d is not None))
         return out
 
     def list_dir(self, rel: str) -> list[tuple[str, int, bool]]:
         """``(name, size, is_dir)`` of the entries directly below ``rel`` (one delimiter listing,
         never recursive); ``[]`` if there is nothing there."""
         path = self.full(rel) if rel else self.root
+        self._count(1, 0)
         try:
             self.fs.invalidate_cache(path)
             entries = self.fs.ls(path, detail=True)
@@ -309,6 +360,7 @@ class ColdStorage:
         """Sealed object and chunks in one prefix listing (``{path}`` and ``{path}.chunks/…``
         share the prefix; segment names have a fixed length, so no sibling does)."""
         parent, _, name = path.rpartition("/")
+        self._count(1, 0)
         try:
             found: dict[str, Any] = self.fs.find(parent, prefix=name, detail=True)
         except FileNotFoundError:
@@ -334,6 +386,7 @@ class ColdStorage:
     def _stat_segment(self, path: str) -> Listing:
         """Filesystems without prefix listings: stat the segment, else list its chunk directory."""
         chunk_dir = path + CHUNK_DIR_SUFFIX.rstrip("/")
+        self._count(1, 0)
         try:
             self.fs.invalidate_cache(path)
             info = self.fs.info(path)
@@ -415,3 +468,55 @@ def open_storage(url: str, storage_options: Mapping[str, Any] | None = None) -> 
                 _OPEN.pop(next(iter(_OPEN)))
             found = _OPEN[key] = ColdStorage(url, storage_options)
         return found
+
+
+def _is_credentials_problem(err: BaseException, s3: bool) -> bool:
+    """No credentials, or credentials an S3 server rejects (anywhere in the exception chain;
+    s3fs turns S3's AccessDenied family into PermissionError)."""
+    seen: BaseException | None = err
+    for _ in range(8):
+        if seen is None:
+            return False
+        if type(seen).__name__ in _NO_CREDENTIALS:
+            return True
+        if s3 and (isinstance(seen, PermissionError) or any(code in str(seen) for code in _REJECTED)):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+def credentials_advice(driver_source: str | None = None) -> str:
+    """How to give a Spark process S3 credentials — the fix, named in every credentials error."""
+    planned = (
+        f"The driver planned this read with credentials from {driver_source!r}; executors do not "
+        "inherit them. "
+        if driver_source
+        else ""
+    )
+    return (
+        f"{planned}Every process that reads the bucket needs its own credentials: on a cluster "
+        "set them in the executors' environment (spark.executorEnv.AWS_ACCESS_KEY_ID and "
+        "spark.executorEnv.AWS_SECRET_ACCESS_KEY, or AWS_PROFILE with the file on every node), "
+        "use an instance profile (EC2, EMR) or IRSA / EKS Pod Identity (Kubernetes), or pass "
+        "key and secret in option storage_options (see docs/spark.md, 'Credentials on a cluster')"
+    )
+
+
+def report_stats(storage: ColdStorage, phase: str, before: tuple[int, int]) -> None:
+    """Append this phase's requests and bytes to the file named by :data:`STATS_ENV`, if set."""
+    target = os.environ.get(STATS_ENV)
+    if not target:
+        return
+    line = json.dumps(
+        {
+            "phase": phase,
+            "pid": os.getpid(),
+            "requests": storage.requests - before[0],
+            "bytes": storage.bytes_read - before[1],
+        }
+    )
+    fd = os.open(target, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, (line + "\n").encode())
+    finally:
+        os.close(fd)

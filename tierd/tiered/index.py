@@ -146,6 +146,10 @@ __all__ = [
     "compacted_size",
     "compacted_slots",
     "hash_keys",
+    "segment_slots",
+    "slot_extent",
+    "slot_hits",
+    "slot_position",
     "writable_size",
 ]
 
@@ -811,25 +815,10 @@ class _UploadedFile:
     async def lookup(
         self, hash_: int, topic_id: int, begin_ms: int, end_ms: int, max_count: int, stats: IndexStats
     ) -> list[IndexHit]:
-        raw = await self.driver.read(ByteRange(HEADER_SIZE + (hash_ % self.slots) * SLOT_SIZE, SLOT_SIZE))
+        raw = await self.driver.read(ByteRange(slot_position(self.slots, hash_), SLOT_SIZE))
         stats.backend_reads += 1
         stats.backend_read_bytes += SLOT_SIZE
-        pos, length = _SLOT.unpack(raw)
-        if length == 0:
-            return []
-        end_of_items = self.item_base + self.count * COMPACTED_ITEM_SIZE
-        if (
-            length < 0
-            or length % COMPACTED_ITEM_SIZE
-            or pos < self.item_base
-            or (pos - self.item_base) % COMPACTED_ITEM_SIZE
-            or pos + length > end_of_items
-        ):
-            raise CorruptionError(
-                f"index segment {self.driver.path}: slot {hash_ % self.slots} holds position {pos} and "
-                f"length {length}, outside the item table [{self.item_base}, {end_of_items})",
-                path=self.driver.path,
-            )
+        pos, length = slot_extent(raw, self.slots, self.count, hash_, self.driver.path)
         hits: list[IndexHit] = []
         done = 0
         while done < length and len(hits) < max_count:
@@ -838,20 +827,62 @@ class _UploadedFile:
             stats.backend_reads += 1
             stats.backend_read_bytes += n
             done += n
-            rows = np.frombuffer(chunk, dtype=COMPACTED_ITEM_DTYPE)
-            t = self.begin + rows["tdiff"].astype(np.int64) * 1000
-            match = (
-                (rows["hash"] == hash_)
-                & (rows["topic_id"] == topic_id)
-                & (t <= end_ms)
-                & (t + 999 >= begin_ms)
-            )
-            for i in np.flatnonzero(match)[: max_count - len(hits)].tolist():
-                r = rows[i]
-                hits.append(
-                    IndexHit(topic_id, int(r["queue_id"]), int(r["offset"]), int(r["size"]), int(t[i]))
-                )
+            found = slot_hits(chunk, self.begin, hash_, topic_id, begin_ms, end_ms)
+            hits.extend(found[: max_count - len(hits)])
         return hits
+
+
+# ----------------------------------------------------------------------------- reading a segment
+# The steps of one lookup in a compacted file, without I/O: shared by the service and by readers
+# of the bucket alone (Spark), which batch the reads of many files themselves.
+def segment_slots(size: int, count: int) -> int:
+    """Slot count of a compacted file of ``size`` bytes holding ``count`` items (the header does
+    not carry it); 0 when the two do not describe a compacted file."""
+    rest = size - HEADER_SIZE - count * COMPACTED_ITEM_SIZE
+    return rest // SLOT_SIZE if count >= 0 and rest > 0 and rest % SLOT_SIZE == 0 else 0
+
+
+def slot_position(slots: int, hash_: int) -> int:
+    """Byte position of the 8-byte slot of ``hash_`` in a compacted file of ``slots`` slots."""
+    return HEADER_SIZE + (hash_ % slots) * SLOT_SIZE
+
+
+def slot_extent(raw: bytes, slots: int, count: int, hash_: int, where: str) -> tuple[int, int]:
+    """(byte position, byte length) of the items of ``hash_``'s slot, from the slot's 8 bytes
+    ``raw``; length 0 for an empty slot. A slot pointing outside the item table is corruption."""
+    pos, length = _SLOT.unpack(raw)
+    if length == 0:
+        return 0, 0
+    item_base = HEADER_SIZE + slots * SLOT_SIZE
+    end_of_items = item_base + count * COMPACTED_ITEM_SIZE
+    if (
+        length < 0
+        or length % COMPACTED_ITEM_SIZE
+        or pos < item_base
+        or (pos - item_base) % COMPACTED_ITEM_SIZE
+        or pos + length > end_of_items
+    ):
+        raise CorruptionError(
+            f"index segment {where}: slot {hash_ % slots} holds position {pos} and "
+            f"length {length}, outside the item table [{item_base}, {end_of_items})",
+            path=where,
+        )
+    return pos, length
+
+
+def slot_hits(
+    items: bytes, begin: int, hash_: int, topic_id: int, begin_ms: int, end_ms: int
+) -> list[IndexHit]:
+    """The items (28-byte rows of one slot, or a whole-row piece of it) of a file that began at
+    ``begin`` that carry ``hash_`` and ``topic_id`` and whose second may lie in
+    ``[begin_ms, end_ms]``, in stored order (newest first)."""
+    rows = np.frombuffer(items, dtype=COMPACTED_ITEM_DTYPE)
+    t = begin + rows["tdiff"].astype(np.int64) * 1000
+    match = (rows["hash"] == hash_) & (rows["topic_id"] == topic_id) & (t <= end_ms) & (t + 999 >= begin_ms)
+    return [
+        IndexHit(topic_id, int(rows[i]["queue_id"]), int(rows[i]["offset"]), int(rows[i]["size"]), int(t[i]))
+        for i in np.flatnonzero(match).tolist()
+    ]
 
 
 # ----------------------------------------------------------------------------- key extraction
@@ -1152,8 +1183,7 @@ class ColdIndexService:
                     raw = bytes(HEADER_SIZE)
             self.stats.header_reads += 1
             magic, begin, end, used, count = _HEADER.unpack(raw)
-            rest = info.size - HEADER_SIZE - count * COMPACTED_ITEM_SIZE
-            slots = rest // SLOT_SIZE if count >= 0 and rest > 0 and rest % SLOT_SIZE == 0 else 0
+            slots = segment_slots(info.size, count)
             if magic != MAGIC_COMPACTED or begin != info.base_offset or not slots or not 0 <= used <= count:
                 log.error(
                     "index segment %s has a bad header (magic 0x%08X, begin %d, used %d, count %d, size %d); "
