@@ -34,6 +34,8 @@ from tierd.tiered.manifest import (
 from tierd.tiered.paths import segment_path
 from tierd.tiered.segment import FileType
 
+from ..tiered.conftest import run
+
 if TYPE_CHECKING:
     from collections.abc import Iterator, Sequence
 
@@ -89,27 +91,47 @@ class Produced:
         return sorted((t, q, o, v[0]) for (t, q, o), v in self.messages.items() if topic in (None, t))
 
 
-def produce(cfg: TierdConfig, batches: Sequence[Sequence[Message]]) -> Produced:
-    """Put each batch and tier it (``tier_now`` after each, so segments hold several commits)."""
+def produce(
+    cfg: TierdConfig, batches: Sequence[Sequence[Message]], *, index_after: int | None = None
+) -> Produced:
+    """Put each batch and tier it (``tier_now`` after each, so segments hold several commits).
+    ``index_after``: upload the cold key index after that many batches (later ones stay in the
+    local index file, as messages of the last ``max_file_age`` do)."""
     out: dict[tuple[str, int, int], tuple[bytes, tuple[str, ...], str | None]] = {}
     with BlockingMessageStore.open(cfg) as store:
-        for batch in batches:
+        for i, batch in enumerate(batches):
+            if index_after is not None and i == index_after:
+                upload_index(store)
             for m, r in zip(batch, store.put_batch(list(batch)), strict=True):
                 out[(m.topic, r.queue_id, r.queue_offset)] = (m.body, tuple(m.keys), m.tags)
             store.tier_now()
+        if index_after is not None and index_after >= len(batches):
+            upload_index(store)
     return Produced(out)
 
 
+def upload_index(store: BlockingMessageStore) -> None:
+    """Seal the writable cold index file and upload it now (it would wait ``max_file_age``)."""
+    assert store.tiering is not None
+    index = store.tiering.index
+    age, index.max_file_age_ms = index.max_file_age_ms, 0
+    try:
+        run(store, index.maintain())
+    finally:
+        index.max_file_age_ms = age
+
+
 def messages(start: int, n: int, *, size: int = 150) -> list[Message]:
-    """Deterministic messages over two topics and two queues; keys ``k{i}`` + a shared one."""
+    """Deterministic messages over two topics and two queues; keys ``k{i}`` + a shared one,
+    UNIQ_KEY ``u{i}``, tags ``even`` on every other one and ``rare`` on every 50th."""
     return [
         Message(
             topic="orders" if i % 3 else "audit",
             body=(b"%08d|" % i) * (size // 9),
             keys=[f"k{i}", f"g{i % 5}"],
-            tags="even" if i % 2 == 0 else None,
+            tags="rare" if i % 50 == 1 else "even" if i % 2 == 0 else None,
             queue_id=i % 2,
-            properties={"seq": str(i)},
+            properties={"seq": str(i), "UNIQ_KEY": f"u{i}"},
         )
         for i in range(start, start + n)
     ]

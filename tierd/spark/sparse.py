@@ -35,8 +35,11 @@ __all__ = ["COALESCE_GAP", "coalesce", "read_spans", "read_tagged", "span_ranges
 COALESCE_GAP: Final = 64 * 1024
 
 
-def coalesce(spans: Iterable[tuple[int, int]], gap: int = COALESCE_GAP) -> list[tuple[int, int]]:
-    """Sorted, merged ``[start, end)`` spans; spans at most ``gap`` apart become one."""
+def coalesce(spans: Iterable[tuple[int, int]], gap: int | None = None) -> list[tuple[int, int]]:
+    """Sorted, merged ``[start, end)`` spans; spans at most ``gap`` (default
+    :data:`COALESCE_GAP`) apart become one."""
+    if gap is None:
+        gap = COALESCE_GAP
     out: list[tuple[int, int]] = []
     for a, b in sorted(spans):
         if out and a <= out[-1][1] + gap:
