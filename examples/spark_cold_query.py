@@ -17,10 +17,12 @@ Examples:
   python examples/spark_cold_query.py s3://bucket/prefix \\
       --storage-options '{"endpoint_url": "http://127.0.0.1:9000", "key": "...", "secret": "..."}'
 
-  # on a cluster: install tierd[spark] on every node, then
-  spark-submit --master yarn examples/spark_cold_query.py s3://bucket/prefix --key order-42
+  # on a cluster: install tierd[spark] on every node, give executors credentials, then
+  spark-submit --master spark://host:7077 examples/spark_cold_query.py s3://bucket/prefix --key order-42
 
-Filters on topic, queue_id, queue_offset and store_timestamp skip whole segments when
+The key lookup goes through the cold key index (two small reads per index file, then only the
+matching records; what the index does not cover yet is scanned). Filters on topic, queue_id,
+queue_offset and store_timestamp skip whole segments when
 ``spark.sql.python.filterPushdown.enabled`` is true (``--pushdown``); results are the same either way.
 """
 
@@ -47,7 +49,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "path", help="the cold tier: backend.url tierd wrote to (s3://bucket/prefix, file:///dir)"
     )
     ap.add_argument("--topic", help="only these topics (comma-separated); default: all")
-    ap.add_argument("--key", help="also list every message whose KEYS contain this key")
+    ap.add_argument("--key", help="also list every message with this key (a KEYS token or the UNIQ_KEY)")
     ap.add_argument(
         "--since", help="only messages stored at or after this time (e.g. 2025-01-01 or 2025-01-01T12:00)"
     )
@@ -80,11 +82,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 PER_HOUR = "topic string, store_timestamp timestamp, body binary"
 BY_KEY = (
     "topic string, queue_id int, queue_offset bigint, store_timestamp timestamp, msg_id string, "
-    "tags string, keys array<string>"
+    "tags string, keys array<string>, uniq_key string"
 )
 
 
-def load(spark: SparkSession, args: argparse.Namespace, columns: str) -> DataFrame:
+def load(spark: SparkSession, args: argparse.Namespace, columns: str, key: str | None = None) -> DataFrame:
     from pyspark.sql import functions as F
 
     reader = (
@@ -98,6 +100,8 @@ def load(spark: SparkSession, args: argparse.Namespace, columns: str) -> DataFra
         value = getattr(args, name)
         if value:
             reader = reader.option(name, value)
+    if key is not None:
+        reader = reader.option("key", key)  # through the cold index, not a scan
     df = reader.load()
     # Compare with timestamps in UTC (the session time zone is set below), so bounds are exact.
     if args.since:
@@ -133,8 +137,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.key:
             print(f"== messages with key {args.key!r}")
             (
-                load(spark, args, BY_KEY)
-                .where(F.array_contains("keys", args.key))
+                load(spark, args, BY_KEY, key=args.key)
                 .orderBy("store_timestamp")
                 .show(args.limit, truncate=False)
             )

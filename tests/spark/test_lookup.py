@@ -31,7 +31,7 @@ from ..tiered.conftest import cold_config
 from .conftest import Produced, messages, produce
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Mapping
 
     from pyspark.sql import SparkSession
 
@@ -69,7 +69,7 @@ def indexed_s3(
 class Recording(ColdStorage):
     """Counts the ranged reads of each object kind."""
 
-    def __init__(self, url: str, so: dict[str, Any]) -> None:
+    def __init__(self, url: str, so: Mapping[str, Any]) -> None:
         super().__init__(url, so)
         self.paths: list[str] = []
 
