@@ -124,6 +124,14 @@ def test_key_lookup_finds_exactly_the_messages_with_the_key(
     assert sum("/rmq_sys_INDEX/" in p for p in storage.paths) == 2
 
 
+def test_a_lookup_in_sealed_segments_only(indexed: tuple[str, dict[str, Any], Produced]) -> None:
+    url, so, produced = indexed
+    sealed, _, _, _ = _run(url, so, include_open_segments="false")
+    assert 0 < len(sealed) < len(produced.messages)
+    rows, _, _, _ = _run(url, so, key="g3", include_open_segments="false")
+    assert rows == _with_key(produced, "g3") & sealed
+
+
 def test_uniq_key_lookups_go_through_the_index_too(indexed: tuple[str, dict[str, Any], Produced]) -> None:
     url, so, produced = indexed
 

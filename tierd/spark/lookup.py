@@ -230,6 +230,9 @@ def plan_key_lookup(
                 if lo <= h.flat_offset < hi
             ]
             spans += span_ranges(replace(r, end=hi - r.base_offset), coalesce(found))
+    if not opts.include_open_segments:  # a snapshot of sealed segments, as a scan would read
+        scans = [(q, r) for q, r in scans if r.sealed]
+        spans = [r for r in spans if r.sealed]
     scanned = [r for r in split_ranges(storage, opts.url, scans, opts.max_partition_bytes) if c.may_match(r)]
     lookups: list[list[SegmentRange]] = []
     size = 0
