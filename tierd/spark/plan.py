@@ -12,11 +12,14 @@ unit-tested without a SparkSession:
   of the queue offset interpolated for that byte position: one small ranged read per cut, all
   cuts of a plan fetched in one batch). Ranges of uneven records come out uneven — any record
   boundary is a correct cut, so no search is spent making them equal.
-* **Pruning that is exact where it is claimed.** :class:`Constraints` gathers the options and the
-  filters Spark pushes; segments and ranges whose manifest bounds cannot match are dropped, and
-  the same constraints are applied to every decoded row (:func:`row_mask`), so a filter reported
-  to Spark as handled is handled exactly. Open segments may have grown since their manifest was
-  written: their last range is unbounded above (offsets, timestamps and bytes).
+* **Pruning that is exact where it is claimed.** :class:`~tierd.spark.filters.Constraints`
+  gathers the options and the filters Spark pushes; segments and ranges whose manifest bounds
+  cannot match are dropped, and the same constraints are applied to every decoded row, so a
+  filter reported to Spark as handled is handled exactly. Open segments may have grown since
+  their manifest was written: their last range is unbounded above (offsets, timestamps, bytes).
+* **Byte positions of queue offsets** (:func:`record_positions`, :func:`clip_ranges`): a
+  streaming micro-batch or the part of a queue a key lookup must scan is cut exactly at record
+  starts read from the consume queue, so nothing outside it is read.
 """
 
 from __future__ import annotations
@@ -58,7 +61,6 @@ __all__ = [
     "record_positions",
     "sort_ranges",
     "split_ranges",
-    "total_known_bytes",
 ]
 
 _CLUSTER_DIR = re.compile(r"([0-9a-f]{8})_(.+)")
@@ -425,7 +427,3 @@ def plan_ranges(
 
 def sort_ranges(ranges: Iterable[SegmentRange]) -> list[SegmentRange]:
     return sorted(ranges, key=lambda r: (r.cluster, r.broker, r.topic, r.queue_id, r.base_offset, r.start))
-
-
-def total_known_bytes(ranges: Iterable[SegmentRange]) -> int:
-    return sum(r.known_bytes for r in ranges)
