@@ -230,6 +230,13 @@ class TieredConfig(_Section):
         json_schema_extra=_rmq("tieredStoreIndexFileMaxIndexNum"),
     )
     manifest_interval: float = Field(60.0, gt=0, description="Max seconds between manifest writes.")
+    ready_timeout: float = Field(
+        30.0,
+        ge=0,
+        description="At start-up, how long (s) a read or listing waits for the cold tier to load "
+        "before failing with `NotReadyError` (HTTP 503 `not_ready`); answers never come from the "
+        "hot tier alone meanwhile (docs/reading.md).",
+    )
 
 
 class BackendConfig(_Section):

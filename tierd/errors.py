@@ -95,6 +95,20 @@ class StoreClosedError(TierdError, RuntimeError):
     http_status = 503
 
 
+class NotReadyError(TierdError, TimeoutError):
+    """An answer needs a part of the store that has not finished loading (the cold tier's
+    metadata at start-up, or the store itself while it recovers). Retriable: the same call
+    succeeds once loading is done. ``detail["retry_after"]`` suggests a pause in seconds
+    (HTTP: 503 ``not_ready`` with a ``Retry-After`` header)."""
+
+    code = "not_ready"
+    http_status = 503
+
+    @property
+    def retry_after(self) -> int:
+        return max(1, int(self.detail.get("retry_after", 1)))
+
+
 class StoreLockedError(TierdError, BlockingIOError):
     """Another process holds the store directory's lock file."""
 

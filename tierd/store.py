@@ -1,8 +1,13 @@
 """The public facade: :class:`MessageStore` (asyncio) and :class:`BlockingMessageStore` (scripts).
 
-Writes go to the hot store; reads are routed by read policy (today the hot store serves every
-read — the cold tier plugs in behind the same methods). The facade validates arguments and
-owns lifecycle; it holds no data structures of its own.
+Writes go to the hot store; reads are routed by read policy across both tiers. The facade
+validates arguments and owns lifecycle; it holds no data structures of its own.
+
+Readiness: the cold tier loads in the background after open (the hot store takes writes at
+once). Every answer that depends on it — a read's status and offsets, listings, time lookups,
+key queries — waits until it has loaded, at most ``tiered.ready_timeout`` seconds, then fails
+with the retriable :class:`~tierd.errors.NotReadyError`; it is never answered from the hot tier
+alone (a consumer told ``OFFSET_TOO_SMALL`` by a half-loaded store would skip the cold history).
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
-from tierd.errors import InvalidArgumentError, StoreClosedError
+from tierd.errors import InvalidArgumentError, StoreClosedError, TierdError
 from tierd.groups import ConsumerGroups, GroupInfo
 from tierd.inventory import QueueInfo, SegmentRow, check_kind, live_segments, queue_infos
 from tierd.local.store import HotStore, PutBatchResult
@@ -86,7 +91,20 @@ class _StoreCore:
             raise StoreClosedError("the store is closed")
         return self.hot
 
-    def _get(
+    async def _cold_loaded(self) -> None:
+        """Wait (bounded by ``tiered.ready_timeout``) until the cold tier has loaded; without
+        one, or once loaded, this returns without suspending."""
+        if self.tiering is not None and not self.tiering.ready.is_set():
+            await self.tiering.wait_ready()
+
+    def _cold_loaded_now(self) -> None:
+        """The synchronous entry points' readiness gate. The asyncio facade cannot block its
+        loop, so it refuses (NotReadyError) until the cold tier has loaded — ``open`` waits
+        for it first, so this only bites when loading outlasts ``tiered.ready_timeout``."""
+        if self.tiering is not None:
+            self.tiering.check_ready()
+
+    async def _get(
         self,
         topic: str,
         queue_id: int,
@@ -94,16 +112,11 @@ class _StoreCore:
         max_count: int,
         policy: ReadPolicy | str | None,
         tags: str | TagFilter | None = None,
-    ) -> Coroutine[Any, Any, GetResult]:
+    ) -> GetResult:
         self._hot()
-        return self.router.get(
-            topic,
-            queue_id,
-            offset,
-            max_count,
-            _policy(policy, self.config.tiered.storage_level),
-            parse_tags(tags),
-        )
+        chosen, flt = _policy(policy, self.config.tiered.storage_level), parse_tags(tags)
+        await self._cold_loaded()
+        return await self.router.get(topic, queue_id, offset, max_count, chosen, flt)
 
     def _check_wait(self, wait_ms: int) -> int:
         bound = self.config.server.long_poll_max_ms
@@ -157,34 +170,36 @@ class _StoreCore:
             finally:
                 self.arrivals.unregister(key, arrival)
 
-    def _query(
-        self, topic: str, key: str, max_count: int, begin: int, end: int
-    ) -> Coroutine[Any, Any, list[MessageExt]]:
+    async def _query(self, topic: str, key: str, max_count: int, begin: int, end: int) -> list[MessageExt]:
         if not isinstance(max_count, int) or max_count < 1:
             raise InvalidArgumentError(f"max_count must be a positive integer, got {max_count!r}")
         if begin > end:
             raise InvalidArgumentError(f"begin ({begin}) must not be after end ({end})")
         self._hot()
-        return self.router.query(topic, key, max_count, begin, end)
+        await self._cold_loaded()
+        return await self.router.query(topic, key, max_count, begin, end)
 
     # Cheap, synchronous reads shared verbatim by both facades (both tiers).
     def min_offset(self, topic: str, queue_id: int) -> int:
         self._hot()
+        self._cold_loaded_now()
         return self.router.min_offset(topic, queue_id)
 
     def max_offset(self, topic: str, queue_id: int) -> int:
         self._hot()
+        self._cold_loaded_now()
         return self.router.max_offset(topic, queue_id)
 
-    def _offset_for_time(
-        self, topic: str, queue_id: int, timestamp: int, boundary: str
-    ) -> Coroutine[Any, Any, int]:
+    async def _offset_for_time(self, topic: str, queue_id: int, timestamp: int, boundary: str) -> int:
         self._hot()
-        return self.router.offset_for_time(topic, queue_id, timestamp, _boundary(boundary) == "upper")
+        upper = _boundary(boundary) == "upper"
+        await self._cold_loaded()
+        return await self.router.offset_for_time(topic, queue_id, timestamp, upper)
 
-    def _earliest_time(self, topic: str, queue_id: int) -> Coroutine[Any, Any, int]:
+    async def _earliest_time(self, topic: str, queue_id: int) -> int:
         self._hot()
-        return self.router.earliest_time(topic, queue_id)
+        await self._cold_loaded()
+        return await self.router.earliest_time(topic, queue_id)
 
     # Consumer groups (docs/reading.md, "Consumer groups"): reads shared by both facades.
     def committed_offsets(self, group: str) -> dict[tuple[str, int], int]:
@@ -247,7 +262,9 @@ class _StoreCore:
 
     def topics(self) -> dict[str, list[int]]:
         """Topic → queue ids, across both tiers (a topic whose hot files expired stays listed)."""
-        out = {t: set(q) for t, q in self._hot().topics().items()}
+        hot_topics = self._hot().topics()
+        self._cold_loaded_now()
+        out = {t: set(q) for t, q in hot_topics.items()}
         if self.tiering is not None:
             for t, q in self.tiering.flat.files:
                 out.setdefault(t, set()).add(q)
@@ -255,7 +272,9 @@ class _StoreCore:
 
     def queues(self, topic: str) -> list[QueueInfo]:
         """Every queue of ``topic`` with its offsets in each tier (NotFoundError if unknown)."""
-        return queue_infos(self._hot(), self.tiering, topic)
+        hot = self._hot()
+        self._cold_loaded_now()
+        return queue_infos(hot, self.tiering, topic)
 
     async def _segments(self, topic: str | None, queue_id: int | None, type: str | None) -> list[SegmentRow]:
         kind = check_kind(type)
@@ -296,8 +315,12 @@ class MessageStore(_StoreCore):
     ``store = await MessageStore.open(cfg)`` and ``await store.close()``)."""
 
     @classmethod
-    def open(cls, cfg: TierdConfig) -> _Opener:
-        return _Opener(cfg)
+    def open(cls, cfg: TierdConfig, *, ready_timeout: float | None = None) -> _Opener:
+        """Open (recovering after a crash) and wait up to ``ready_timeout`` seconds (default
+        ``tiered.ready_timeout``; 0: not at all) for the cold tier to load, so that reads right
+        after open see both tiers. If it takes longer the store opens anyway — writes work,
+        and reads that need the cold tier wait for it themselves or raise NotReadyError."""
+        return _Opener(cfg, ready_timeout)
 
     async def put(self, message: Message) -> PutResult:
         res, fut = self.hot.put(message)  # the hot store checks it is open
@@ -367,9 +390,10 @@ class MessageStore(_StoreCore):
         self._hot()
         return await asyncio.to_thread(self.offsets.delete, check_group(group), topic)
 
-    async def wait_ready(self, timeout: float = 30.0) -> None:
-        """Wait until the cold tier has loaded (no-op without one): until then reads and
-        listings see the hot store only. BackendError if it takes longer than ``timeout``."""
+    async def wait_ready(self, timeout: float | None = None) -> None:
+        """Wait until the cold tier has loaded (no-op without one), at most ``timeout`` seconds
+        (default ``tiered.ready_timeout``), else NotReadyError. Reads wait by themselves; this
+        is for callers that want to wait up front."""
         if self.tiering is not None:
             await self.tiering.wait_ready(timeout)
 
@@ -428,14 +452,20 @@ class MessageStore(_StoreCore):
 class _Opener:
     """Awaitable *and* async context manager returned by :meth:`MessageStore.open`."""
 
-    def __init__(self, cfg: TierdConfig) -> None:
+    def __init__(self, cfg: TierdConfig, ready_timeout: float | None) -> None:
         self._cfg = cfg
+        self._ready_timeout = cfg.tiered.ready_timeout if ready_timeout is None else ready_timeout
         self._store: MessageStore | None = None
 
     async def _open(self) -> MessageStore:
-        self._store = await _open_async(MessageStore, self._cfg)
-        self._store._start_consumers()
-        return self._store
+        self._store = store = await _open_async(MessageStore, self._cfg)
+        store._start_consumers()
+        if store.tiering is not None and self._ready_timeout > 0:
+            try:
+                await store.tiering.wait_ready(self._ready_timeout)
+            except TierdError as e:  # writes work without it; reads report it themselves
+                log.warning("store open; %s", e)
+        return store
 
     def __await__(self) -> Generator[object, None, MessageStore]:
         return self._open().__await__()
@@ -553,11 +583,17 @@ class BlockingMessageStore(_StoreCore):
         self._hot()
         return self.offsets.delete(check_group(group), topic)
 
-    def wait_ready(self, timeout: float = 30.0) -> None:
-        """Wait until the cold tier has loaded (no-op without one): until then reads and
-        listings see the hot store only. BackendError if it takes longer than ``timeout``."""
+    def wait_ready(self, timeout: float | None = None) -> None:
+        """Wait until the cold tier has loaded (no-op without one), at most ``timeout`` seconds
+        (default ``tiered.ready_timeout``), else NotReadyError. Reads wait by themselves; this
+        is for callers that want to wait up front."""
         if self.tiering is not None and self._loop is not None:
             self._loop.run(self.tiering.wait_ready(timeout))
+
+    def _cold_loaded_now(self) -> None:
+        # A blocking caller may block: wait (bounded) on the tiering loop instead of refusing.
+        if self.tiering is not None and not self.tiering.ready.is_set():
+            self.wait_ready()
 
     def segments(
         self, topic: str | None = None, queue_id: int | None = None, type: str | None = None

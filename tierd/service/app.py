@@ -23,12 +23,12 @@ from fastapi.responses import Response
 from pydantic import BaseModel, BeforeValidator, ValidationError
 
 # FastAPI reads route annotations at runtime: this import must stay a real one.
+from tierd.errors import NotReadyError
 from tierd.message import ReadPolicy  # noqa: TC001
 from tierd.service.auth import BearerAuthMiddleware, BodyLimitMiddleware
 from tierd.service.errors import (
     CatchAllMiddleware,
     DrainingError,
-    NotReadyError,
     error_response,
     install_error_handlers,
 )
@@ -486,7 +486,9 @@ async def query(
 )
 async def topics(svc: Svc) -> TopicsOut:
     """Every topic with its queue ids, across both tiers."""
-    return TopicsOut(topics=[TopicOut(name=t, queues=q) for t, q in svc.store().topics().items()])
+    store = svc.store()
+    await store.wait_ready()  # both tiers or 503 not_ready: never the hot tier's list alone
+    return TopicsOut(topics=[TopicOut(name=t, queues=q) for t, q in store.topics().items()])
 
 
 @router.get(
@@ -498,7 +500,9 @@ async def topics(svc: Svc) -> TopicsOut:
 )
 async def queues(topic: Topic, svc: Svc) -> QueuesOut:
     """Each queue's offsets in both tiers and how many messages wait to be tiered."""
-    return QueuesOut(topic=topic, queues=[QueueOut.of(q) for q in svc.store().queues(topic)])
+    store = svc.store()
+    await store.wait_ready()
+    return QueuesOut(topic=topic, queues=[QueueOut.of(q) for q in store.queues(topic)])
 
 
 @router.get(

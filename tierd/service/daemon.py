@@ -139,10 +139,11 @@ class Daemon:
             await _first(server.listening.wait(), http)
             log.info("listening on %s", self.url)
             log.info("opening store at %s (recovering if needed)", self.cfg.store.dir)
-            store = await MessageStore.open(self.cfg)
+            # Writes are served at once; reads wait for the cold tier themselves (bounded).
+            store = await MessageStore.open(self.cfg, ready_timeout=0)
             self.store = store
             self.service.metrics.attach(store)
-            topics = store.topics()
+            topics = store.hot.topics()
             log.info(
                 "ready: %d topic(s), flush=%s, tiering %s; stop with Ctrl-C or SIGTERM",
                 len(topics),

@@ -20,7 +20,7 @@ from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse
 
-from tierd.errors import MessageTooLargeError, StoreClosedError, TierdError
+from tierd.errors import MessageTooLargeError, NotReadyError, StoreClosedError, TierdError
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
@@ -41,13 +41,6 @@ class DrainingError(StoreClosedError):
     """The daemon is shutting down: it finishes what it has and accepts no new writes."""
 
     code = "draining"
-    http_status = 503
-
-
-class NotReadyError(StoreClosedError):
-    """The store is still opening (recovery) or the cold tier is not reachable yet."""
-
-    code = "not_ready"
     http_status = 503
 
 
@@ -92,7 +85,10 @@ def error_response(
 
 
 def tierd_error_response(exc: TierdError) -> JSONResponse:
-    return error_response(exc.http_status, exc.code, exc.message, exc.detail)
+    response = error_response(exc.http_status, exc.code, exc.message, exc.detail)
+    if isinstance(exc, NotReadyError):  # retriable: tell clients when (RFC 9110 §10.2.3)
+        response.headers["Retry-After"] = str(exc.retry_after)
+    return response
 
 
 async def _on_tierd_error(_: Request, exc: Exception) -> JSONResponse:

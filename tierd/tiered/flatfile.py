@@ -13,6 +13,7 @@ appends and commits per queue); readers only see committed bytes.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -158,11 +159,18 @@ class FlatAppendFile:
         await self.on_change(self)
 
     async def load(self, infos: list[SegmentInfo]) -> None:
-        """Rebuild from metadata. Earlier segments trust their recorded size; the last one asks
-        the backend (it may have grown after the metadata was written, or a commit may have
-        landed without being acknowledged)."""
+        """Rebuild from metadata. Sealed segments trust their recorded size; every other one
+        asks the backend — the last may have grown after the metadata was written, and a rolled
+        segment may hold more (its commit landed, the metadata save did not) or less (the
+        process died between the roll and the commit of its buffered bytes).
+
+        A rolled segment that is shorter than the offset its successor starts at was never
+        completed: its successors were created by the roll but can hold nothing (commits go
+        oldest first), so they are deleted and the short segment becomes the last, writable
+        one again — the dispatcher re-appends the same records and rolls at the same point."""
         self.segments = []
-        for i, info in enumerate(sorted(infos, key=lambda x: x.base_offset)):
+        ordered = sorted(infos, key=lambda x: x.base_offset)
+        for i, info in enumerate(ordered):
             seg = self._new_segment(info.base_offset, fresh=False)
             self._created[info.base_offset] = info.created
             if info.sealed_at is not None:
@@ -172,15 +180,70 @@ class FlatAppendFile:
             if info.crc32c is not None:
                 self.crc32c[info.base_offset] = info.crc32c
             seg.min_timestamp, seg.max_timestamp = info.min_timestamp, info.max_timestamp
-            last = i == len(infos) - 1
-            if last:
-                await seg.load_position()
-            else:
+            if info.sealed_at is not None and i < len(ordered) - 1:
                 seg.init_position(info.size)
-                seg.close()
-                if info.sealed_at is None:
-                    self.unsealed_full.append(seg)
+            else:
+                stored = await seg.load_position()
+                if stored < info.size and i < len(ordered) - 1:
+                    raise CorruptionError(
+                        f"segment {seg.path} holds {stored} bytes on the backend but {info.size} were "
+                        "committed: the backend lost committed data",
+                        path=seg.path,
+                        size=stored,
+                        committed=info.size,
+                    )
             self.segments.append(seg)
+        await self._drop_unreached()
+        for seg in self.segments[:-1]:
+            seg.close()
+            if seg.base_offset not in self._sealed_at:
+                self.unsealed_full.append(seg)
+
+    async def _drop_unreached(self) -> None:
+        """Cut the segment list after the first rolled segment that does not reach its
+        successor's base offset (see :meth:`load`)."""
+        for i, (seg, nxt) in enumerate(itertools.pairwise(self.segments)):
+            span = nxt.base_offset - seg.base_offset
+            if seg.commit_position == span:
+                continue
+            later = self.segments[i + 1 :]
+            if seg.commit_position > span or seg.base_offset in self._sealed_at:
+                raise CorruptionError(
+                    f"segment {seg.path} holds {seg.commit_position} bytes, but the next segment starts "
+                    f"{span} bytes after it",
+                    path=seg.path,
+                    size=seg.commit_position,
+                    span=span,
+                )
+            if any(s.commit_position for s in later):
+                raise CorruptionError(
+                    f"segment {seg.path} ends at {seg.commit_offset}, short of the next segment's start "
+                    f"{nxt.base_offset}, yet a later segment holds data: the {self.file_type.name} of "
+                    f"{self.topic}/{self.queue_id} has a hole",
+                    path=seg.path,
+                    end=seg.commit_offset,
+                    next_base=nxt.base_offset,
+                )
+            log.warning(
+                "%s: rolled segment holds %d of %d bytes (the process stopped before its last commit); "
+                "dropping %d empty later segment(s) and appending to it again",
+                seg.path,
+                seg.commit_position,
+                span,
+                len(later),
+            )
+            for s in later:
+                await s.destroy()
+                for table in (
+                    self._created,
+                    self._sealed_at,
+                    self.first_item,
+                    self.crc32c,
+                    self._running_crc,
+                ):
+                    table.pop(s.base_offset, None)
+            self.segments = self.segments[: i + 1]
+            return
 
     # ------------------------------------------------------------------ writes
     async def append(self, data: bytes, timestamp: int, first_item: int | None = None) -> None:

@@ -297,6 +297,13 @@ class FlatMessageFile:
                 end = pos + at
                 if end < cl_end:
                     seg = self.commitlog.segments[-1]
+                    if end < seg.base_offset:
+                        # Rolled segments are whole (FlatAppendFile.load): this is real damage.
+                        raise CorruptionError(
+                            f"{self.topic}/{self.queue_id}: the cold commitlog holds no valid record at "
+                            f"flat offset {end}, inside the rolled segment before {seg.path}",
+                            flat_offset=end,
+                        )
                     log.warning(
                         "%s: commitlog bytes after flat offset %d are not a valid record; the next "
                         "commit rewrites them",

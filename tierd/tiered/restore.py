@@ -3,8 +3,14 @@ is not bound to one broker's disk).
 
 Reads the broker manifest, then every queue manifest, writes ``tieredStoreMetadata.json``, and
 makes each hot queue continue where the cold tier ends (so new messages never reuse an offset the
-bucket already holds). Records committed after a manifest was written are picked up when the
-store opens: the last segment of every file is reconciled with the backend and rolled forward.
+bucket already holds).
+
+Manifests may be stale: a writer killed between a commit and its next manifest write leaves
+segments (even whole queues) the manifests do not list yet. One listing of the broker's prefix
+finds them; they are added unsized and the store's load reconciles every unsealed segment with
+the backend and rolls committed records forward — restoring from a stale manifest would
+otherwise drop the newest history and then collide with it (the restored store would write
+different records into segments that already exist).
 """
 
 from __future__ import annotations
@@ -15,13 +21,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from tierd.errors import CorruptionError, InvalidArgumentError
+from tierd.errors import CorruptionError, InvalidArgumentError, NotFoundError, SegmentNotFoundError
 from tierd.local.store import HotStore
 from tierd.offsets import download as download_offsets
 from tierd.offsets import restore_offsets
 from tierd.tiered.flatstore import FlatFileStore
 from tierd.tiered.manifest import ManifestSegment, read_broker_manifest, read_queue_manifest
 from tierd.tiered.metadata import MetadataStore, QueueMeta, SegmentMeta, TieredMetadata, TopicMeta
+from tierd.tiered.paths import INDEX_TOPIC, cluster_dir, parse_segment_name
 from tierd.tiered.registry import open_driver_factory
 
 if TYPE_CHECKING:
@@ -61,6 +68,51 @@ def _segment(s: ManifestSegment) -> SegmentMeta:
     )
 
 
+#: (topic, queue id) → segment type → base offsets the backend holds.
+Listing = dict[tuple[str, int], dict[str, set[int]]]
+
+
+async def _list_segments(root: DriverRoot, cluster: str, broker: str) -> Listing:
+    """Every COMMIT_LOG / CONSUME_QUEUE segment under the broker's prefix, by queue."""
+    prefix = f"{cluster_dir(cluster)}/{broker}"
+    found: Listing = {}
+    try:
+        paths = await root.list_objects(prefix)
+    except SegmentNotFoundError:
+        return found
+    for path in paths:
+        parts = path[len(prefix) + 1 :].split("/")
+        if len(parts) != 4 or parts[0] == INDEX_TOPIC or not parts[1].isdigit():
+            continue
+        topic, qid, kind, name = parts
+        if kind not in ("COMMIT_LOG", "CONSUME_QUEUE"):
+            continue
+        try:
+            base = parse_segment_name(name)
+        except InvalidArgumentError:
+            continue  # not a segment of ours
+        found.setdefault((topic, int(qid)), {}).setdefault(kind, set()).add(base)
+    return found
+
+
+def _with_unlisted(
+    segments: tuple[SegmentMeta, ...], kind: str, on_backend: set[int], where: str
+) -> tuple[SegmentMeta, ...]:
+    """``segments`` plus the backend's segments beyond the last one listed (unsized: the load
+    asks the backend)."""
+    last = max((s.base_offset for s in segments), default=-1)
+    extra = sorted(b for b in on_backend if b > last)
+    if extra:
+        log.warning(
+            "restore: %s %s: the manifest does not list %d newer segment(s) the bucket holds "
+            "(written after its last update); adding them",
+            where,
+            kind,
+            len(extra),
+        )
+    return segments + tuple(SegmentMeta(type=kind, base_offset=b, size=0) for b in extra)
+
+
 def _check_empty(store_dir: Path) -> None:
     meta = MetadataStore(store_dir)
     commitlog = store_dir / "commitlog"
@@ -81,33 +133,53 @@ async def restore(
     root = root if root is not None else open_driver_factory(cfg.backend)
     try:
         broker = await read_broker_manifest(root, cfg.tiered.cluster, cfg.tiered.broker)
-        total = sum(len(t.queues) for t in broker.topics)
+        listing = await _list_segments(root, cfg.tiered.cluster, cfg.tiered.broker)
+        topics = [TopicMeta(name=t.name, id=t.id, reserve_hours=t.reserve_hours) for t in broker.topics]
+        wanted = [(t.name, qid) for t in broker.topics for qid in t.queues]
+        for key in sorted(set(listing) - set(wanted)):
+            log.warning("restore: %s/%d is in the bucket but not yet in its manifest; adding it", *key)
+            wanted.append(key)
+            if key[0] not in {t.name for t in topics}:
+                topics.append(TopicMeta(name=key[0], id=max((t.id for t in topics), default=-1) + 1))
+        total = len(wanted)
         queues: list[QueueMeta] = []
         segments = 0
-        for t in broker.topics:
-            for qid in t.queues:
-                qm = await read_queue_manifest(root, cfg.tiered.cluster, cfg.tiered.broker, t.name, qid)
-                cl = tuple(_segment(s) for s in qm.segments if s.type == "COMMIT_LOG")
-                cq = tuple(_segment(s) for s in qm.segments if s.type == "CONSUME_QUEUE")
-                queues.append(
-                    QueueMeta(
-                        topic=t.name,
-                        queue_id=qid,
-                        min_offset=qm.min_offset,
-                        max_offset=qm.max_offset,
-                        commitlog=cl,
-                        consumequeue=cq,
-                    )
+        for topic, qid in wanted:
+            try:
+                qm = await read_queue_manifest(root, cfg.tiered.cluster, cfg.tiered.broker, topic, qid)
+            except NotFoundError:
+                if (topic, qid) not in listing:
+                    raise
+                listed: tuple[ManifestSegment, ...] = ()  # never had a manifest: all from the listing
+            else:
+                listed = qm.segments
+            on_backend = listing.get((topic, qid), {})
+            where = f"{topic}/{qid}"
+            cl = _with_unlisted(
+                tuple(_segment(s) for s in listed if s.type == "COMMIT_LOG"),
+                "COMMIT_LOG",
+                on_backend.get("COMMIT_LOG", set()),
+                where,
+            )
+            cq = _with_unlisted(
+                tuple(_segment(s) for s in listed if s.type == "CONSUME_QUEUE"),
+                "CONSUME_QUEUE",
+                on_backend.get("CONSUME_QUEUE", set()),
+                where,
+            )
+            # Offsets are recomputed by the load below; these are the manifest's view.
+            queues.append(
+                QueueMeta(
+                    topic=topic, queue_id=qid, min_offset=0, max_offset=0, commitlog=cl, consumequeue=cq
                 )
-                segments += len(qm.segments)
-                if progress is not None:
-                    progress(len(queues), total, f"{t.name}/{qid}")
+            )
+            segments += len(cl) + len(cq)
+            if progress is not None:
+                progress(len(queues), total, where)
         meta = TieredMetadata(
             cluster=cfg.tiered.cluster,
             broker=cfg.tiered.broker,
-            topics=tuple(
-                TopicMeta(name=t.name, id=t.id, reserve_hours=t.reserve_hours) for t in broker.topics
-            ),
+            topics=tuple(topics),
             queues=tuple(queues),
             index=(),
         )

@@ -19,6 +19,7 @@ from tierd.errors import (
     CorruptionError,
     InvalidArgumentError,
     NotFoundError,
+    NotReadyError,
     TierdError,
     UnsafeBackendError,
 )
@@ -39,6 +40,8 @@ log = logging.getLogger(__name__)
 START_RETRY_CAP = 30.0
 #: How often a waiter for start-up looks at the last start failure.
 READY_POLL = 0.2
+#: Seconds a caller refused with NotReadyError is told to wait before retrying.
+READY_RETRY_AFTER = 2
 #: Cold retention runs this often (RocketMQ's tieredStoreDeleteFileInterval).
 RETENTION_INTERVAL = 3600.0
 
@@ -141,7 +144,7 @@ class TieringService:
         """Per-topic cold retention (None: back to ``tiered.file_reserved_time``)."""
         if hours is not None and hours <= 0:
             raise InvalidArgumentError(f"reserve hours must be positive, got {hours!r}", hours=hours)
-        await self.ready.wait()
+        await self.wait_ready()
         meta = self.flat.topics.get(topic)
         if meta is None:
             raise NotFoundError(f"topic {topic!r} has no data in the cold tier", topic=topic)
@@ -181,30 +184,46 @@ class TieringService:
             except TierdError as e:
                 log.error("hot queue %s/%d is behind its cold tier (%d): %s", topic, qid, ff.max_offset, e)
 
-    async def wait_ready(self, timeout: float = 30.0) -> None:
-        """Wait for start-up (metadata loaded, backend reachable); a clear error when it does not
-        come within ``timeout`` seconds, naming the backend's last failure — at once when that
-        failure is not one that retrying fixes (corrupt data, bad settings)."""
+    def check_ready(self, waited: float = 0.0) -> None:
+        """Return if the cold tier has loaded; else raise what a caller that cannot wait (any
+        longer) gets: :class:`~tierd.errors.BackendError` when the last start failure is one
+        that retrying cannot fix (corrupt data, bad settings), otherwise the retriable
+        :class:`~tierd.errors.NotReadyError` naming it."""
+        if self.ready.is_set():
+            return
+        err = self.start_error
+        if isinstance(err, CorruptionError | InvalidArgumentError):
+            detail = {**err.detail, "backend": repr(self.root)}
+            raise BackendError(f"the cold tier cannot start: {err}", **detail) from err
+        after = f" after {waited:g} s" if waited else " yet"
+        raise NotReadyError(
+            f"the cold tier has not loaded{after} ({err or 'still starting'}); answers that need it "
+            "are refused until it has — retry shortly",
+            backend=repr(self.root),
+            reason=str(err or "starting"),
+            retry_after=READY_RETRY_AFTER,
+        )
+
+    async def wait_ready(self, timeout: float | None = None) -> None:
+        """Wait for start-up (metadata loaded, backend reachable), at most ``timeout`` seconds
+        (default ``tiered.ready_timeout``); then :meth:`check_ready`'s error. A failure that
+        retrying cannot fix is raised at once."""
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
+        wait = self.cfg.tiered.ready_timeout if timeout is None else timeout
+        deadline = loop.time() + wait
         while not self.ready.is_set():
             err = self.start_error
-            if isinstance(err, CorruptionError | InvalidArgumentError):
-                detail = {**err.detail, "backend": repr(self.root)}
-                raise BackendError(f"the cold tier cannot start: {err}", **detail) from err
             left = deadline - loop.time()
-            if left <= 0:
-                raise BackendError(
-                    f"the cold tier is not ready after {timeout:.0f} s: {err or 'still starting'}",
-                    backend=repr(self.root),
-                )
+            if left <= 0 or isinstance(err, CorruptionError | InvalidArgumentError):
+                self.check_ready(wait)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.ready.wait(), min(left, READY_POLL))
 
     async def tier_now(self, timeout: float | None = None) -> int:
-        """Commit everything pending to the cold tier now (waits for start-up first), then bring
-        the bucket manifests up to date."""
-        await asyncio.wait_for(self.ready.wait(), timeout)
+        """Commit everything pending to the cold tier now (waits for start-up first, at most
+        ``timeout`` s, default ``tiered.ready_timeout``), then bring the bucket manifests up to
+        date."""
+        await self.wait_ready(timeout)
         if self.refused is not None:
             raise self.refused
         n = await self.dispatcher.tier_now()
