@@ -69,8 +69,12 @@ class TierRouter:
         return True, (min(los) if los else hi), hi
 
     def _serve_cold(self, policy: ReadPolicy, topic: str, queue_id: int, offset: int) -> bool:
+        """Whether the cold tier serves a read at ``offset``. Every policy reads an offset that
+        only the cold tier holds from there — DISABLE included: a hot-only answer
+        (``OFFSET_TOO_SMALL``) would send a consumer past that history. Policies differ in
+        when the cold tier also serves what the hot tier holds."""
         ff = self.cold_file(topic, queue_id)
-        if policy is ReadPolicy.DISABLE or ff is None or not ff.min_offset <= offset < ff.max_offset:
+        if ff is None or not ff.min_offset <= offset < ff.max_offset:
             return False
         if policy is ReadPolicy.FORCE:
             return True

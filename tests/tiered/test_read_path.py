@@ -115,11 +115,12 @@ def test_policy_by_location(tmp_path: Path, policy: ReadPolicy, offset: int, sou
         assert r.messages[0].queue_offset == offset
 
 
-def test_disable_policy_reports_hot_range_only_data(tmp_path: Path) -> None:
+def test_disable_policy_still_serves_history_only_the_cold_tier_holds(tmp_path: Path) -> None:
     with _store_with_history(tmp_path) as store:
         r = store.get("h", 0, 10, 3, policy="DISABLE")
-        assert r.source == "hot"
-        assert r.messages == ()  # the hot store no longer has it; DISABLE never goes cold
+        # the hot store no longer has it: "too small" would send a consumer past it
+        assert (r.status, r.source) == (GetStatus.FOUND, "cold")
+        assert [m.body for m in r.messages] == [_body(i) for i in range(10, 13)]
 
 
 def test_not_in_mem_reads_cold_outside_the_hot_window(tmp_path: Path) -> None:
