@@ -136,3 +136,36 @@ def test_restore_refuses_a_non_empty_directory_and_explains_a_missing_manifest(t
     empty = cold_config(tmp_path / "fresh", backend={"name": "posix", "url": str(tmp_path / "nothing")})
     with pytest.raises(NotFoundError, match="no tierd manifest"):
         BlockingMessageStore.restore(empty)
+
+
+def test_restore_finds_segments_and_queues_committed_after_the_last_manifest_write(tmp_path: Path) -> None:
+    """A writer killed between commits and its next manifest write leaves a bucket whose
+    manifests are stale: newer (rolled) segments and a whole new queue are not listed. Restore
+    must find them; trusting the manifests alone lost that history and then wrote different
+    records into the segments that already held it."""
+    bucket = {"name": "posix", "url": str(tmp_path / "bucket")}
+    cfg_a = cold_config(tmp_path / "a", backend=bucket, **SMALL)
+    with BlockingMessageStore.open(cfg_a) as store:
+        _produce_and_tier(store, 0, 60)
+        assert store.tiering is not None
+        store.tiering.manifests.write_changed = _never  # type: ignore[method-assign]
+        store.put_batch([Message(topic="orders", body=b"%06d" % i * 20, queue_id=1) for i in range(200)])
+        store.put_batch([Message(topic="late", body=b"new queue %d" % i, queue_id=0) for i in range(5)])
+        store.hot.wait_dispatched(10)
+        run(store, store.tiering.dispatcher.tier_now())
+        expected = {
+            key: [decode_record(raw).body for _, raw in cold_records(store, *key)]
+            for key in (("orders", 1), ("late", 0))
+        }
+    cfg_b = cold_config(tmp_path / "b", backend=bucket, **SMALL)
+    report = BlockingMessageStore.restore(cfg_b)
+    assert (report.topics, report.queues) == (3, 5)
+    with BlockingMessageStore.open(cfg_b) as store:
+        for (topic, qid), bodies in expected.items():
+            got = store.get(topic, qid, 0, 1000).messages
+            assert [m.body for m in got] == bodies
+            assert store.max_offset(topic, qid) == len(bodies)
+        r = store.put(Message(topic="orders", body=b"after-restore", queue_id=1))
+        assert r.queue_offset == len(expected["orders", 1])
+        store.tier_now()
+        assert store.get("orders", 1, r.queue_offset, 1).messages[0].body == b"after-restore"

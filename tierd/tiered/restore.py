@@ -210,7 +210,7 @@ async def restore(
         hot.close()
     groups, lowered = restore_offsets(store_dir, committed, {k: hi for k, (_, hi, _) in ends.items()})
     report = RestoreReport(
-        len(broker.topics),
+        len(topics),
         len(queues),
         segments,
         sum(hi - lo for lo, hi, _ in ends.values()),
