@@ -3,7 +3,10 @@
 Statuses are computed over the *merged* offset range of both tiers (the cold tier usually reaches
 further back, the hot tier further forward). Which tier serves a read follows the read policy;
 offsets not yet committed cold are always served hot, and a cold read error falls back to the hot
-store when it still has the offset (counted in :attr:`TierRouter.fallbacks`).
+store when it still has the offset (counted in :attr:`TierRouter.fallbacks`). A corrupt hot record
+is served from the cold tier's copy (:attr:`TierRouter.corrupt_served_cold`). Without a good copy
+the read stops before the bad message: ``FOUND`` never has a gap, and ``next_offset`` never
+passes a message the consumer did not get (``OFFSET_FOUND_NULL`` with ``next_offset`` = it).
 """
 
 from __future__ import annotations
@@ -27,6 +30,8 @@ if TYPE_CHECKING:
     from tierd.tiered.service import TieringService
 
 log = logging.getLogger(__name__)
+#: Per-message read problems remembered as already logged.
+LOGGED_MAX = 4096
 
 
 def _physical_memory() -> int:
@@ -45,7 +50,10 @@ class TierRouter:
         #: NOT_IN_MEM: commitlog bytes behind the write position assumed to be in page cache.
         self.hot_window_bytes = int(_physical_memory() * cfg.tiered.memory_ratio)
         self.fallbacks = 0
+        #: Reads of a corrupt hot record answered with the cold tier's copy (a metric).
+        self.corrupt_served_cold = 0
         self.reads = {"hot": 0, "cold": 0}
+        self._logged: dict[tuple[str, int, int], None] = {}
 
     def cold_file(self, topic: str, queue_id: int) -> FlatMessageFile | None:
         t = self.tiering
@@ -118,6 +126,7 @@ class TierRouter:
             return GetResult(GetStatus.OFFSET_OVERFLOW_ONE, (), offset, lo, hi, "hot")
         if offset > hi:
             return GetResult(GetStatus.OFFSET_OVERFLOW_BADLY, (), hi, lo, hi, "hot")
+        cold_failed = False
         if self._serve_cold(policy, topic, queue_id, offset):
             ff = self.cold_file(topic, queue_id)
             assert ff is not None
@@ -125,17 +134,23 @@ class TierRouter:
                 msgs, nxt = await self._read_cold(ff, offset, max_count, tags)
             except TierdError as e:
                 self.fallbacks += 1
+                cold_failed = True
                 cq = self.hot.queue(topic, queue_id)
                 if cq is None or not cq.min_offset <= offset < cq.max_offset:
-                    log.error(
+                    self._log_once(
+                        logging.ERROR,
+                        (topic, queue_id, offset),
                         "cold read of %s/%d at %d failed and the hot store no longer has it: %s",
                         topic,
                         queue_id,
                         offset,
                         e,
                     )
-                    return GetResult(GetStatus.OFFSET_FOUND_NULL, (), offset + 1, lo, hi, "cold")
-                log.warning(
+                    # An error status that does not move the consumer past the message.
+                    return GetResult(GetStatus.OFFSET_FOUND_NULL, (), offset, lo, hi, "cold")
+                self._log_once(
+                    logging.WARNING,
+                    (topic, queue_id, offset),
                     "cold read of %s/%d at %d failed (%s); served from the hot store",
                     topic,
                     queue_id,
@@ -148,6 +163,13 @@ class TierRouter:
                 return GetResult(status, tuple(msgs), nxt, lo, hi, "cold")
         self.reads["hot"] += 1
         r = self.hot.get(topic, queue_id, offset, max_count, tags)
+        if r.unreadable is not None and not cold_failed:
+            left = max_count - len(r.messages)
+            copy, nxt = await self._cold_copy(topic, queue_id, r.unreadable, left, tags)
+            if nxt > r.unreadable:  # the cold tier has it: the read goes on there
+                source = "hot" if r.messages else "cold"
+                status = GetStatus.FOUND if r.messages or copy else GetStatus.NO_MATCHED_MESSAGE
+                return GetResult(status, (*r.messages, *copy), nxt, lo, hi, source)
         return GetResult(r.status, r.messages, r.next_offset, lo, hi, "hot")
 
     async def _read_cold(
@@ -158,6 +180,49 @@ class TierRouter:
             msgs = await self.fetcher.read(ff, offset, max_count)
             return msgs, offset + len(msgs)
         return await self.fetcher.read_filtered(ff, offset, max_count, tags)
+
+    async def _cold_copy(
+        self, topic: str, queue_id: int, offset: int, count: int, tags: TagFilter | None
+    ) -> tuple[list[MessageExt], int]:
+        """The cold tier's messages from ``offset`` on, where the hot record at ``offset`` is
+        unreadable (counted in :attr:`corrupt_served_cold`), and where to continue; ``offset``
+        itself when the cold tier has no good copy."""
+        ff = self.cold_file(topic, queue_id)
+        if ff is None or not ff.min_offset <= offset < ff.max_offset:
+            return [], offset
+        try:
+            msgs, nxt = await self._read_cold(ff, offset, count, tags)
+        except TierdError as e:
+            self._log_once(
+                logging.ERROR,
+                (topic, queue_id, offset),
+                "%s/%d offset %d is unreadable in both tiers (cold: %s)",
+                topic,
+                queue_id,
+                offset,
+                e,
+            )
+            return [], offset
+        self.corrupt_served_cold += 1
+        self.reads["cold"] += 1
+        self._log_once(
+            logging.WARNING,
+            (topic, queue_id, offset),
+            "%s/%d offset %d is unreadable in the hot store; served the cold copy",
+            topic,
+            queue_id,
+            offset,
+        )
+        return msgs, nxt
+
+    def _log_once(self, level: int, key: tuple[str, int, int], msg: str, *args: object) -> None:
+        """Log a per-message problem once (a consumer retrying must not flood the log)."""
+        if key in self._logged:
+            return
+        self._logged[key] = None
+        if len(self._logged) > LOGGED_MAX:
+            del self._logged[next(iter(self._logged))]
+        log.log(level, msg, *args)
 
     def min_offset(self, topic: str, queue_id: int) -> int:
         return self.bounds(topic, queue_id)[1]

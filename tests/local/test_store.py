@@ -199,14 +199,14 @@ def test_offset_too_small_after_retention_and_found_null_on_corruption(tmp_path:
         r = store.get("old", 0, 0)
         assert (r.status, r.next_offset) == (GetStatus.OFFSET_TOO_SMALL, lo)
         assert store.get("old", 0, lo).messages[0].queue_offset == lo
-        # corrupt the body of the newest record: it is skipped, never returned
+        # corrupt the body of the newest record: never returned, and never stepped over
         last = store.get("old", 0, 599).messages[0]
         f = hot.commitlog.files.find(last.commitlog_offset)
         assert f is not None
         at = last.commitlog_offset - f.file_from_offset + 88
         f.mm[at] ^= 0xFF
         r = store.get("old", 0, 599)
-        assert (r.status, r.messages, r.next_offset) == (GetStatus.OFFSET_FOUND_NULL, (), 600)
+        assert (r.status, r.messages, r.next_offset) == (GetStatus.OFFSET_FOUND_NULL, (), 599)
 
 
 # ----------------------------------------------------------------------------- time lookups

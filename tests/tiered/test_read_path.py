@@ -291,8 +291,11 @@ def test_large_batches_decode_with_the_collector_paused_and_always_resume_it() -
     assert gc.isenabled()
     broken = bytearray(data)
     broken[offsets[n // 2] + sizes[n // 2] - 10] ^= 0xFF  # inside record n/2
+    # the good messages before the bad record, then (starting at it) the error
+    assert len(batch(bytes(broken)).messages(0, n)) == n // 2
+    assert gc.isenabled()
     with pytest.raises(CorruptRecordError, match=f"offset {n // 2}"):
-        batch(bytes(broken)).messages(0, n)
+        batch(bytes(broken)).messages(n // 2, n)
     assert gc.isenabled()
     gc.disable()  # a caller that turned the collector off keeps it off
     try:

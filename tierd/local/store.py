@@ -110,6 +110,9 @@ class HotGetResult:
     next_offset: int
     min_offset: int
     max_offset: int
+    #: Queue offset of an unreadable record (corrupt, or not the one its unit names) that ended
+    #: the read: the messages stop before it and ``next_offset`` is it — never past it.
+    unreadable: int | None = None
 
 
 class HotStore:
@@ -134,6 +137,10 @@ class HotStore:
         self.last_exit_ok = True
         #: Whether the last open cut a torn or garbage commitlog tail.
         self.recovery_truncated = False
+        #: Reads that met a record failing its checks (CRC, framing, unit mismatch) — a metric.
+        self.corrupt_reads = 0
+        #: Commitlog offsets of corrupt records already logged (each is logged once).
+        self._reported: dict[int, None] = {}
 
     # ------------------------------------------------------------------ lifecycle
     @classmethod
@@ -375,21 +382,26 @@ class HotStore:
         messages: list[MessageExt] = []
         pos = offset
         total = 0
-        while pos < hi and len(messages) < max_count and total < MAX_GET_BYTES:
+        unreadable: int | None = None
+        while pos < hi and len(messages) < max_count and total < MAX_GET_BYTES and unreadable is None:
             units = cq.read_units(pos, min(max_count - len(messages), hi - pos))
             if not len(units):
                 break
             for phys, size in zip(units["offset"].tolist(), units["size"].tolist(), strict=True):
                 msg = self._read_checked(phys, size, topic, queue_id, pos)
+                if msg is None:
+                    # Stop here: FOUND never has a gap and next_offset never passes a message
+                    # the consumer did not get (the router may serve it from the cold tier).
+                    unreadable = pos
+                    break
                 pos += 1
-                if msg is not None:
-                    messages.append(msg)
-                    total += size
-                    if total >= MAX_GET_BYTES:
-                        break
+                messages.append(msg)
+                total += size
+                if total >= MAX_GET_BYTES:
+                    break
         if not messages:
-            return HotGetResult(GetStatus.OFFSET_FOUND_NULL, (), pos, lo, hi)
-        return HotGetResult(GetStatus.FOUND, tuple(messages), pos, lo, hi)
+            return HotGetResult(GetStatus.OFFSET_FOUND_NULL, (), offset, lo, hi, unreadable)
+        return HotGetResult(GetStatus.FOUND, tuple(messages), pos, lo, hi, unreadable)
 
     def _get_filtered(self, cq: ConsumeQueue, offset: int, max_count: int, tags: TagFilter) -> HotGetResult:
         """A read that skips other tags: units are matched on their tags code with numpy (no
@@ -399,10 +411,10 @@ class HotStore:
         lo, hi = cq.min_offset, cq.max_offset
         end = min(hi, offset + MAX_SCAN_UNITS)
         messages: list[MessageExt] = []
-        unreadable = 0
+        unreadable: int | None = None
         total = 0
         pos = offset
-        while pos < end and len(messages) < max_count and total < MAX_GET_BYTES:
+        while pos < end and len(messages) < max_count and total < MAX_GET_BYTES and unreadable is None:
             units = cq.read_units(pos, end - pos)
             if not len(units):
                 break
@@ -411,9 +423,10 @@ class HotStore:
             for i in np.flatnonzero(tags.unit_mask(units["tags_code"])).tolist():
                 size = int(sizes[i])
                 msg = self._read_checked(int(phys[i]), size, cq.topic, cq.queue_id, pos + i)
-                if msg is None:
-                    unreadable += 1
-                elif tags.matches(msg):
+                if msg is None:  # a candidate it cannot read: stop before it, never step over it
+                    unreadable = stop = pos + i
+                    break
+                if tags.matches(msg):
                     messages.append(msg)
                     total += size
                     if len(messages) >= max_count or total >= MAX_GET_BYTES:
@@ -421,9 +434,10 @@ class HotStore:
                         break
             pos = stop
         if messages:
-            return HotGetResult(GetStatus.FOUND, tuple(messages), pos, lo, hi)
-        status = GetStatus.OFFSET_FOUND_NULL if unreadable else GetStatus.NO_MATCHED_MESSAGE
-        return HotGetResult(status, (), pos, lo, hi)
+            return HotGetResult(GetStatus.FOUND, tuple(messages), pos, lo, hi, unreadable)
+        if unreadable == offset:
+            return HotGetResult(GetStatus.OFFSET_FOUND_NULL, (), offset, lo, hi, unreadable)
+        return HotGetResult(GetStatus.NO_MATCHED_MESSAGE, (), pos, lo, hi, unreadable)
 
     def _read_checked(
         self, phys: int, size: int, topic: str, queue_id: int, queue_offset: int
@@ -434,10 +448,8 @@ class HotStore:
             return None  # expired locally
         try:
             msg = self.commitlog.read(phys, check_crc=True)
-        except CorruptRecordError:
-            log.exception(
-                "consume queue %s/%d offset %d points at a corrupt record", topic, queue_id, queue_offset
-            )
+        except CorruptRecordError as e:
+            self._corrupt(phys, f"{topic}/{queue_id} offset {queue_offset} is a corrupt record ({e})")
             return None
         if (
             msg.size != size
@@ -445,15 +457,25 @@ class HotStore:
             or msg.queue_id != queue_id
             or msg.queue_offset != queue_offset
         ):
-            log.error(
-                "consume queue %s/%d offset %d disagrees with the record at %d",
-                topic,
-                queue_id,
-                queue_offset,
+            self._corrupt(
                 phys,
+                f"consume queue {topic}/{queue_id} offset {queue_offset} disagrees with the record there "
+                f"({msg.topic}/{msg.queue_id} offset {msg.queue_offset}, {msg.size} bytes)",
             )
             return None
         return msg
+
+    def _corrupt(self, phys: int, what: str) -> None:
+        """Count a read that met a bad record; log each record once (one line, no traceback)."""
+        self.corrupt_reads += 1
+        if phys in self._reported:
+            return
+        self._reported[phys] = None
+        if len(self._reported) > 4096:
+            del self._reported[next(iter(self._reported))]
+        log.error(
+            "hot commitlog offset %d: %s; reads stop before it (`tierd verify` lists damage)", phys, what
+        )
 
     def read_message(self, phys: int) -> MessageExt:
         return self.commitlog.read(phys, check_crc=True)

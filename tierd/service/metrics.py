@@ -127,6 +127,16 @@ class StoreCollector(Collector):
             "Cold reads that failed and were served from the hot store instead.",
             router.fallbacks,
         )
+        yield _counter(
+            "tierd_hot_corrupt_reads",
+            "Reads that met a hot record failing its checks (CRC, framing, consume-queue unit).",
+            hot.corrupt_reads,
+        )
+        yield _counter(
+            "tierd_get_corrupt_served_cold",
+            "Reads of a corrupt hot record answered with the cold tier's copy.",
+            router.corrupt_served_cold,
+        )
         reads = CounterMetricFamily(
             "tierd_get_requests", "Queue reads by the tier that served them.", labels=["source"]
         )

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import numpy.typing as npt
 
-from tierd.errors import CorruptionError, CorruptRecordError
+from tierd.errors import CorruptionError, CorruptRecordError, TierdError
 from tierd.local.codec import RecordBatch
 from tierd.local.consumequeue import UNIT_SIZE
 from tierd.subscription import MAX_SCAN_UNITS
@@ -102,7 +102,9 @@ class ColdBatch:
 
     def messages(self, start: int, stop: int) -> list[MessageExt]:
         """Messages ``[start, stop)`` of the batch, each CRC-checked and checked to be exactly
-        the one its consume-queue unit names (queue, offset, size, topic)."""
+        the one its consume-queue unit names (queue, offset, size, topic). A bad record ends
+        the list early (the messages before it are good); a bad record at ``start`` raises
+        :class:`~tierd.errors.CorruptRecordError`."""
         if stop - start < GC_PAUSE_MIN:
             return self._messages(start, stop)
         # Thousands of new objects in a row make the cyclic collector run over and over (and
@@ -132,6 +134,8 @@ class ColdBatch:
             try:
                 msg = decode(i)
             except CorruptRecordError as e:
+                if out:
+                    return out  # the good messages before it; the next read starts at the bad one
                 raise CorruptRecordError(
                     f"cold record {topic}/{queue_id} offset {queue_offset} (flat commitlog offset "
                     f"{int(self.flat_offsets[i])}) is corrupt: {e}",
@@ -145,6 +149,8 @@ class ColdBatch:
                 or msg.queue_id != queue_id
                 or msg.size != sizes[i]
             ):
+                if out:
+                    return out
                 raise CorruptRecordError(
                     f"cold record at flat offset {int(self.flat_offsets[i])} is {msg.topic}/{msg.queue_id} "
                     f"offset {msg.queue_offset}, but the consume queue says {topic}/{queue_id} "
@@ -153,6 +159,16 @@ class ColdBatch:
                 )
             out.append(msg)
         return out
+
+
+class _Unreadable(Exception):
+    """A filtered read met a record it cannot read at queue ``offset``: it ends there (internal
+    control flow, never leaves this module)."""
+
+    def __init__(self, offset: int, error: CorruptRecordError) -> None:
+        super().__init__(offset)
+        self.offset = offset
+        self.error = error
 
 
 @dataclass(slots=True)
@@ -290,15 +306,22 @@ class ColdFetcher:
 
     async def read(self, ff: FlatMessageFile, offset: int, max_count: int) -> list[MessageExt]:
         """Messages from ``offset`` (which must be committed cold), at most ``max_count``; fewer
-        at the committed end or where the batch ends (the caller continues from there)."""
+        at the committed end, where the batch ends, or before a corrupt record (the caller
+        continues from there). Raises when the record at ``offset`` itself cannot be read."""
         key = (ff.topic, ff.queue_id)
         out: list[MessageExt] = []
-        while len(out) < max_count and offset < ff.max_offset:
+        damaged = False
+        while not damaged and len(out) < max_count and offset < ff.max_offset:
             sequential = self._sequential.get(key) == offset
             batch = self.cache.find(key, offset)
             if batch is None:
                 self.cache.stats.misses += 1
-                batch = await self._load_shared(ff, offset, ahead=sequential)
+                try:
+                    batch = await self._load_shared(ff, offset, ahead=sequential)
+                except TierdError:
+                    if not out:
+                        raise
+                    break  # return what was read; the next read starts here and reports it
             else:
                 self.cache.stats.hits += 1
             stop = min(batch.end, offset + max_count - len(out))
@@ -309,7 +332,17 @@ class ColdFetcher:
             for a in range(offset, stop, DECODE_SLICE):
                 if a > offset:
                     await asyncio.sleep(0)
-                out.extend(batch.messages(a, min(stop, a + DECODE_SLICE)))
+                end = min(stop, a + DECODE_SLICE)
+                try:
+                    got = batch.messages(a, end)
+                except CorruptRecordError:
+                    if not out:
+                        raise
+                    got = []
+                out.extend(got)
+                if len(got) < end - a:  # a bad record: the good ones before it, then stop
+                    stop, damaged = a + len(got), True
+                    break
             offset = stop
         if out:
             self._sequential[key] = offset
@@ -325,9 +358,19 @@ class ColdFetcher:
         :data:`MAX_SCAN_UNITS` units are). Units whose tags code does not match are never
         fetched; candidates are fetched in coalesced ranges (:meth:`_plan`) and kept only when
         their decoded tag matches. Batches already in the read-ahead cache are filtered there."""
+        out: list[MessageExt] = []
+        try:
+            return out, await self._read_filtered(ff, offset, max_count, tags, out)
+        except _Unreadable as bad:
+            if bad.offset == offset:
+                raise bad.error from None
+            return out, bad.offset  # the good ones first; the next read starts at the bad one
+
+    async def _read_filtered(
+        self, ff: FlatMessageFile, offset: int, max_count: int, tags: TagFilter, out: list[MessageExt]
+    ) -> int:
         key = (ff.topic, ff.queue_id)
         end = min(ff.max_offset, offset + MAX_SCAN_UNITS)
-        out: list[MessageExt] = []
         pos = offset
         while pos < end and len(out) < max_count:
             batch = self.cache.find(key, pos)
@@ -355,7 +398,7 @@ class ColdFetcher:
                 if done is not None:
                     break
             pos = pos + stop_i if done is None else done
-        return out, pos
+        return pos
 
     async def _fetch_spans(
         self, ff: FlatMessageFile, pos: int, units: Units, spans: list[tuple[int, int]]
@@ -436,13 +479,32 @@ class ColdFetcher:
         if not len(candidates):
             return None
         for run in np.split(candidates, np.flatnonzero(np.diff(candidates) != 1) + 1):
-            for msg in batch.messages(int(run[0]), int(run[-1]) + 1):
-                if not tags.matches(msg):
-                    self.cache.stats.filter_collisions += 1
-                    continue
-                out.append(msg)
-                if len(out) >= max_count:
-                    return msg.queue_offset + 1
+            first, last = int(run[0]), int(run[-1]) + 1
+            try:
+                msgs = batch.messages(first, last)
+            except CorruptRecordError as e:
+                raise _Unreadable(first, e) from e
+            done = self._take(msgs, tags, out, max_count)
+            if done is not None:
+                return done
+            if len(msgs) < last - first:  # the record after these is bad: its error, its offset
+                bad = first + len(msgs)
+                try:
+                    batch.messages(bad, bad + 1)
+                except CorruptRecordError as e:
+                    raise _Unreadable(bad, e) from e
+        return None
+
+    def _take(
+        self, msgs: list[MessageExt], tags: TagFilter, out: list[MessageExt], max_count: int
+    ) -> int | None:
+        for msg in msgs:
+            if not tags.matches(msg):
+                self.cache.stats.filter_collisions += 1
+                continue
+            out.append(msg)
+            if len(out) >= max_count:
+                return msg.queue_offset + 1
         return None
 
     def _read_ahead(self, ff: FlatMessageFile, current: ColdBatch) -> None:

@@ -1,0 +1,107 @@
+"""A corrupt record in one tier is served from the other; with no good copy the read stops
+before it with an error status — never a gap inside FOUND, never a next_offset past it.
+
+hot:   0 1 2 3 [4] 5 [6] [7] 8 9 ... 19     (bit rot in the hot commitlog)
+cold:  0 1 2 3  4  5  6   7  8 9            (committed before the rot) → get(0, 20) = 0..19
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from tierd import BlockingMessageStore, GetStatus, Message, ReadPolicy
+
+from .conftest import cold_config
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    import pytest
+
+BAD = (4, 6, 7)
+
+
+def _rot_hot(store: BlockingMessageStore, commitlog_offset: int) -> None:
+    f = store.hot.commitlog.files.find(commitlog_offset)
+    assert f is not None
+    f.mm[commitlog_offset - f.file_from_offset + 88] ^= 0x01  # a body byte
+
+
+def _bodies(n: int, start: int = 0) -> list[bytes]:
+    return [b"message-%03d" % i * 9 for i in range(start, start + n)]
+
+
+def test_corrupt_hot_records_are_served_from_the_cold_copy(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    with BlockingMessageStore.open(cold_config(tmp_path)) as store:
+        results = store.put_batch([Message(topic="c", body=b, queue_id=0) for b in _bodies(10)])
+        store.tier_now()  # 0..9 have a good cold copy
+        store.put_batch([Message(topic="c", body=b, queue_id=0) for b in _bodies(10, 10)])
+        for i in BAD:
+            _rot_hot(store, results[i].commitlog_offset)
+        for policy in (ReadPolicy.DISABLE, ReadPolicy.NOT_IN_DISK, ReadPolicy.NOT_IN_MEM):
+            got: list[bytes] = []
+            offset = 0
+            while offset < 20:  # as a consumer reads: every answer FOUND, contiguous
+                r = store.get("c", 0, offset, 20, policy)
+                assert r.status is GetStatus.FOUND, (policy, offset, r)
+                assert [m.queue_offset for m in r.messages] == list(range(offset, r.next_offset))
+                got += [m.body for m in r.messages]
+                offset = r.next_offset
+            assert got == _bodies(20), policy
+        r = store.get("c", 0, 4, 1)  # the corrupt one alone
+        assert ([m.body for m in r.messages], r.source) == (_bodies(1, 4), "cold")
+        assert store.router.corrupt_served_cold >= 4
+        # logged once per record, however often it is read (the copy from 4 on covers 6 and 7)
+        served = [rec.getMessage() for rec in caplog.records if "served the cold copy" in rec.getMessage()]
+        assert served == ["c/0 offset 4 is unreadable in the hot store; served the cold copy"]
+
+
+def test_a_corrupt_record_without_a_cold_copy_ends_the_read_with_an_error_status(tmp_path: Path) -> None:
+    with BlockingMessageStore.open(cold_config(tmp_path)) as store:
+        store.put_batch([Message(topic="c", body=b, queue_id=0) for b in _bodies(5)])
+        store.tier_now()
+        results = store.put_batch([Message(topic="c", body=b, queue_id=0) for b in _bodies(10, 5)])
+        _rot_hot(store, results[3].commitlog_offset)  # queue offset 8: not tiered yet
+        r = store.get("c", 0, 0, 20)
+        assert (r.status, [m.queue_offset for m in r.messages], r.next_offset) == (
+            GetStatus.FOUND,
+            list(range(8)),
+            8,
+        )
+        r = store.get("c", 0, 8, 20)
+        assert (r.status, r.messages, r.next_offset) == (GetStatus.OFFSET_FOUND_NULL, (), 8)
+        assert store.get("c", 0, 9, 20).messages[0].body == _bodies(1, 9)[0]
+
+
+def test_after_a_restore_a_corrupt_cold_record_ends_the_read_after_the_good_ones(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    bucket = {"name": "posix", "url": str(tmp_path / "bucket")}
+    with BlockingMessageStore.open(cold_config(tmp_path / "a", backend=bucket)) as store:
+        store.put_batch([Message(topic="c", body=b, queue_id=0) for b in _bodies(20)])
+        store.tier_now()
+    segment = next(p for p in (tmp_path / "bucket").rglob("*") if p.is_file() and "COMMIT_LOG" in p.parts)
+    raw = bytearray(segment.read_bytes())
+    at = raw.index(_bodies(1, 12)[0])  # the body of queue offset 12
+    raw[at] ^= 0x01
+    segment.chmod(0o644)
+    segment.write_bytes(bytes(raw))
+    cfg = cold_config(tmp_path / "b", backend=bucket)
+    BlockingMessageStore.restore(cfg)
+    with BlockingMessageStore.open(cfg) as store:
+        for policy in ReadPolicy:
+            r = store.get("c", 0, 0, 32, policy)
+            assert (r.status, [m.body for m in r.messages], r.next_offset) == (
+                GetStatus.FOUND,
+                _bodies(12),
+                12,
+            ), policy
+            r = store.get("c", 0, 12, 32, policy)
+            assert (r.status, r.messages, r.next_offset) == (GetStatus.OFFSET_FOUND_NULL, (), 12), policy
+            r = store.get("c", 0, 13, 32, policy)
+            assert [m.body for m in r.messages] == _bodies(7, 13)
+    assert sum("offset 12 (flat commitlog" in rec.getMessage() for rec in caplog.records) == 1
+    assert not [rec for rec in caplog.records if rec.levelno >= logging.ERROR and rec.exc_info]
