@@ -7,7 +7,8 @@ Synchronous by design (mmap-backed). Threads it owns:
 * ``tierd-housekeeping``: flushes queues/index, advances the checkpoint, applies retention.
 
 Layout under ``store.dir``: ``commitlog/``, ``consumequeue/{topic}/{queue}/``, ``index/``,
-``checkpoint``, ``abort``, ``lock`` (FORMATS §1).
+``checkpoint``, ``abort``, ``lock`` (FORMATS §1), and ``layout.json`` (the file-shaping settings
+the store was created with; see :mod:`tierd.local.layout`).
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from tierd.local.commitlog import CommitLog, FlushService, Prefaulter
 from tierd.local.consumequeue import ConsumeQueue
 from tierd.local.dispatch import DispatchBatch, ReputService
 from tierd.local.index import IndexService, index_key
+from tierd.local.layout import check_layout
 from tierd.local.prepare import Preparer
 from tierd.local.validation import RECORD_OVERHEAD_LIMIT, check_queue, check_topic
 from tierd.message import GetStatus, Message, MessageExt, PutResult
@@ -153,6 +155,7 @@ class HotStore:
         self.dir.mkdir(parents=True, exist_ok=True)
         self._lock = StoreLock(self.dir / "lock")
         try:
+            check_layout(self.dir, self.cfg)  # before any data file is opened (never resized)
             self._abort = AbortMarker(self.dir / "abort")
             self.last_exit_ok = not self._abort.found_at_start
             self.checkpoint = Checkpoint(self.dir / "checkpoint")
