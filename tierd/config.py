@@ -114,6 +114,13 @@ class StoreConfig(_Section):
     check_crc_on_recover: bool = Field(
         True, description="Verify BODYCRC while recovering.", json_schema_extra=_rmq("checkCRCOnRecover")
     )
+    recovery_check_bytes: int = Field(
+        64 * MiB,
+        ge=0,
+        description="After an abnormal exit, recovery also checks at least this many commitlog bytes "
+        "before the checkpoint (from a file start), so bit rot in the newest data is found and "
+        "quarantined at start-up (docs/hot-store.md); 0: only what is re-dispatched.",
+    )
 
 
 class TieredConfig(_Section):

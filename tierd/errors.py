@@ -136,6 +136,18 @@ class CorruptRecordError(CorruptionError):
     code = "corrupt_record"
 
 
+class LostMessagesError(CorruptionError):
+    """Queue offsets whose messages were lost to damage found in the hot commitlog before they
+    were tiered (a quarantined *hole*, see docs/hot-store.md). ``detail``: ``first`` and
+    ``count`` of the consecutive lost offsets."""
+
+    code = "lost_messages"
+
+    @property
+    def count(self) -> int:
+        return int(self.detail.get("count", 1))
+
+
 # --------------------------------------------------------------------------- backend / segments
 class BackendError(TierdError, OSError):
     """A storage backend failed (network, permission, server error). Usually retryable."""

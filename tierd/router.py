@@ -6,7 +6,9 @@ offsets not yet committed cold are always served hot, and a cold read error fall
 store when it still has the offset (counted in :attr:`TierRouter.fallbacks`). A corrupt hot record
 is served from the cold tier's copy (:attr:`TierRouter.corrupt_served_cold`). Without a good copy
 the read stops before the bad message: ``FOUND`` never has a gap, and ``next_offset`` never
-passes a message the consumer did not get (``OFFSET_FOUND_NULL`` with ``next_offset`` = it).
+passes a message the consumer did not get (``OFFSET_FOUND_NULL`` with ``next_offset`` = it) —
+except a *hole*, messages known lost to quarantined damage (docs/hot-store.md), which a read
+starting at it reports with ``OFFSET_FOUND_NULL`` and ``next_offset`` after it.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import logging
 import os
 from typing import TYPE_CHECKING
 
-from tierd.errors import InvalidArgumentError, TierdError
+from tierd.errors import InvalidArgumentError, LostMessagesError, TierdError
 from tierd.local.codec import decode_record
 from tierd.local.store import MAX_GET_COUNT
 from tierd.local.validation import check_queue, check_topic
@@ -132,6 +134,8 @@ class TierRouter:
             assert ff is not None
             try:
                 msgs, nxt = await self._read_cold(ff, offset, max_count, tags)
+            except LostMessagesError as e:  # a known hole: say so, and where the queue goes on
+                return GetResult(GetStatus.OFFSET_FOUND_NULL, (), offset + e.count, lo, hi, "cold")
             except TierdError as e:
                 self.fallbacks += 1
                 cold_failed = True
@@ -192,6 +196,8 @@ class TierRouter:
             return [], offset
         try:
             msgs, nxt = await self._read_cold(ff, offset, count, tags)
+        except LostMessagesError:
+            return [], offset  # lost in both tiers: the hot answer reports the hole
         except TierdError as e:
             self._log_once(
                 logging.ERROR,

@@ -32,6 +32,7 @@ from tierd.tiered.manifest import ManifestSegment, read_queue_manifest
 
 if TYPE_CHECKING:
     from tierd.local.commitlog import CommitLog
+    from tierd.local.quarantine import Quarantine
     from tierd.local.store import HotStore
     from tierd.tiered.flatfile import FlatAppendFile
     from tierd.tiered.flatmessage import FlatMessageFile
@@ -45,7 +46,8 @@ READ_PIECE = 16 * 1024 * 1024
 
 @dataclass(frozen=True, slots=True)
 class Problem:
-    #: hot-commitlog, hot-consumequeue, cold-segment, cold-consumequeue, manifest
+    #: hot-commitlog, hot-quarantine, hot-consumequeue, cold-segment, cold-consumequeue,
+    #: cold-hole, manifest
     area: str
     #: Where: a file, a segment path or ``topic/queue@offset``.
     where: str
@@ -95,6 +97,12 @@ def _verify_hot(hot: HotStore, report: VerifyReport, tally: _Tally) -> None:
     cl = hot.commitlog
     pos, end = cl.min_offset, cl.max_offset
     while pos < end:
+        damaged = hot.quarantine.covers(pos)
+        if damaged is not None:  # found by recovery: reported, then stepped over like a read does
+            report.problems.append(Problem("hot-quarantine", str(pos), damaged.describe()))
+            tally.add(damaged.end - pos, "hot commitlog")
+            pos = damaged.end
+            continue
         f = cl.files.find(pos)
         if f is None:
             report.problems.append(
@@ -144,16 +152,27 @@ def _verify_hot_queue(hot: HotStore, topic: str, qid: int, report: VerifyReport)
         if len(units) == 0:
             return
         for i, unit in enumerate(units):
-            _check_hot_unit(cl, topic, qid, offset + i, int(unit["offset"]), int(unit["size"]), report)
+            _check_hot_unit(
+                cl, hot.quarantine, topic, qid, offset + i, int(unit["offset"]), int(unit["size"]), report
+            )
         offset += len(units)
 
 
 def _check_hot_unit(
-    cl: CommitLog, topic: str, qid: int, offset: int, phys: int, size: int, report: VerifyReport
+    cl: CommitLog,
+    quarantine: Quarantine,
+    topic: str,
+    qid: int,
+    offset: int,
+    phys: int,
+    size: int,
+    report: VerifyReport,
 ) -> None:
     report.units += 1
     if phys < cl.min_offset:
         return  # its commitlog file expired: the unit is below the readable floor
+    if quarantine.covers(phys) is not None:
+        return  # a hole: the message was lost in a quarantined range, reported with the range
     where = f"{topic}/{qid}@{offset}"
     f = cl.files.find(phys)
     if f is None:
@@ -215,7 +234,8 @@ async def _verify_cold_queue(ff: FlatMessageFile, report: VerifyReport, tally: _
         while i < len(units):
             j = max(i + 1, int(np.searchsorted(ends, phys[i] + READ_PIECE, side="right")))
             try:
-                raw = await ff.read_commitlog(int(phys[i]), int(ends[j - 1] - phys[i]))
+                span = int(ends[j - 1] - phys[i])
+                raw = await ff.read_commitlog(int(phys[i]), span) if span else b""  # 0: holes only
             except TierdError as e:
                 report.problems.append(Problem("cold-consumequeue", f"{where}@{offset + i}", str(e)))
                 raw = b""
@@ -238,6 +258,15 @@ async def _verify_cold_queue(ff: FlatMessageFile, report: VerifyReport, tally: _
 def _check_cold_unit(
     raw: bytes, at: int, phys: int, size: int, queue_offset: int, where: str, report: VerifyReport
 ) -> None:
+    if size == 0:
+        report.problems.append(
+            Problem(
+                "cold-hole",
+                f"{where}@{queue_offset}",
+                "lost to damage found in the hot commitlog before it was tiered (quarantined there)",
+            )
+        )
+        return
     status, got, view = (
         scan_record(raw, at, min(len(raw), at + size), True) if at >= 0 else (INVALID, 0, None)
     )

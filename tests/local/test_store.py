@@ -427,6 +427,22 @@ def test_abnormal_exit_rebuilds_queues_and_index_from_the_commitlog(cfg: TierdCo
     assert rebuilt_index == live_index
 
 
+def test_index_files_dropped_after_a_crash_are_rebuilt_from_their_first_entry(cfg: TierdConfig) -> None:
+    """After an abnormal exit, index files written within the checkpoint's safety margin are
+    destroyed as possibly torn; recovery must re-dispatch from the first entry they held, not
+    only from the checkpoint (which now follows the durable end closely) — else key queries
+    miss acknowledged messages."""
+    with BlockingMessageStore.open(cfg) as store:
+        for i in range(150):  # several index files (400 items each)
+            store.put(Message(topic="ix", body=b"m%d" % i, keys=[f"k{i}", f"x{i}"], queue_id=0))
+    (Path(cfg.store.dir) / "abort").write_text("crashed")  # killed right after a checkpoint
+    with BlockingMessageStore.open(cfg) as store:
+        assert not store.hot.last_exit_ok
+        assert store.hot.index.rebuild_from is not None
+        for i in range(150):
+            assert [m.body for m in store.query("ix", f"k{i}")] == [b"m%d" % i], i
+
+
 def test_torn_consume_queue_unit_is_repaired(cfg: TierdConfig) -> None:
     with BlockingMessageStore.open(cfg) as store:
         store.put_batch([Message(topic="cq", body=b"x%d" % i, queue_id=0) for i in range(10)])

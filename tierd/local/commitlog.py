@@ -19,15 +19,11 @@ import numpy.typing as npt
 
 from tierd.errors import CorruptRecordError, MessageTooLargeError
 from tierd.local.codec import (
-    BLANK,
     END_FILE_MIN_BLANK,
-    VALID,
-    RecordView,
     blank_marker,
     decode_record,
     encode_batch,
     encode_record,
-    scan_record,
 )
 from tierd.local.mapped_file import MappedFile, MappedFileQueue
 
@@ -298,31 +294,6 @@ class CommitLog:
         sys_flag = int.from_bytes(f.view[at + 36 : at + 40], "big")
         born_len = 20 if sys_flag & 0x10 else 8
         return int.from_bytes(f.view[at + 48 + born_len : at + 56 + born_len], "big", signed=True)
-
-    def scan(self, start: int, *, check_crc: bool) -> tuple[int, list[tuple[int, RecordView]]]:
-        """Walk records from ``start`` (a record boundary); return the end of the last valid record
-        and every valid record seen. Blank markers jump to the next file; anything invalid ends
-        the walk (torn tail, garbage, zeros)."""
-        records: list[tuple[int, RecordView]] = []
-        pos = start
-        while True:
-            f = self.files.find(pos)
-            if f is None:
-                return pos, records
-            at = pos - f.file_from_offset
-            # A file always ends in a record or a blank marker (8 bytes), which scan_record
-            # recognises; fewer bytes than a marker means the walk left the record chain.
-            if f.size - at < END_FILE_MIN_BLANK:
-                return pos, records
-            status, size, view = scan_record(f.view, at, f.size, check_crc)
-            if status == VALID:
-                assert view is not None
-                records.append((pos, view))
-                pos += size
-            elif status == BLANK:
-                pos = f.file_from_offset + f.size
-            else:
-                return pos, records
 
     def truncate(self, offset: int) -> None:
         self.files.truncate(offset)

@@ -572,6 +572,9 @@ class IndexService:
         self._last_name_ms = -1
         self._loaded = False
         self._closed = False
+        #: Set by :meth:`load` after an abnormal exit: the lowest commitlog offset an index file
+        #: it destroyed held entries from — recovery must re-dispatch from there (None: none).
+        self.rebuild_from: int | None = None
         self._files_lock = _SharedExclusiveLock()
         #: Serialises writers with each other and with close(); queries never take it.
         self._write_lock = threading.Lock()
@@ -620,6 +623,11 @@ class IndexService:
                         path.unlink()
                         continue
                     if not last_exit_ok and f.end_timestamp > checkpoint_index_timestamp:
+                        if f.item_count > 1:  # its entries must be rebuilt, from its first one
+                            first = f.begin_phy_offset
+                            self.rebuild_from = (
+                                first if self.rebuild_from is None else min(self.rebuild_from, first)
+                            )
                         log.info(
                             "abnormal exit: destroying index file %s (end timestamp %d > checkpoint %d)",
                             path,

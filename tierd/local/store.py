@@ -36,11 +36,13 @@ from tierd.errors import (
 from tierd.local.checkpoint import AbortMarker, Checkpoint, StoreLock
 from tierd.local.codec import encode_host, offset_msg_id
 from tierd.local.commitlog import CommitLog, FlushService, Prefaulter
-from tierd.local.consumequeue import ConsumeQueue
+from tierd.local.consumequeue import ConsumeQueue, encode_units
 from tierd.local.dispatch import DispatchBatch, ReputService
 from tierd.local.index import IndexService, index_key
 from tierd.local.layout import check_layout
 from tierd.local.prepare import Preparer
+from tierd.local.quarantine import COPY_LIMIT, Quarantine
+from tierd.local.recovery import scan_commitlog
 from tierd.local.validation import RECORD_OVERHEAD_LIMIT, check_queue, check_topic
 from tierd.message import GetStatus, Message, MessageExt, PutResult
 from tierd.subscription import MAX_SCAN_UNITS
@@ -51,6 +53,7 @@ if TYPE_CHECKING:
     import numpy.typing as npt
 
     from tierd.config import StoreConfig
+    from tierd.local.recovery import Damage
     from tierd.subscription import TagFilter
 
 log = logging.getLogger(__name__)
@@ -61,6 +64,12 @@ MAX_GET_BYTES = 32 * 1024 * 1024
 #: How long a read of an acknowledged-but-not-yet-dispatched offset waits for the reput thread.
 READ_YOUR_WRITES_WAIT = 5.0
 HOUSEKEEPING_INTERVAL = 1.0
+#: With ``flush = "sync"`` the checkpoint follows the durable end this closely (seconds): a
+#: crash then re-dispatches at most this much, not everything since the last second's tick.
+SYNC_CHECKPOINT_INTERVAL = 0.1
+
+#: A consume-queue unit's size is a Java int.
+MAX_UNIT_SIZE = 2**31 - 1
 
 #: Hook the tiering layer installs: may the commitlog bytes before this offset be deleted?
 DeleteGuard = Callable[[int], bool]
@@ -112,8 +121,10 @@ class HotGetResult:
     next_offset: int
     min_offset: int
     max_offset: int
-    #: Queue offset of an unreadable record (corrupt, or not the one its unit names) that ended
-    #: the read: the messages stop before it and ``next_offset`` is it — never past it.
+    #: Queue offset of an unreadable message (corrupt, not the one its unit names, or lost in a
+    #: quarantined range) that ended the read: the messages stop before it and ``next_offset``
+    #: is it — never past it, except for a known hole read on its own (OFFSET_FOUND_NULL with
+    #: ``next_offset`` after the hole).
     unreadable: int | None = None
 
 
@@ -161,6 +172,8 @@ class HotStore:
             self.checkpoint = Checkpoint(self.dir / "checkpoint")
             self.commitlog = CommitLog(self.dir / "commitlog", self.cfg.commitlog_file_size, self.store_host)
             self.index = IndexService(self.dir / "index", self.cfg.index_slots, self.cfg.index_items)
+            self.quarantine = Quarantine(self.dir)
+            self.quarantine.load()
             self._recover()
         except BaseException:
             self._lock.release()
@@ -204,26 +217,42 @@ class HotStore:
                     self.cqs[topic_dir.name, int(qdir.name)] = cq
         cq_end = max((cq.recover() for cq in self.cqs.values()), default=0)
         start = min(cq_end, self.checkpoint.dispatched_offset) if self.cqs else 0
+        if self.index.rebuild_from is not None:  # index files destroyed as possibly torn
+            start = min(start, self.index.rebuild_from)
         start = max(start, cl.min_offset)
         if cl.files.files and cl.files.find(start) is None and start != cl.min_offset:
             start = cl.min_offset
-        valid_end, records = cl.scan(start, check_crc=self.cfg.check_crc_on_recover)
+        check_from = self._check_from(start)
+        scan = scan_commitlog(
+            cl,
+            check_from,
+            check_crc=self.cfg.check_crc_on_recover,
+            collect_from=start,
+            max_record=self.cfg.max_message_size + RECORD_OVERHEAD_LIMIT,
+            quarantine=self.quarantine,
+            unit_at=self._unit_at,
+        )
+        valid_end, records = scan.valid_end, scan.records
         junk = []
         for f in cl.files.files:
             at = max(0, valid_end - f.file_from_offset)
             if f.file_from_offset + f.size > valid_end and any(f.mm[at : at + 64]):
                 junk.append(f)
-        if junk:
+        if junk or scan.cut_torn_append:
             log.warning(
                 "recovery: commitlog truncated at offset %d: invalid or torn data after the last "
                 "valid record",
                 valid_end,
             )
-        self.recovery_truncated = bool(junk)
+        self.recovery_truncated = bool(junk) or scan.cut_torn_append
         cl.truncate(valid_end)
         for cq in self.cqs.values():
             cq.truncate_from_physical(valid_end)
         self.index.truncate_to(valid_end)
+        fresh = [d for d in scan.damage if not d.known]
+        for d in fresh:  # recorded before any hole is written, so a crash here loses no record of it
+            q = self.quarantine.add(d.start, d.end, self._bytes(d.start, d.end), d.lost)
+            log.error("recovery: %s; every record after it was kept", q.describe())
         if records:
             replay = ReputService(self._queue_for, self.index, start)
             for i in range(0, len(records), 65536):
@@ -239,6 +268,14 @@ class HotStore:
             )
         if cl.files.files and not cl.last_store_timestamp and valid_end > cl.min_offset:
             cl.last_store_timestamp = self.checkpoint.physic_timestamp
+        self._write_holes(scan.damage)
+        if not self.last_exit_ok or fresh:
+            log.info(
+                "recovery: checked %d records from commitlog offset %d; %d damaged range(s) quarantined",
+                scan.checked,
+                check_from,
+                len(fresh),
+            )
         for (topic, qid), cq in self.cqs.items():
             cl.queue_offsets[topic, qid] = cq.max_offset
         for cq in self.cqs.values():
@@ -247,6 +284,51 @@ class HotStore:
         cl.flush()
         self.checkpoint.dispatched_offset = valid_end
         self.checkpoint.flush()
+
+    def _check_from(self, start: int) -> int:
+        """Where recovery starts checking records: the re-dispatch start after a clean exit;
+        after an abnormal one at least ``store.recovery_check_bytes`` further back (from a file
+        start: a record boundary), so damage in the newest data is found and quarantined now."""
+        if self.last_exit_ok or not self.cfg.recovery_check_bytes:
+            return start
+        f = self.commitlog.files.find(max(self.commitlog.min_offset, start - self.cfg.recovery_check_bytes))
+        return min(start, f.file_from_offset) if f is not None else start
+
+    def _unit_at(self, topic: str, queue_id: int, queue_offset: int) -> int | None:
+        cq = self.cqs.get((topic, queue_id))
+        if cq is None or not cq.min_offset <= queue_offset < cq.max_offset:
+            return None
+        unit = cq.read_units(queue_offset, 1)
+        return int(unit["offset"][0]) if len(unit) and int(unit["size"][0]) > 0 else None
+
+    def _bytes(self, start: int, end: int) -> bytes:
+        """Commitlog bytes ``[start, end)`` (at most COPY_LIMIT), across files."""
+        out = bytearray()
+        pos, end = start, min(end, start + COPY_LIMIT)
+        while pos < end and (f := self.commitlog.files.find(pos)) is not None:
+            at = pos - f.file_from_offset
+            piece = f.mm[at : min(f.size, at + end - pos)]
+            out += piece
+            pos += len(piece)
+        return bytes(out)
+
+    def _write_holes(self, damage: list[Damage]) -> None:
+        """Give every message lost in a damaged range a consume-queue unit pointing into the
+        range (a *hole*: reads report it and step over it), where the queue lacks a unit."""
+        for d in damage:
+            hole = encode_units(
+                np.array([d.start], np.int64),
+                np.array([min(d.end - d.start, MAX_UNIT_SIZE)], np.int64),
+                np.zeros(1, np.int64),
+            )
+            for topic, qid, qoff in sorted(d.lost):
+                cq = self._queue_for(topic, qid)
+                if qoff < cq.min_offset or qoff > cq.max_offset:
+                    continue  # expired, or not next to the queue's end (a unit there would leave a gap)
+                at = self._unit_at(topic, qid, qoff)
+                if at is not None and self.quarantine.covers(at) is None:
+                    continue  # a real message holds that offset: the loss was misattributed
+                cq.put_units(qoff, hole)
 
     def close(self) -> None:
         if self._closed:
@@ -391,6 +473,12 @@ class HotStore:
             if not len(units):
                 break
             for phys, size in zip(units["offset"].tolist(), units["size"].tolist(), strict=True):
+                if self.quarantine.ranges and self.quarantine.covers(phys) is not None:
+                    if not messages:  # a known hole: report it, and where the queue goes on
+                        end = self._hole_end(cq, pos, hi)
+                        return HotGetResult(GetStatus.OFFSET_FOUND_NULL, (), end, lo, hi, offset)
+                    unreadable = pos
+                    break
                 msg = self._read_checked(phys, size, topic, queue_id, pos)
                 if msg is None:
                     # Stop here: FOUND never has a gap and next_offset never passes a message
@@ -425,6 +513,8 @@ class HotStore:
             phys, sizes = units["offset"], units["size"]
             for i in np.flatnonzero(tags.unit_mask(units["tags_code"])).tolist():
                 size = int(sizes[i])
+                if self.quarantine.ranges and self.quarantine.covers(int(phys[i])) is not None:
+                    continue  # a known hole (its tag is unknown): filtered reads step over it
                 msg = self._read_checked(int(phys[i]), size, cq.topic, cq.queue_id, pos + i)
                 if msg is None:  # a candidate it cannot read: stop before it, never step over it
                     unreadable = stop = pos + i
@@ -441,6 +531,18 @@ class HotStore:
         if unreadable == offset:
             return HotGetResult(GetStatus.OFFSET_FOUND_NULL, (), offset, lo, hi, unreadable)
         return HotGetResult(GetStatus.NO_MATCHED_MESSAGE, (), pos, lo, hi, unreadable)
+
+    def _hole_end(self, cq: ConsumeQueue, pos: int, hi: int) -> int:
+        """First queue offset from ``pos`` whose unit is not a quarantined hole."""
+        while pos < hi:
+            units = cq.read_units(pos, min(hi - pos, 1024))
+            if not len(units):
+                break
+            holes = self.quarantine.covers_many(units["offset"].astype(np.int64))
+            pos += len(units) if holes.all() else int(np.argmin(holes))
+            if not holes.all():
+                break
+        return pos
 
     def _read_checked(
         self, phys: int, size: int, topic: str, queue_id: int, queue_offset: int
@@ -484,13 +586,16 @@ class HotStore:
         return self.commitlog.read(phys, check_crc=True)
 
     def store_time(self, topic: str, queue_id: int, offset: int) -> int:
-        """Store timestamp of the message at ``offset`` (-1 when the hot store lacks it)."""
+        """Store timestamp of the message at ``offset`` (-1 when the hot store lacks it or it was
+        lost to damage)."""
         cq = self.cqs.get((topic, queue_id))
         if cq is None or not cq.min_offset <= offset < cq.max_offset:
             return -1
         unit = cq.read_units(offset, 1)
         phys = int(unit["offset"][0]) if len(unit) else -1
-        return self.commitlog.store_timestamp_at(phys) if phys >= self.commitlog.min_offset else -1
+        if phys < self.commitlog.min_offset or (self.quarantine.ranges and self.quarantine.covers(phys)):
+            return -1
+        return self.commitlog.store_timestamp_at(phys)
 
     def earliest_time(self, topic: str, queue_id: int) -> int:
         cq = self._visible_queue(topic, queue_id)
@@ -563,9 +668,14 @@ class HotStore:
 
     def _housekeeping(self) -> None:
         next_retention = time.monotonic() + self.cfg.retention_interval
-        while not self._stop.wait(HOUSEKEEPING_INTERVAL):
+        every = SYNC_CHECKPOINT_INTERVAL if self.cfg.flush == "sync" else HOUSEKEEPING_INTERVAL
+        last = (-1, -1)
+        while not self._stop.wait(every):
             try:
-                self._checkpoint_now()
+                now = (self.reput.dispatched_offset, self.flusher.flushed_offset)
+                if now != last:  # idle: nothing new is durable, no fsyncs
+                    self._checkpoint_now()
+                    last = now
                 if time.monotonic() >= next_retention:
                     next_retention = time.monotonic() + self.cfg.retention_interval
                     self.apply_retention()

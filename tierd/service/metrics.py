@@ -127,6 +127,16 @@ class StoreCollector(Collector):
             "Cold reads that failed and were served from the hot store instead.",
             router.fallbacks,
         )
+        yield _gauge(
+            "tierd_hot_quarantined_ranges",
+            "Damaged hot commitlog ranges recovery quarantined (docs/hot-store.md).",
+            len(hot.quarantine.ranges),
+        )
+        yield _gauge(
+            "tierd_hot_lost_messages",
+            "Messages known lost in quarantined ranges (holes in their queues).",
+            hot.quarantine.lost_messages,
+        )
         yield _counter(
             "tierd_hot_corrupt_reads",
             "Reads that met a hot record failing its checks (CRC, framing, consume-queue unit).",

@@ -193,6 +193,22 @@ class Dispatcher:
             units = hot_cq.read_units(cold, min(backlog, self.cfg.group_commit_count))
             if not len(units):
                 break
+            if self.hot.quarantine.ranges:  # messages lost to damage found in the hot commitlog
+                holes = self.hot.quarantine.covers_many(units["offset"].astype(np.int64))
+                if holes[0]:
+                    k = len(holes) if holes.all() else int(np.argmin(holes))
+                    await ff.append_holes(cold, k, int(self.clock() * 1000))
+                    log.warning(
+                        "tiering %s/%d: queue offsets %d..%d were lost to damage in the hot commitlog "
+                        "(quarantined); the cold tier records them as a hole",
+                        topic,
+                        qid,
+                        cold,
+                        cold + k - 1,
+                    )
+                    continue
+                if holes.any():
+                    units = units[: int(np.argmax(holes))]
             sizes = units["size"].astype(np.int64)
             due = (
                 force

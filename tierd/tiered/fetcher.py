@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import numpy.typing as npt
 
-from tierd.errors import CorruptionError, CorruptRecordError, TierdError
+from tierd.errors import CorruptionError, CorruptRecordError, LostMessagesError, TierdError
 from tierd.local.codec import RecordBatch
 from tierd.local.consumequeue import UNIT_SIZE
 from tierd.subscription import MAX_SCAN_UNITS
@@ -634,9 +634,22 @@ class ColdFetcher:
     async def _load(self, ff: FlatMessageFile, offset: int, ahead: bool = False) -> ColdBatch:
         key = (ff.topic, ff.queue_id)
         flat, sizes, codes = await self._units(ff, offset, ahead)
+        if sizes[0] == 0:  # size-0 units: messages lost before they were tiered (a hole)
+            kept = np.flatnonzero(sizes)
+            count = int(kept[0]) if len(kept) else len(sizes)
+            raise LostMessagesError(
+                f"{ff.topic}/{ff.queue_id} queue offsets {offset}..{offset + count - 1} were lost to "
+                "damage in the hot commitlog before they were tiered (quarantined)",
+                topic=ff.topic,
+                queue_id=ff.queue_id,
+                first=offset,
+                count=count,
+            )
         ends = flat + sizes - flat[0]
         limit = self._limit(ff, flat)
         n = min(self.cfg.read_ahead_count, max(1, int(np.searchsorted(ends, limit, side="right"))))
+        if not sizes[:n].all():
+            n = int(np.argmin(sizes[:n] != 0))  # the batch ends before a hole
         if n < len(flat):  # units read beyond this batch serve the next one (no second CQ read)
             self.units.put(key, offset + n, (flat[n:], sizes[n:], codes[n:]))
         return await self._fetch(ff, offset, (flat[:n], sizes[:n], codes[:n]))

@@ -171,6 +171,28 @@ class FlatMessageFile:
             )
         )
 
+    async def append_holes(self, first_queue_offset: int, count: int, timestamp: int) -> None:
+        """Append ``count`` consecutive queue offsets whose messages were lost before they could
+        be tiered (quarantined damage in the hot commitlog): consume-queue units of size 0 at
+        the current commitlog end, and no commitlog bytes. A reader meeting one reports the
+        hole (:class:`~tierd.errors.LostMessagesError`); nothing is ever fabricated."""
+        if first_queue_offset != self.append_offset:
+            raise CorruptionError(
+                f"{self.topic}/{self.queue_id}: hole starts at queue offset {first_queue_offset}, "
+                f"cold tier expects {self.append_offset}",
+                expected=self.append_offset,
+                got=first_queue_offset,
+            )
+        flat = np.full(count, self.commitlog.append_offset, np.int64)
+        units = encode_units(flat, np.zeros(count, np.int64), np.zeros(count, np.int64))
+        await self._append_split(
+            self.consumequeue,
+            units,
+            np.arange(1, count + 1, dtype=np.int64) * UNIT_SIZE,
+            np.full(count, timestamp, np.int64),
+            first_queue_offset,
+        )
+
     @staticmethod
     async def _append_split(
         file: FlatAppendFile,
