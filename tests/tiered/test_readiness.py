@@ -17,9 +17,11 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 import pytest
+from typer.testing import CliRunner
 
 import tierd.tiered.service as tiering_service
 from tierd import BlockingMessageStore, GetStatus, Message, MessageStore, ReadPolicy
+from tierd.cli import app
 from tierd.errors import NotReadyError
 from tierd.service.app import create_app
 from tierd.testing.faults import FaultPlan, FaultyRoot
@@ -200,3 +202,31 @@ def test_http_answers_503_not_ready_with_retry_after_until_the_cold_tier_loads(
         await store.close(grace=0)
 
     asyncio.run(main())
+
+
+def test_cli_refuses_in_one_line_with_exit_1_while_the_cold_tier_is_not_loaded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cfg = _restored(tmp_path)
+    plan = FaultPlan(delays={"size": 30.0})
+
+    def stuck(backend: BackendConfig) -> DriverRoot:
+        return FaultyRoot(open_driver_factory(backend), plan)
+
+    monkeypatch.setattr(tiering_service, "open_driver_factory", stuck)
+    path = tmp_path / "tierd.toml"
+    path.write_text(
+        f'[store]\ndir = "{cfg.store.dir}"\n'
+        + "".join(f"{k} = {getattr(cfg.store, k)}\n" for k in ("commitlog_file_size", "max_message_size"))
+        + "".join(
+            f"{k} = {getattr(cfg.store, k)}\n"
+            for k in ("consumequeue_file_units", "index_slots", "index_items")
+        )
+        + "[tiered]\ndispatch_interval = 3600\nready_timeout = 0.2\n"
+        + f'[backend]\nurl = "{cfg.backend.url}"\n'
+    )
+    res = CliRunner().invoke(app, ["--config", str(path), "consume", "r", "-q", "0"])
+    assert res.exit_code == 1, res.output
+    assert res.stderr.count("\n") == 1
+    assert res.stderr.startswith("tierd: error: the cold tier has not loaded after 0.2 s")
+    assert "retry shortly" in res.stderr
