@@ -120,13 +120,7 @@ class FlatMessageFile:
         Verifies every record carries the expected QUEUEOFFSET (a wrong message is never
         tiered), rewrites PHYSICALOFFSET to the flat offset, and splits the batch at segment
         boundaries so no record straddles two segments."""
-        if first_queue_offset != self.append_offset:
-            raise CorruptionError(
-                f"{self.topic}/{self.queue_id}: batch starts at queue offset {first_queue_offset}, "
-                f"cold tier expects {self.append_offset}",
-                expected=self.append_offset,
-                got=first_queue_offset,
-            )
+        self._check_continues(first_queue_offset, "batch")
         n = len(sizes)
         ends = np.cumsum(sizes)
         starts = ends - sizes
@@ -176,13 +170,7 @@ class FlatMessageFile:
         be tiered (quarantined damage in the hot commitlog): consume-queue units of size 0 at
         the current commitlog end, and no commitlog bytes. A reader meeting one reports the
         hole (:class:`~tierd.errors.LostMessagesError`); nothing is ever fabricated."""
-        if first_queue_offset != self.append_offset:
-            raise CorruptionError(
-                f"{self.topic}/{self.queue_id}: hole starts at queue offset {first_queue_offset}, "
-                f"cold tier expects {self.append_offset}",
-                expected=self.append_offset,
-                got=first_queue_offset,
-            )
+        self._check_continues(first_queue_offset, "hole")
         flat = np.full(count, self.commitlog.append_offset, np.int64)
         units = encode_units(flat, np.zeros(count, np.int64), np.zeros(count, np.int64))
         await self._append_split(
@@ -192,6 +180,15 @@ class FlatMessageFile:
             np.full(count, timestamp, np.int64),
             first_queue_offset,
         )
+
+    def _check_continues(self, first_queue_offset: int, what: str) -> None:
+        if first_queue_offset != self.append_offset:
+            raise CorruptionError(
+                f"{self.topic}/{self.queue_id}: {what} starts at queue offset {first_queue_offset}, "
+                f"cold tier expects {self.append_offset}",
+                expected=self.append_offset,
+                got=first_queue_offset,
+            )
 
     @staticmethod
     async def _append_split(
