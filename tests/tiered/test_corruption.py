@@ -105,3 +105,47 @@ def test_after_a_restore_a_corrupt_cold_record_ends_the_read_after_the_good_ones
             assert [m.body for m in r.messages] == _bodies(7, 13)
     assert sum("offset 12 (flat commitlog" in rec.getMessage() for rec in caplog.records) == 1
     assert not [rec for rec in caplog.records if rec.levelno >= logging.ERROR and rec.exc_info]
+
+
+def test_filtered_reads_stop_at_an_unreadable_candidate_too(tmp_path: Path) -> None:
+    """With a tag subscription, units of other tags are skipped unread — but a candidate that
+    cannot be read is not: the read ends before it, and a read at it reports it."""
+    bucket = {"name": "posix", "url": str(tmp_path / "bucket")}
+    with BlockingMessageStore.open(cold_config(tmp_path / "a", backend=bucket)) as store:
+        results = store.put_batch(
+            [
+                Message(topic="c", body=b, tags="a" if i % 2 else "b", queue_id=0)
+                for i, b in enumerate(_bodies(20))
+            ]
+        )
+        store.tier_now()
+        store.put_batch([Message(topic="c", body=b, tags="a", queue_id=0) for b in _bodies(10, 20)])
+        _rot_hot(store, results[13].commitlog_offset)  # tag a, with a good cold copy
+        later = store.get("c", 0, 25, 1).messages[0]
+        _rot_hot(store, later.commitlog_offset)  # tag a, not tiered
+        got: list[int] = []
+        offset = 0
+        while offset < 25:  # the corrupt hot one (13) is served from its cold copy
+            r = store.get("c", 0, offset, 100, ReadPolicy.DISABLE, tags="a")
+            assert r.status is GetStatus.FOUND, r
+            got += [m.queue_offset for m in r.messages]
+            offset = r.next_offset
+        assert (got, offset) == ([*range(1, 20, 2), 20, 21, 22, 23, 24], 25)
+        r = store.get("c", 0, 25, 100, tags="a")
+        assert (r.status, r.messages, r.next_offset) == (GetStatus.OFFSET_FOUND_NULL, (), 25)
+    segment = next(p for p in (tmp_path / "bucket").rglob("*") if p.is_file() and "COMMIT_LOG" in p.parts)
+    raw = bytearray(segment.read_bytes())
+    raw[raw.index(_bodies(1, 13)[0])] ^= 0x01
+    segment.chmod(0o644)
+    segment.write_bytes(bytes(raw))
+    cfg = cold_config(tmp_path / "b", backend=bucket)
+    BlockingMessageStore.restore(cfg)
+    with BlockingMessageStore.open(cfg) as store:
+        r = store.get("c", 0, 0, 100, tags="a")
+        assert (r.status, [m.queue_offset for m in r.messages], r.next_offset) == (
+            GetStatus.FOUND,
+            [1, 3, 5, 7, 9, 11],
+            13,
+        )
+        r = store.get("c", 0, 13, 100, tags="a")
+        assert (r.status, r.messages, r.next_offset) == (GetStatus.OFFSET_FOUND_NULL, (), 13)
