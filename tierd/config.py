@@ -56,6 +56,13 @@ class StoreConfig(_Section):
         description="20-byte units per consume-queue file.",
         json_schema_extra=_rmq("mappedFileSizeConsumeQueue"),
     )
+    max_open_queue_files: int = Field(
+        256,
+        ge=1,
+        description="Consume-queue files kept open at once (each holds a file descriptor); the least "
+        "recently used are closed beyond it, so thousands of queues fit a small `ulimit -n`. Never "
+        "more than a quarter of the process's open-files limit (RLIMIT_NOFILE).",
+    )
     flush: Literal["async", "sync"] = Field(
         "async",
         description="`async`: a flusher fsyncs every flush_interval_ms; `sync`: put returns "

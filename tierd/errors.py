@@ -123,6 +123,14 @@ class StoreFullError(TierdError, OSError):
     http_status = 507
 
 
+class ResourceExhaustedError(TierdError, OSError):
+    """The process ran out of an operating-system resource (open files, memory maps). Retrying
+    later may succeed; the message names the limit and the setting that bounds tierd's use."""
+
+    code = "resource_exhausted"
+    http_status = 503
+
+
 # --------------------------------------------------------------------------- data integrity
 class CorruptionError(TierdError, ValueError):
     """Bytes on disk or in the bucket do not decode: bad magic, bad length, CRC mismatch, gaps."""

@@ -148,7 +148,7 @@ def _verify_hot_queue(hot: HotStore, topic: str, qid: int, report: VerifyReport)
             return
         start = offset * UNIT_SIZE - qf.file_from_offset
         stop = min(qf.wrote, (cq.max_offset * UNIT_SIZE) - qf.file_from_offset)
-        units = decode_units(qf.view[start:stop])
+        units = decode_units(qf.read(start, stop))
         if len(units) == 0:
             return
         for i, unit in enumerate(units):

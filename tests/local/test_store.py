@@ -621,10 +621,16 @@ def test_no_space_for_a_new_file_is_a_clean_store_full_error(
     def no_space(fd: int, offset: int, length: int) -> None:
         raise OSError(errno.ENOSPC, "No space left on device")
 
+    def no_space_to_write(fd: int, data: bytes, offset: int) -> int:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
     with BlockingMessageStore.open(small_config(tmp_path / "s")) as store:
         store.put(Message(topic="f", body=b"before", queue_id=0))
         assert store.hot.wait_dispatched(10)
+        # The commitlog reserves blocks (fallocate) before writing through its mapping; consume
+        # queues are written with pwrite, which reports a full disk itself.
         monkeypatch.setattr(os_module, "posix_fallocate", no_space)
+        monkeypatch.setattr(os_module, "pwrite", no_space_to_write)
         with pytest.raises(StoreFullError, match="no disk space"):
             store.put_batch([Message(topic="f", body=b"x" * 60_000, queue_id=0) for _ in range(10)])
         # nothing of the failed batch was written or counted

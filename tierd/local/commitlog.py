@@ -44,7 +44,7 @@ def _now_ms() -> int:
 
 class CommitLog:
     def __init__(self, directory: Path, file_size: int, store_host: bytes) -> None:
-        self.files = MappedFileQueue(directory, file_size)
+        self.files: MappedFileQueue[MappedFile] = MappedFileQueue(directory, file_size, MappedFile)
         self.file_size = file_size
         self.store_host = store_host
         self.lock = threading.Lock()
@@ -80,7 +80,7 @@ class CommitLog:
         with self.lock:
             current = self.files.last_file()
             plan = self._plan(ends, sizes, current)
-            self._create_files({start for start, _, _ in plan})
+            self._create_files(plan, ends)
             now = self.clock()
             store_ts = now if now > self.last_store_timestamp else self.last_store_timestamp
             self.last_store_timestamp = store_ts
@@ -127,14 +127,20 @@ class CommitLog:
             i = k
         return plan
 
-    def _create_files(self, starts: set[int]) -> None:
-        """Create the files a plan needs; on failure remove the ones just made (they are empty
-        and last), so only the last file is ever without its end marker."""
+    def _create_files(self, plan: list[tuple[int, int, int]], ends: npt.NDArray[np.int64]) -> None:
+        """Create the files a plan needs and reserve disk blocks for every run of it (room for
+        an end marker included); on failure remove the files just made (they are empty and
+        last), so only the last file is ever without its end marker, and nothing is written."""
         created: list[MappedFile] = []
         try:
-            for start in sorted(starts):
+            for start in sorted({start for start, _, _ in plan}):
                 if self.files.find(start) is None:
                     created.append(self.files.new_file(start))
+            for start, i, k in plan:
+                f = self.files.find(start)
+                assert f is not None
+                rel = int(ends[i - 1]) if i else 0
+                f.reserve(f.wrote + int(ends[k - 1]) - rel + END_FILE_MIN_BLANK)
         except BaseException:
             self.files.discard(created)
             raise
@@ -159,6 +165,7 @@ class CommitLog:
                     f.write(blank_marker(f.free))
                     f.wrote = f.size
                 f = self.files.writable_file(self.files.max_offset)
+            f.reserve(f.wrote + p.size + END_FILE_MIN_BLANK)  # before any byte or queue offset
             key, body, crc, magic, topic_part, props, size, flag, born_ts, born_host, tags, keys = p
             table = self.queue_offsets
             qoff = table.get(key, 0)
@@ -338,7 +345,10 @@ class Prefaulter:
             self._wake.wait(0.05)
             self._wake.clear()
             f = self.commitlog.files.last_file()
-            while f is not None and not self._stopping and f.populated < min(f.size, f.wrote + self.AHEAD):
+            # Within the reserved range only: populating a hole would allocate it unchecked.
+            while (
+                f is not None and not self._stopping and f.populated < min(f.reserved, f.wrote + self.AHEAD)
+            ):
                 if not f.populate(self.CHUNK):
                     log.info("page pre-faulting unavailable on this kernel; appends fault pages themselves")
                     self.enabled = False

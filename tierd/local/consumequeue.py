@@ -15,15 +15,25 @@ import numpy as np
 import numpy.typing as npt
 
 from tierd.errors import CorruptionError
-from tierd.local.mapped_file import MappedFileQueue, fsync_dir
+from tierd.local.mapped_file import CachedFile, MappedFileQueue, fsync_dir, syncfs
 
 if TYPE_CHECKING:
+    from collections.abc import Iterable
     from pathlib import Path
+
+    from tierd.local.mapped_file import FileCache, PendingDirSyncs
 
 UNIT_SIZE: Final = 20
 FLOOR_FILE: Final = "floor"
 UNIT_DTYPE: Final = np.dtype([("offset", ">i8"), ("size", ">i4"), ("tags_code", ">i8")])
 assert UNIT_DTYPE.itemsize == UNIT_SIZE
+#: Recovery reads units in pieces of this many (64 KiB of a file whose mostly unwritten rest is
+#: then never touched — no page of it faulted in, none of it counted in the resident set).
+RECOVER_UNITS: Final = 3276
+#: Files to make durable (unflushed consume-queue files plus new directories) beyond which one
+#: ``syncfs`` replaces an ``fdatasync`` per file: 10,000 queues written since the last
+#: checkpoint took 17 s of fsyncs here, one syncfs well under a second.
+SYNCFS_THRESHOLD: Final = 64
 
 
 def encode_units(
@@ -41,12 +51,27 @@ def decode_units(raw: bytes | memoryview) -> npt.NDArray[np.void]:
 
 
 class ConsumeQueue:
-    """The units of one ``(topic, queue_id)``."""
+    """The units of one ``(topic, queue_id)``. Its files take descriptors from ``cache`` while in
+    use (a store with thousands of queues would otherwise hold one per queue); new files'
+    directory entries are made durable through ``dir_syncs`` before the next checkpoint."""
 
-    def __init__(self, root: Path, topic: str, queue_id: int, units_per_file: int) -> None:
+    def __init__(
+        self,
+        root: Path,
+        topic: str,
+        queue_id: int,
+        units_per_file: int,
+        cache: FileCache,
+        dir_syncs: PendingDirSyncs | None = None,
+    ) -> None:
         self.topic = topic
         self.queue_id = queue_id
-        self.files = MappedFileQueue(root / topic / str(queue_id), units_per_file * UNIT_SIZE)
+
+        def open_file(path: Path, size: int, create: bool) -> CachedFile:
+            return CachedFile(path, size, create, cache)
+
+        directory = root / topic / str(queue_id)
+        self.files = MappedFileQueue(directory, units_per_file * UNIT_SIZE, open_file, dir_syncs)
         #: First valid queue offset (moves up when retention deletes commitlog data).
         self.min_offset = 0
         #: Offset this queue starts at when it did not start at 0 (a store restored from the cold
@@ -97,16 +122,20 @@ class ConsumeQueue:
         for f in files[-3:] if len(files) > 3 else files:
             if f.file_from_offset + f.size <= start:
                 continue
-            begin = max(start, f.file_from_offset) - f.file_from_offset
-            units = decode_units(f.view[begin : f.size])
-            sizes = units["size"]
-            bad = np.flatnonzero((sizes <= 0) | (units["offset"] < 0))
-            n = int(bad[0]) if len(bad) else len(units)
-            if n:
-                last = units[n - 1]
-                end_phys = int(last["offset"]) + int(last["size"])
-            valid_end = f.file_from_offset + begin + n * UNIT_SIZE
-            if n < len(units):
+            pos = max(start, f.file_from_offset) - f.file_from_offset
+            torn = False
+            while pos < f.size and not torn:
+                units = decode_units(f.read(pos, min(f.size, pos + RECOVER_UNITS * UNIT_SIZE)))
+                sizes = units["size"]
+                bad = np.flatnonzero((sizes <= 0) | (units["offset"] < 0))
+                n = int(bad[0]) if len(bad) else len(units)
+                if n:
+                    last = units[n - 1]
+                    end_phys = int(last["offset"]) + int(last["size"])
+                pos += n * UNIT_SIZE
+                torn = n < len(units)
+            valid_end = f.file_from_offset + pos
+            if torn:
                 break
         self.files.truncate(valid_end)
         if files and not self.files.files and valid_end // UNIT_SIZE > self.floor:
@@ -160,7 +189,7 @@ class ConsumeQueue:
         end = min(f.wrote, at + max_count * UNIT_SIZE)
         if end <= at:
             return np.empty(0, UNIT_DTYPE)
-        return decode_units(bytes(f.view[at:end]))
+        return decode_units(f.read(at, end))
 
     def flush(self) -> None:
         self.files.flush()
@@ -171,7 +200,7 @@ class ConsumeQueue:
         with self._lock:
             doomed = 0
             for f in list(self.files)[:-1]:
-                last_unit = decode_units(bytes(f.view[f.size - UNIT_SIZE : f.size]))
+                last_unit = decode_units(f.read(f.size - UNIT_SIZE, f.size))
                 if len(last_unit) and int(last_unit["offset"][0]) + int(last_unit["size"][0]) <= phys:
                     doomed += 1
                 else:
@@ -188,3 +217,25 @@ class ConsumeQueue:
 
     def close(self) -> None:
         self.files.close()
+
+
+def flush_queues(queues: Iterable[ConsumeQueue], dir_syncs: PendingDirSyncs) -> None:
+    """Make every consume queue durable up to what was written when the call began, with the
+    directory entries of new files: file by file when few changed, else with one ``syncfs`` of
+    the store's filesystem (see :data:`SYNCFS_THRESHOLD`)."""
+    dirty = [(f, f.wrote) for cq in queues for f in cq.files.unflushed()]
+    if len(dirty) + len(dir_syncs) > SYNCFS_THRESHOLD:
+        dirs = dir_syncs.take()
+        try:
+            synced = syncfs(dir_syncs.root.parent)
+        except BaseException:
+            dir_syncs.restore(dirs)
+            raise
+        if synced:
+            for f, target in dirty:
+                f.flushed = max(f.flushed, target)
+            return
+        dir_syncs.restore(dirs)
+    for f, _ in dirty:
+        f.flush()
+    dir_syncs.sync()

@@ -36,15 +36,17 @@ from tierd.errors import (
 from tierd.local.checkpoint import AbortMarker, Checkpoint, StoreLock
 from tierd.local.codec import encode_host, offset_msg_id
 from tierd.local.commitlog import CommitLog, FlushService, Prefaulter
-from tierd.local.consumequeue import ConsumeQueue, encode_units
+from tierd.local.consumequeue import ConsumeQueue, encode_units, flush_queues
 from tierd.local.dispatch import DispatchBatch, ReputService
 from tierd.local.index import IndexService, index_key
 from tierd.local.layout import check_layout
+from tierd.local.mapped_file import FileCache, PendingDirSyncs, open_files_limit
 from tierd.local.prepare import Preparer
 from tierd.local.quarantine import COPY_LIMIT, Quarantine
 from tierd.local.recovery import scan_commitlog
 from tierd.local.validation import RECORD_OVERHEAD_LIMIT, check_queue, check_topic
 from tierd.message import GetStatus, Message, MessageExt, PutResult
+from tierd.repeats import FailureLog
 from tierd.subscription import MAX_SCAN_UNITS
 
 if TYPE_CHECKING:
@@ -143,6 +145,10 @@ class HotStore:
         self._closed = True
         self.cqs: dict[tuple[str, int], ConsumeQueue] = {}
         self._cq_lock = threading.Lock()
+        #: Consume-queue files open at once (each holds a descriptor; docs/hot-store.md).
+        self.queue_files = FileCache(queue_file_bound(cfg.max_open_queue_files))
+        #: Consume-queue directories with entries not yet durable (synced before each checkpoint).
+        self.dir_syncs = PendingDirSyncs(self.dir / "consumequeue")
         #: Installed by the tiering layer; local retention never deletes what it refuses.
         self.delete_guard: DeleteGuard = lambda offset: True
         self.disk_usage: Callable[[Path], float] = _disk_usage_ratio
@@ -211,7 +217,12 @@ class HotStore:
             for qdir in sorted(topic_dir.iterdir()):
                 if qdir.name.isdigit():
                     cq = ConsumeQueue(
-                        cq_root, topic_dir.name, int(qdir.name), self.cfg.consumequeue_file_units
+                        cq_root,
+                        topic_dir.name,
+                        int(qdir.name),
+                        self.cfg.consumequeue_file_units,
+                        self.queue_files,
+                        self.dir_syncs,
                     )
                     cq.load()
                     self.cqs[topic_dir.name, int(qdir.name)] = cq
@@ -278,8 +289,7 @@ class HotStore:
             )
         for (topic, qid), cq in self.cqs.items():
             cl.queue_offsets[topic, qid] = cq.max_offset
-        for cq in self.cqs.values():
-            cq.flush()
+        flush_queues(self.cqs.values(), self.dir_syncs)
         self.index.flush()
         cl.flush()
         self.checkpoint.dispatched_offset = valid_end
@@ -364,7 +374,12 @@ class HotStore:
                 cq = self.cqs.get((topic, queue_id))
                 if cq is None:
                     cq = ConsumeQueue(
-                        self.dir / "consumequeue", topic, queue_id, self.cfg.consumequeue_file_units
+                        self.dir / "consumequeue",
+                        topic,
+                        queue_id,
+                        self.cfg.consumequeue_file_units,
+                        self.queue_files,
+                        self.dir_syncs,
                     )
                     cq.load()
                     self.cqs[topic, queue_id] = cq
@@ -656,8 +671,7 @@ class HotStore:
     def _checkpoint_now(self) -> None:
         dispatched = self.reput.dispatched_offset
         logics_ts = self.reput.dispatched_timestamp
-        for cq in list(self.cqs.values()):
-            cq.flush()
+        flush_queues(list(self.cqs.values()), self.dir_syncs)
         self.index.flush()
         ck = self.checkpoint
         ck.physic_timestamp = max(ck.physic_timestamp, self.flusher.flushed_timestamp)
@@ -670,6 +684,7 @@ class HotStore:
         next_retention = time.monotonic() + self.cfg.retention_interval
         every = SYNC_CHECKPOINT_INTERVAL if self.cfg.flush == "sync" else HOUSEKEEPING_INTERVAL
         last = (-1, -1)
+        failures = FailureLog(log, "housekeeping (flush, checkpoint, retention)")
         while not self._stop.wait(every):
             try:
                 now = (self.reput.dispatched_offset, self.flusher.flushed_offset)
@@ -679,8 +694,10 @@ class HotStore:
                 if time.monotonic() >= next_retention:
                     next_retention = time.monotonic() + self.cfg.retention_interval
                     self.apply_retention()
-            except Exception:
-                log.exception("housekeeping failed; retrying in %.0f s", HOUSEKEEPING_INTERVAL)
+            except Exception as e:
+                failures.failed(e, f"retrying every {every:g} s")
+            else:
+                failures.succeeded()
 
     def apply_retention(self, now_ms: int | None = None) -> int:
         """Delete commitlog files older than ``file_reserved_time`` — or, when the disk is over
@@ -732,6 +749,21 @@ class HotStore:
         messages are readable (long polling wakes on it). It runs on the dispatch thread: it
         must be quick and must not block."""
         self.reput.listener = listener
+
+
+def queue_file_bound(setting: int) -> int:
+    """``store.max_open_queue_files``, capped at a quarter of the open-files limit: the rest
+    is for the commitlog, the index, sockets and the cold tier's files."""
+    bound = min(setting, max(1, open_files_limit() // 4))
+    if bound < setting:
+        log.info(
+            "keeping at most %d consume-queue files open at once (store.max_open_queue_files is %d, "
+            "a quarter of the open-files limit %d is less)",
+            bound,
+            setting,
+            open_files_limit(),
+        )
+    return bound
 
 
 def _disk_usage_ratio(path: Path) -> float:
