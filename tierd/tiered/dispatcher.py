@@ -42,6 +42,8 @@ RETRY_CAP = 30.0
 #: Commit a queue's consume queue at least every this many batches in one round (bounds the
 #: commitlog bytes held for the index hand-off until the consume queue makes them readable).
 CQ_COMMIT_EVERY = 8
+#: New queues named one by one in the log (beyond that, a count and the first few).
+NEW_QUEUES_LISTED = 8
 _EIGHT = np.arange(8)
 _FOUR = np.arange(4)
 
@@ -137,11 +139,43 @@ class Dispatcher:
         return await self.dispatch_round(force=True)
 
     async def dispatch_round(self, force: bool = False) -> int:
-        queues = sorted(self.hot.cqs)
+        await self._create_new_queues()
+        # Only queues with something to do get a task: an idle store of 10,000 queues costs a
+        # cheap offset comparison per queue per round, not 10,000 tasks and lock round trips.
+        queues = [key for key in sorted(self.hot.cqs) if self._has_work(key)]
         counts = await asyncio.gather(*(self._guarded(q, force) for q in queues))
         self.stats.rounds += 1
         self._update_safe_offset()
         return sum(counts)
+
+    async def _create_new_queues(self) -> None:
+        """Flat files for every hot queue seen for the first time, with one metadata write."""
+        new = [
+            (topic, qid, cq.min_offset)
+            for (topic, qid), cq in list(self.hot.cqs.items())
+            if self.flat.get(topic, qid) is None
+        ]
+        if not new:
+            return
+        await self.flat.create_many(new)
+        if len(new) <= NEW_QUEUES_LISTED:
+            for topic, qid, first in new:
+                log.info("tiering %s/%d from queue offset %d", topic, qid, first)
+        else:
+            log.info(
+                "tiering %d new queues (%s, …)",
+                len(new),
+                ", ".join(f"{t}/{q} from offset {o}" for t, q, o in new[:NEW_QUEUES_LISTED]),
+            )
+
+    def _has_work(self, key: tuple[str, int]) -> bool:
+        ff = self.flat.get(*key)
+        hot_cq = self.hot.cqs.get(key)
+        if ff is None or hot_cq is None or ff.needs_commit or hot_cq.max_offset > ff.append_offset:
+            return True
+        if self.stats.behind_messages.get(key):
+            self.stats.behind_messages[key] = self.stats.behind_ms[key] = 0
+        return False
 
     async def _guarded(self, key: tuple[str, int], force: bool) -> int:
         lock = self._locks.setdefault(key, asyncio.Lock())

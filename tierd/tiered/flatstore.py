@@ -1,10 +1,17 @@
-"""FlatFileStore: every queue's :class:`FlatMessageFile`, loaded from and saved to metadata."""
+"""FlatFileStore: every queue's :class:`FlatMessageFile`, loaded from and saved to metadata.
+
+Scaling to many queues (docs/tiering.md, "Many queues"): the metadata file is rewritten whole
+(7.5 MB and ~0.5 s at 10,000 queues), so writes are few — queues tiered for the first time in a
+round are recorded with one write (:meth:`FlatFileStore.create_many`), and concurrent changes
+share one write (:meth:`FlatFileStore.save`). Loading reconciles queues with the backend
+concurrently (:data:`LOAD_CONCURRENCY`), not one round trip after another.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from tierd.tiered.flatfile import FlatAppendFile, SegmentInfo
 from tierd.tiered.flatmessage import FlatMessageFile
@@ -12,11 +19,14 @@ from tierd.tiered.metadata import MetadataStore, QueueMeta, SegmentMeta, TieredM
 from tierd.tiered.segment import DriverRoot, FileType
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable
+    from collections.abc import Awaitable, Callable, Sequence
 
     from tierd.config import TieredConfig
 
 log = logging.getLogger(__name__)
+#: Queues reconciled with the backend at once while loading (each needs a size check of its last
+#: segments and a read of its last consume-queue unit: round trips on an object store).
+LOAD_CONCURRENCY = 32
 
 
 def _segment_meta(info: SegmentInfo) -> SegmentMeta:
@@ -32,6 +42,23 @@ def _segment_meta(info: SegmentInfo) -> SegmentMeta:
         first_queue_offset=info.first_item,
         crc32c=info.crc32c,
     )
+
+
+def _segment_data(info: SegmentInfo) -> dict[str, Any]:
+    """:func:`_segment_meta` as the JSON object it dumps to, without building the model (a
+    metadata write at 10,000 queues builds 20,000 of them on the event loop)."""
+    return {
+        "type": info.file_type.name,
+        "base-offset": info.base_offset,
+        "size": info.size,
+        "sealed": info.sealed,
+        "create-timestamp": info.created,
+        "seal-timestamp": info.sealed_at,
+        "min-timestamp": info.min_timestamp,
+        "max-timestamp": info.max_timestamp,
+        "first-queue-offset": info.first_item,
+        "crc32c": info.crc32c,
+    }
 
 
 def _segment_info(meta: SegmentMeta) -> SegmentInfo:
@@ -57,6 +84,9 @@ class FlatFileStore:
         self.files: dict[tuple[str, int], FlatMessageFile] = {}
         self.topics: dict[str, TopicMeta] = {}
         self._save_lock = asyncio.Lock()
+        #: Save requests made and covered by a completed write (see :meth:`save`).
+        self._save_requested = 0
+        self._save_done = 0
         #: Uploaded cold-index segments as recorded in metadata (until the index service owns them).
         self.loaded_index: list[SegmentInfo] = []
         #: Set by the tiering service: the index segments to record in metadata.
@@ -75,47 +105,86 @@ class FlatFileStore:
     async def create(self, topic: str, queue_id: int, first_queue_offset: int) -> FlatMessageFile:
         """A flat file for a queue tiered for the first time, starting at ``first_queue_offset``
         (all history the hot store still has — unlike RocketMQ, which starts two minutes back)."""
-        if topic not in self.topics:
-            self.topics[topic] = TopicMeta(
-                name=topic, id=max((t.id for t in self.topics.values()), default=-1) + 1
-            )
-        ff = self._make(topic, queue_id)
-        self.files[topic, queue_id] = ff
-        await ff.init_offset(first_queue_offset)
-        return ff
+        return (await self.create_many([(topic, queue_id, first_queue_offset)]))[0]
 
-    async def _changed(self, _: FlatAppendFile) -> None:
+    async def create_many(self, queues: Sequence[tuple[str, int, int]]) -> list[FlatMessageFile]:
+        """Flat files for queues ``(topic, queue id, first queue offset)`` tiered for the first
+        time, recorded in metadata with ONE write before any data goes into them. (One write per
+        queue — two, for its commitlog and consume queue — rewrote the whole file 20,000 times
+        for 10,000 new queues: O(n²), hours.)"""
+        made: list[FlatMessageFile] = []
+        new_topics: list[str] = []
+        next_id = max((t.id for t in self.topics.values()), default=-1) + 1
+        for topic, queue_id, first in queues:
+            if topic not in self.topics:
+                self.topics[topic] = TopicMeta(name=topic, id=next_id)
+                new_topics.append(topic)
+                next_id += 1
+            ff = FlatMessageFile(self.root, self.cfg, topic, queue_id)  # no hook while initialising
+            await ff.init_offset(first)
+            ff.commitlog.on_change = ff.consumequeue.on_change = self._changed
+            self.files[topic, queue_id] = ff
+            made.append(ff)
+        if made:
+            try:
+                await self._changed()
+            except BaseException:
+                # Not recorded, so not created: no data may go into segments metadata lacks.
+                for ff in made:
+                    self.files.pop((ff.topic, ff.queue_id), None)
+                for topic in new_topics:
+                    self.topics.pop(topic, None)
+                raise
+        return made
+
+    async def _changed(self, _: FlatAppendFile | None = None) -> None:
         await self.save()
         if self.after_change is not None:
             await self.after_change()
 
     # ------------------------------------------------------------------ persistence
     def snapshot(self) -> TieredMetadata:
-        queues = []
-        for (topic, qid), ff in sorted(self.files.items()):
-            queues.append(
-                QueueMeta(
-                    topic=topic,
-                    queue_id=qid,
-                    min_offset=ff.min_offset,
-                    max_offset=ff.max_offset,
-                    commitlog=tuple(_segment_meta(i) for i in ff.commitlog.infos()),
-                    consumequeue=tuple(_segment_meta(i) for i in ff.consumequeue.infos()),
-                )
-            )
+        return TieredMetadata.model_validate(self.snapshot_data())
+
+    def snapshot_data(self) -> dict[str, Any]:
+        """The metadata as the JSON document :class:`MetadataStore` writes. Queues are built as
+        plain objects (their model's dump, field for field: the tests check both agree), the
+        rest through the model — so a write costs ~10 µs per queue on the event loop, not a
+        model validation per segment."""
         index = self.index_infos() if self.index_infos is not None else self.loaded_index
-        return TieredMetadata(
+        head = TieredMetadata(
             cluster=self.cfg.cluster,
             broker=self.cfg.broker,
             topics=tuple(sorted(self.topics.values(), key=lambda t: t.id)),
-            queues=tuple(queues),
             index=tuple(_segment_meta(i) for i in index),
         )
+        data = head.model_dump(mode="json", by_alias=True)
+        data["queues"] = [
+            {
+                "topic": topic,
+                "queue-id": qid,
+                "min-offset": ff.min_offset,
+                "max-offset": ff.max_offset,
+                "commitlog": [_segment_data(i) for i in ff.commitlog.infos()],
+                "consumequeue": [_segment_data(i) for i in ff.consumequeue.infos()],
+            }
+            for (topic, qid), ff in sorted(self.files.items())
+        ]
+        return data
 
     async def save(self) -> None:
+        """Write the metadata as it stands when this call begins (or later). Concurrent callers
+        share writes: one arriving while a write is in flight waits for the next write, which
+        snapshots after its change, instead of queueing a whole-file rewrite of its own."""
+        self._save_requested += 1
+        request = self._save_requested
         async with self._save_lock:
-            meta = self.snapshot()
-            await asyncio.to_thread(self.metadata.save, meta)
+            if self._save_done >= request:
+                return  # a write that began after this request covered it
+            covered = self._save_requested
+            data = self.snapshot_data()
+            await asyncio.to_thread(self.metadata.save_data, data)
+            self._save_done = covered
 
     async def load(self) -> int:
         """Rebuild every flat file from metadata, reconcile last segments with the backend and
@@ -133,11 +202,27 @@ class FlatFileStore:
             )
         self.topics = {t.name: t for t in meta.topics}
         self.loaded_index = [_segment_info(s) for s in meta.index]
-        for q in meta.queues:
-            ff = self._make(q.topic, q.queue_id)
-            await ff.commitlog.load([_segment_info(s) for s in q.commitlog])
-            await ff.consumequeue.load([_segment_info(s) for s in q.consumequeue])
-            await ff.recover()
+        gate = asyncio.Semaphore(LOAD_CONCURRENCY)
+
+        async def load_queue(q: QueueMeta) -> FlatMessageFile:
+            async with gate:
+                ff = self._make(q.topic, q.queue_id)
+                await ff.commitlog.load([_segment_info(s) for s in q.commitlog])
+                await ff.consumequeue.load([_segment_info(s) for s in q.consumequeue])
+                await ff.recover()
+                return ff
+
+        tasks = [asyncio.ensure_future(load_queue(q)) for q in meta.queues]
+        try:
+            loaded = await asyncio.gather(*tasks)
+        except BaseException:
+            # The first failure stops the other loads (the caller retries them all), and is
+            # raised as itself: callers tell corruption from an unreachable backend by its type.
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            raise
+        for q, ff in zip(meta.queues, loaded, strict=True):
             self.files[q.topic, q.queue_id] = ff
             if q.topic not in self.topics:
                 self.topics[q.topic] = TopicMeta(name=q.topic, id=len(self.topics))

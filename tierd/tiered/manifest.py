@@ -18,7 +18,9 @@ a manifest lists.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
+import os
 import time
 from typing import TYPE_CHECKING, Literal, TypeVar
 
@@ -31,6 +33,8 @@ from tierd.tiered.metadata import SegmentType, _Model
 from tierd.tiered.paths import cluster_dir
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from tierd.tiered.flatfile import FlatAppendFile
     from tierd.tiered.flatmessage import FlatMessageFile
     from tierd.tiered.flatstore import FlatFileStore
@@ -39,6 +43,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 MANIFEST_NAME = "MANIFEST.json"
 INDEX_MANIFEST_NAME = "INDEX_MANIFEST.json"
+#: The local record of what manifests were written (see :class:`ManifestWriter`).
+LEDGER_NAME = "tieredManifests.json"
 #: Queue manifests written at once.
 MANIFEST_CONCURRENCY = 8
 M = TypeVar("M", bound="_Model")
@@ -214,23 +220,64 @@ def _dump(model: _Model) -> bytes:
 
 
 class ManifestWriter:
-    """Writes queue manifests for queues whose segments changed, and the broker manifest."""
+    """Writes queue manifests for queues whose segments changed, and the broker manifest.
+
+    What it wrote is remembered across restarts in a local *ledger*
+    (``{store.dir}/config/tieredManifests.json``: per queue the offsets and sealed-segment count
+    its manifest shows), written after the PUTs succeeded. Without it every start rewrote every
+    queue's manifest — 10,000 PUTs per restart of a store with 10,000 queues. The ledger only
+    ever saves writes: a missing or unreadable one, or one written for another bucket or
+    broker, means "rewrite them all", as before."""
 
     def __init__(self, root: DriverRoot, flat: FlatFileStore) -> None:
         self.root = root
         self.flat = flat
         self._written: dict[tuple[str, int], tuple[int, int, int]] = {}
         self._broker_written: tuple[tuple[str, tuple[int, ...]], ...] | None = None
+        self._ledger_loaded = False
         self.writes = 0
 
+    @property
+    def ledger_path(self) -> Path:
+        return self.flat.metadata.dir / LEDGER_NAME
+
+    def _ledger_owner(self) -> list[str]:
+        return [self.root.url, self.flat.cfg.cluster, self.flat.cfg.broker]
+
+    def _load_ledger(self) -> None:
+        self._ledger_loaded = True
+        try:
+            raw = json.loads(self.ledger_path.read_bytes())
+            if raw.get("format-version") != 1 or raw.get("owner") != self._ledger_owner():
+                return
+            written = {(str(t), int(q)): (int(lo), int(hi), int(n)) for t, q, lo, hi, n in raw["queues"]}
+        except FileNotFoundError:
+            return
+        except (OSError, ValueError, TypeError, KeyError) as e:
+            log.warning("ignoring the manifest ledger %s (%s); rewriting every manifest", self.ledger_path, e)
+            return
+        self._written.update(written)
+
+    def _save_ledger(self) -> None:
+        data = {
+            "format-version": 1,
+            "owner": self._ledger_owner(),
+            "queues": [[t, q, *state] for (t, q), state in sorted(self._written.items())],
+        }
+        tmp = self.ledger_path.with_name(LEDGER_NAME + ".tmp")
+        tmp.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(json.dumps(data, separators=(",", ":")))
+        os.replace(tmp, self.ledger_path)
+
     def _state(self, ff: FlatMessageFile) -> tuple[int, int, int]:
-        sealed = sum(i.sealed for i in ff.commitlog.infos()) + sum(i.sealed for i in ff.consumequeue.infos())
-        return (ff.min_offset, ff.max_offset, sealed)
+        return (ff.min_offset, ff.max_offset, ff.commitlog.sealed_count + ff.consumequeue.sealed_count)
 
     async def write_changed(self) -> int:
         """Write the manifest of every queue whose offsets or sealed segments changed since its
         last write, then the broker manifest if the set of queues changed. Returns objects written."""
         cfg = self.flat.cfg
+        if not self._ledger_loaded:
+            await asyncio.to_thread(self._load_ledger)
         changed = [
             (key, ff, state)
             for key, ff in sorted(self.flat.files.items())
@@ -239,19 +286,32 @@ class ManifestWriter:
         # Manifests are small and independent: write a few at once (a commit round that touched
         # 64 queues would otherwise spend 64 request latencies in a row here).
         gate = asyncio.Semaphore(MANIFEST_CONCURRENCY)
+        failures: list[BaseException] = []
+        wrote = 0
 
         async def write(key: tuple[str, int], ff: FlatMessageFile, state: tuple[int, int, int]) -> None:
             async with gate:
-                manifest = await build_queue_manifest(ff, cfg.cluster, cfg.broker)
-                await self.root.put_object(
-                    queue_manifest_path(cfg.cluster, cfg.broker, *key), _dump(manifest)
-                )
+                if failures:
+                    return  # the backend is failing: the next call retries, not 10,000 doomed PUTs now
+                try:
+                    manifest = await build_queue_manifest(ff, cfg.cluster, cfg.broker)
+                    await self.root.put_object(
+                        queue_manifest_path(cfg.cluster, cfg.broker, *key), _dump(manifest)
+                    )
+                except Exception as e:
+                    failures.append(e)
+                    return
                 self._written[key] = state
+                nonlocal wrote
+                wrote += 1
 
-        results = await asyncio.gather(*(write(*c) for c in changed), return_exceptions=True)
-        failure = next((r for r in results if isinstance(r, BaseException)), None)
-        if failure is not None:
-            raise failure
+        try:
+            await asyncio.gather(*(write(*c) for c in changed))
+        finally:
+            if wrote:
+                await asyncio.to_thread(self._save_ledger)
+        if failures:
+            raise failures[0]
         n = len(changed)
         broker = build_broker_manifest(self.flat)
         shape = tuple((t.name, t.queues) for t in broker.topics)

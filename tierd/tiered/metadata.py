@@ -16,7 +16,7 @@ import json
 import logging
 import os
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -127,8 +127,14 @@ class MetadataStore:
 
     def save(self, meta: TieredMetadata) -> None:
         """Atomically replace the file; the previous version becomes ``.bak``."""
+        self.save_data(meta.model_dump(mode="json", by_alias=True))
+
+    def save_data(self, document: dict[str, Any]) -> None:
+        """:meth:`save` of a document already dumped (kebab-case keys). Written without
+        indentation: the C encoder then does it (7.5 MB for 10,000 queues in ~0.1 s instead of
+        ~0.4 s); ``jq`` shows it indented."""
         self.dir.mkdir(parents=True, exist_ok=True)
-        data = json.dumps(meta.model_dump(mode="json", by_alias=True), indent=1).encode()
+        data = json.dumps(document, separators=(",", ":")).encode()
         tmp = self.dir / (FILE_NAME + ".tmp")
         with tmp.open("wb") as fh:
             fh.write(data)
