@@ -7,6 +7,7 @@ import asyncio
 import json
 import os
 import re
+import resource
 import select
 import signal
 import subprocess
@@ -116,12 +117,22 @@ class TierdProcess:
     """``tierd --config FILE serve`` as an operator runs it; stderr is collected by a thread so a
     chatty server never blocks on a full pipe."""
 
-    def __init__(self, config_path: Path, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, config_path: Path, env: dict[str, str] | None = None, nofile: int | None = None
+    ) -> None:
+        """``nofile``: the server's open-files limit (``ulimit -n``)."""
+
+        def limit() -> None:
+            if nofile is not None:
+                hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+                resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, hard))
+
         self.proc = subprocess.Popen(
             [*TIERD, "--config", str(config_path), "serve"],
             stderr=subprocess.PIPE,
             text=True,
             env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
+            preexec_fn=limit if nofile is not None else None,
         )
         self.lines: list[str] = []
         self._cond = threading.Condition()

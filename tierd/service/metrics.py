@@ -121,6 +121,16 @@ class StoreCollector(Collector):
         yield _gauge(
             "tierd_hot_commitlog_max_offset_bytes", "Hot commitlog write position.", hot.commitlog.max_offset
         )
+        yield _gauge(
+            "tierd_hot_open_queue_files",
+            "Consume-queue files open now (bounded by store.max_open_queue_files).",
+            hot.queue_files.open_files,
+        )
+        yield _counter(
+            "tierd_hot_queue_file_opens",
+            "Consume-queue files opened (a steep rate: more queues in use than the bound keeps open).",
+            hot.queue_files.opens,
+        )
         router = store.router
         yield _counter(
             "tierd_get_fallbacks",

@@ -1,0 +1,59 @@
+"""``tierd serve`` with many queues under ``ulimit -n 1024``: it keeps serving and stops in time.
+
+    producers ──HTTP──▶ tierd serve (RLIMIT_NOFILE 1024) ──▶ 700 consume queues ──▶ posix cold tier
+                              ▲
+    probes ──new connection──┘ /healthz answers; SIGTERM drains and exits 0; the log stays short
+
+Before: the queues took every descriptor at ~500 queues, accept() failed with EMFILE in a loop
+(1.86 M "out of system resource" lines in 40 s), /healthz timed out and SIGTERM did not finish.
+"""
+
+from __future__ import annotations
+
+import base64
+from typing import TYPE_CHECKING
+
+import httpx
+import pytest
+
+from .conftest import TierdProcess, service_config, toml
+from .test_daemon import wait_ready
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+TOPICS = 175  # x 4 queues = 700 queues: 1,400 descriptors before the fix
+
+
+@pytest.mark.slow
+def test_many_queues_under_a_small_descriptor_limit(tmp_path: Path) -> None:
+    path = tmp_path / "tierd.toml"
+    path.write_text(toml(service_config(tmp_path)))
+    tierd = TierdProcess(path, nofile=1024)
+    try:
+        wait_ready(tierd.url)
+        with httpx.Client(base_url=tierd.url, timeout=60) as c:
+            for t in range(TOPICS):
+                body = base64.b64encode(b"m%d" % t).decode()
+                r = c.post(
+                    f"/v1/topics/many-{t}/messages:batch",
+                    json={"messages": [{"body": body, "queue_id": q} for q in range(4)]},
+                )
+                assert r.status_code == 200, r.text
+            assert c.post("/v1/admin/tier").json() == {"committed": TOPICS * 4}
+            r = c.get("/v1/topics/many-99/queues/3/messages", params={"offset": 0, "policy": "FORCE"})
+            assert r.json()["source"] == "cold"
+            assert base64.b64decode(r.json()["messages"][0]["body"]) == b"m99"
+            metrics = c.get("/metrics").text
+            open_files = next(x for x in metrics.splitlines() if x.startswith("tierd_hot_open_queue_files "))
+            assert 1 <= float(open_files.split()[1]) <= 256  # store.max_open_queue_files
+        # a new connection is still accepted and answered
+        assert httpx.get(f"{tierd.url}/healthz", timeout=10).json() == {"status": "ok"}
+        assert tierd.terminate(timeout=60) == 0
+    finally:
+        tierd.kill()
+    output = tierd.output
+    assert "stopped cleanly" in output
+    assert "out of system resource" not in output
+    assert "Too many open files" not in output
+    assert len(output.splitlines()) < 40, output[-3000:]
