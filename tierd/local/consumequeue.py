@@ -27,8 +27,9 @@ UNIT_SIZE: Final = 20
 FLOOR_FILE: Final = "floor"
 UNIT_DTYPE: Final = np.dtype([("offset", ">i8"), ("size", ">i4"), ("tags_code", ">i8")])
 assert UNIT_DTYPE.itemsize == UNIT_SIZE
-#: Recovery reads units in pieces of this many (64 KiB of a file whose mostly unwritten rest is
-#: then never touched — no page of it faulted in, none of it counted in the resident set).
+#: Recovery reads units in pieces growing from a page's worth to this many (64 KiB), up to the
+#: first empty unit: a queue with a few messages costs one small read, and the unwritten rest of
+#: its file is never touched.
 RECOVER_UNITS: Final = 3276
 #: Files to make durable (unflushed consume-queue files plus new directories) beyond which one
 #: ``syncfs`` replaces an ``fdatasync`` per file: 10,000 queues written since the last
@@ -124,8 +125,10 @@ class ConsumeQueue:
                 continue
             pos = max(start, f.file_from_offset) - f.file_from_offset
             torn = False
+            chunk = RECOVER_UNITS // 16
             while pos < f.size and not torn:
-                units = decode_units(f.read(pos, min(f.size, pos + RECOVER_UNITS * UNIT_SIZE)))
+                units = decode_units(f.read(pos, min(f.size, pos + chunk * UNIT_SIZE)))
+                chunk = min(chunk * 2, RECOVER_UNITS)
                 sizes = units["size"]
                 bad = np.flatnonzero((sizes <= 0) | (units["offset"] < 0))
                 n = int(bad[0]) if len(bad) else len(units)

@@ -252,13 +252,15 @@ class FixedFile:
         a 1 GiB file. Made durable only if something was erased."""
         pos = position
         erased = False
+        chunk = PAGE  # a torn tail is short: look at a page first, then in growing pieces
         while pos < self.size:
-            n = min(SCAN_CHUNK, self.size - pos)
+            n = min(chunk, self.size - pos)
             if self.read(pos, pos + n).count(0) == n:
                 break
             self.write(bytes(n), pos)
             erased = True
             pos += n
+            chunk = min(chunk * 2, SCAN_CHUNK)
         self.wrote = position
         self.flushed = min(self.flushed, position)
         if erased:
