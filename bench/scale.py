@@ -164,6 +164,8 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
             store = BlockingMessageStore.open(cfg)  # hot recovery; the cold tier loads behind it
         with timed("cold_ready"):
             store.wait_ready(600)
+        assert store.tiering is not None
+        out["manifests_written_at_reopen"] = store.tiering.manifests.writes
         with timed("read"):
             cold = 0
             for topic, qid in queues:

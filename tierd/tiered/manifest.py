@@ -233,7 +233,8 @@ class ManifestWriter:
         self.root = root
         self.flat = flat
         self._written: dict[tuple[str, int], tuple[int, int, int]] = {}
-        self._broker_written: tuple[tuple[str, tuple[int, ...]], ...] | None = None
+        #: What the broker manifest last written lists: queues, topics with ids and reserve hours.
+        self._broker_written: tuple[object, ...] | None = None
         self._ledger_loaded = False
         self.writes = 0
 
@@ -313,9 +314,14 @@ class ManifestWriter:
         if failures:
             raise failures[0]
         n = len(changed)
-        broker = build_broker_manifest(self.flat)
-        shape = tuple((t.name, t.queues) for t in broker.topics)
+        # Compared as plain tuples: building the manifest (2,500 topic models at 10,000 queues)
+        # after every round only to find it unchanged cost ~0.2 s of event loop each time.
+        shape = (
+            tuple(sorted(self.flat.files)),
+            tuple(sorted((t.name, t.id, t.reserve_hours) for t in self.flat.topics.values())),
+        )
         if shape != self._broker_written:
+            broker = build_broker_manifest(self.flat)
             await self.root.put_object(broker_manifest_path(cfg.cluster, cfg.broker), _dump(broker))
             self._broker_written = shape
             n += 1
