@@ -21,7 +21,7 @@ import pytest
 from tierd import BlockingMessageStore, Message, ReadPolicy
 from tierd.tiered.dispatcher import Dispatcher
 from tierd.tiered.flatfile import FlatAppendFile
-from tierd.tiered.manifest import LEDGER_NAME
+from tierd.tiered.manifest import LEDGER_NAME, read_broker_manifest
 
 from .conftest import cold_config, run
 
@@ -193,3 +193,16 @@ def test_loading_reconciles_queues_concurrently(tmp_path: Path, monkeypatch: pyt
         store.wait_ready()
         assert store.get("mq-9", 3, 0, 1, policy=ReadPolicy.FORCE).source == "cold"
     assert in_flight[1] > 1  # one queue after another before: 20,000 round trips in a row
+
+
+def test_a_new_reserve_time_reaches_the_broker_manifest(tmp_path: Path) -> None:
+    cfg = cold_config(tmp_path)
+    with BlockingMessageStore.open(cfg) as store:
+        store.wait_ready()
+        put_one_each(store, 4)
+        store.tier_now()
+        assert store.tiering is not None
+        run(store, store.tiering.set_reserve_hours("mq-0", 5.0))
+        store.tier_now()  # nothing pending: brings the manifests up to date
+        broker = run(store, read_broker_manifest(store.tiering.root, cfg.tiered.cluster, cfg.tiered.broker))
+        assert [(t.name, t.reserve_hours) for t in broker.topics] == [("mq-0", 5.0)]
