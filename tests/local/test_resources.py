@@ -13,6 +13,8 @@ import os
 import time
 from typing import TYPE_CHECKING, Any
 
+import pytest
+
 from tierd import BlockingMessageStore, Message, TierdConfig
 from tierd.errors import ResourceExhaustedError
 from tierd.local.mapped_file import CachedFile, FileCache
@@ -21,8 +23,6 @@ from .conftest import small_config
 
 if TYPE_CHECKING:
     from pathlib import Path
-
-    import pytest
 
 MiB = 1024 * 1024
 
@@ -183,3 +183,35 @@ def test_a_housekeeping_failure_that_repeats_is_logged_once(
         assert [r.getMessage() for r in caplog.records if "housekeeping" in r.getMessage()][-1] == (
             f"housekeeping (flush, checkpoint, retention) recovered after {len(calls)} failure(s)"
         )
+
+
+def test_a_failing_commitlog_flush_is_logged_once_and_close_ends(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    store = BlockingMessageStore.open(small_config(tmp_path / "s"))  # flushes every 10 ms
+    attempts: list[int] = []
+
+    def disk_error(fd: int) -> None:
+        attempts.append(fd)
+        raise OSError(errno.EIO, "Input/output error")
+
+    caplog.set_level(logging.WARNING, logger="tierd")
+    monkeypatch.setattr(os, "fdatasync", disk_error)
+    store.put(Message(topic="io", body=b"unflushed", queue_id=0))
+    deadline = time.monotonic() + 30
+    while len(attempts) < 20 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert len(attempts) >= 20
+    lines = [r.getMessage() for r in caplog.records if "commitlog flush" in r.getMessage()]
+    assert lines == ["commitlog flush failed: [Errno 5] Input/output error; retrying every 10 ms"]
+    monkeypatch.undo()
+    flusher, end = store.hot.flusher, store.hot.commitlog.max_offset
+    deadline = time.monotonic() + 30
+    while flusher.flushed_offset < end and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert flusher.flushed_offset == end
+    store.put(Message(topic="io", body=b"unflushed again", queue_id=0))
+    monkeypatch.setattr(os, "fdatasync", disk_error)
+    # the flusher's last flush fails: an error for the closer, not a loop that never ends
+    with pytest.raises(OSError, match="Input/output error"):
+        store.close()

@@ -26,6 +26,7 @@ from tierd.local.codec import (
     encode_record,
 )
 from tierd.local.mapped_file import MappedFile, MappedFileQueue
+from tierd.repeats import FailureLog
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -382,6 +383,7 @@ class FlushService:
         #: Store timestamp of the newest record known durable (for the checkpoint).
         self.flushed_timestamp = commitlog.last_store_timestamp
         self.fsyncs = 0
+        self._failures = FailureLog(log, "commitlog flush")
         self.requests_served = 0
         self._thread = threading.Thread(target=self._run, name="tierd-flush", daemon=True)
 
@@ -418,11 +420,15 @@ class FlushService:
                 stopping = self._stopping
             try:
                 self._flush_once()
-            except Exception as e:  # pragma: no cover - disk failure
-                log.exception("commitlog flush failed")
+            except Exception as e:
+                # A failing disk fails every attempt alike: one line, then one a minute.
+                self._failures.failed(e, f"retrying every {self.interval * 1000:.0f} ms")
                 for _, fut in requests:
                     fut.set_exception(e)
+                if stopping:
+                    return  # stop() tries once more itself and reports the error to the closer
                 continue
+            self._failures.succeeded()
             done = self.flushed_offset
             pending: list[tuple[int, concurrent.futures.Future[None]]] = []
             for end, fut in requests:
