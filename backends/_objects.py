@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 __all__ = [
     "CHUNK_DIR",
     "TEMP_MARKER",
+    "create_file_exclusively",
     "fsync_dir",
     "is_temp_name",
     "listed_paths",
@@ -104,14 +105,8 @@ def make_dirs(directory: Path, *, fsync: bool) -> None:
             fsync_dir(new.parent)
 
 
-def write_file_atomically(file: Path, data: bytes, *, fsync: bool, mode: int = 0o644) -> None:
-    """Replace ``file`` with ``data`` atomically: write a temporary file in the same directory,
-    fsync it, ``os.replace`` it over ``file`` and fsync the directory (with ``fsync``).
-
-    Readers see the old file or the new one, never a partial write. On any failure the
-    temporary file is removed and ``file`` is untouched. Raises ``IsADirectoryError`` if
-    ``file`` is a directory.
-    """
+def _write_temp(file: Path, data: bytes, *, fsync: bool, mode: int) -> Path:
+    """A new temporary file beside ``file`` holding ``data`` (fsynced with ``fsync``)."""
     make_dirs(file.parent, fsync=fsync)
     tmp = file.with_name(temp_name(file.name))
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode)
@@ -125,6 +120,42 @@ def write_file_atomically(file: Path, data: bytes, *, fsync: bool, mode: int = 0
                 os.fsync(fd)
         finally:
             os.close(fd)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    return tmp
+
+
+def create_file_exclusively(file: Path, data: bytes, *, fsync: bool, mode: int = 0o644) -> None:
+    """Create ``file`` holding ``data`` only if nothing exists at that name.
+
+    A temporary file is written (and fsynced) beside it and hard-linked to ``file``: ``link``
+    fails with ``FileExistsError`` when the name is taken — by a file or a directory — and
+    otherwise makes the complete file appear at once, so readers never see a partial one and
+    two creators cannot both succeed. The temporary is removed either way. Filesystems without
+    hard links raise ``OSError`` (``EPERM``/``ENOTSUP``); the caller decides what that means.
+    """
+    tmp = _write_temp(file, data, fsync=fsync, mode=mode)
+    try:
+        os.link(tmp, file)
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+    if fsync:
+        fsync_dir(file.parent)
+
+
+def write_file_atomically(file: Path, data: bytes, *, fsync: bool, mode: int = 0o644) -> None:
+    """Replace ``file`` with ``data`` atomically: write a temporary file in the same directory,
+    fsync it, ``os.replace`` it over ``file`` and fsync the directory (with ``fsync``).
+
+    Readers see the old file or the new one, never a partial write. On any failure the
+    temporary file is removed and ``file`` is untouched. Raises ``IsADirectoryError`` if
+    ``file`` is a directory.
+    """
+    tmp = _write_temp(file, data, fsync=fsync, mode=mode)
+    try:
         os.replace(tmp, file)
     except BaseException:
         with contextlib.suppress(OSError):

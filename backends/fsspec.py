@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -41,8 +42,15 @@ from backends._chunks import (
     chunk_key,
     crc32c,
 )
-from backends._objects import listed_paths, temp_name, write_file_atomically
-from tierd.errors import BackendError, CorruptionError, SegmentNotFoundError, TierdError
+from backends._objects import create_file_exclusively, listed_paths, temp_name, write_file_atomically
+from tierd.errors import (
+    BackendError,
+    CorruptionError,
+    ObjectExistsError,
+    SegmentNotFoundError,
+    TierdError,
+    UnsupportedOperationError,
+)
 from tierd.tiered.segment import DriverRoot, validate_object_prefix, validate_segment_path
 
 if TYPE_CHECKING:
@@ -59,6 +67,11 @@ _T = TypeVar("_T")
 ATOMIC_PIPE_PROTOCOLS = frozenset({"memory", "s3", "s3a", "gs", "gcs", "az", "abfs", "abfss"})
 #: Suffix of the temporary object a seal composes into before moving it to the segment's key.
 SEALING_SUFFIX = ".sealing"
+#: Protocols whose ``pipe_file(..., mode="create")`` is an atomic create-if-absent on the server
+#: (``If-None-Match: *``, see s3fs); other object stores are refused rather than raced.
+CONDITIONAL_PIPE_PROTOCOLS = frozenset({"s3", "s3a"})
+#: fsspec's memory filesystem is one dictionary per process: a lock makes check-and-set atomic.
+_MEMORY_CREATE_LOCK = threading.Lock()
 
 
 async def _run(op: str, key: str, fn: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
@@ -135,6 +148,57 @@ class FsspecRoot(DriverRoot):
             with contextlib.suppress(Exception):
                 fs.rm_file(tmp)
             raise
+
+    def _create_mode(self) -> str | None:
+        """How this filesystem creates an object exclusively: ``link`` (local disks), ``lock``
+        (fsspec's per-process memory filesystem), ``condition`` (a conditional PUT), or None."""
+        fs, _ = self.filesystem()
+        if isinstance(fs, LocalFileSystem):
+            return "link"
+        protocols = {fs.protocol} if isinstance(fs.protocol, str) else set(fs.protocol)
+        if "memory" in protocols:
+            return "lock"
+        if protocols & CONDITIONAL_PIPE_PROTOCOLS:
+            return "condition"
+        return None
+
+    @property
+    def supports_create_object(self) -> bool:
+        # docstring inherited
+        return self._create_mode() is not None
+
+    def _create_sync(self, path: str, key: str, data: bytes) -> None:
+        fs, _ = self.filesystem()
+        mode = self._create_mode()
+        if mode is None:
+            raise UnsupportedOperationError(
+                f"fsspec filesystem {type(fs).__name__} ({self.url!r}) offers no atomic "
+                "create-if-absent that tierd can rely on; use the posix driver for local or "
+                "mounted disks, the s3 driver for S3",
+                backend=self.url,
+                operation="create_object",
+            )
+        exists = ObjectExistsError(f"object {path!r} already exists at {self.url}", path=path)
+        if mode == "lock":
+            with _MEMORY_CREATE_LOCK:
+                if fs.exists(key):
+                    raise exists
+                fs.makedirs(fs._parent(key), exist_ok=True)
+                fs.pipe_file(key, data)
+            return
+        try:
+            if mode == "link":
+                create_file_exclusively(Path(key), data, fsync=True)
+            else:
+                fs.pipe_file(key, data, mode="create")
+                fs.invalidate_cache(key)
+        except FileExistsError:
+            raise exists from None
+
+    async def create_object(self, path: str, data: bytes) -> None:
+        # docstring inherited
+        key = self.key_for(validate_segment_path(path))
+        await _run("create_object", key, self._create_sync, path, key, bytes(data))
 
     def _get_sync(self, key: str) -> bytes:
         fs, _ = self.filesystem()

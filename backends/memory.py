@@ -19,6 +19,7 @@ from tierd.errors import (
     CorruptionError,
     InvalidArgumentError,
     InvalidRangeError,
+    ObjectExistsError,
     SegmentNotFoundError,
     SegmentSealedError,
 )
@@ -80,6 +81,18 @@ class MemoryRoot(DriverRoot):
         # docstring inherited
         validate_segment_path(path)
         namespace(self.name)[path] = StoredSegment(bytearray(data))
+
+    @property
+    def supports_create_object(self) -> bool:
+        # docstring inherited
+        return True
+
+    async def create_object(self, path: str, data: bytes) -> None:
+        # docstring inherited
+        table = namespace(self.name)
+        if validate_segment_path(path) in table:  # check and set with no await between: atomic
+            raise ObjectExistsError(f"object {path!r} already exists in memory://{self.name}", path=path)
+        table[path] = StoredSegment(bytearray(data))
 
     async def get_object(self, path: str) -> bytes:
         # docstring inherited

@@ -23,15 +23,23 @@ import stat
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from backends._objects import fsync_dir, listed_paths, make_dirs, write_file_atomically
+from backends._objects import (
+    create_file_exclusively,
+    fsync_dir,
+    listed_paths,
+    make_dirs,
+    write_file_atomically,
+)
 from tierd.errors import (
     BackendError,
     CorruptionError,
     InvalidArgumentError,
     InvalidRangeError,
+    ObjectExistsError,
     SegmentNotFoundError,
     SegmentSealedError,
     TierdError,
+    UnsupportedOperationError,
 )
 from tierd.tiered.segment import (
     ByteRange,
@@ -145,6 +153,33 @@ class PosixRoot(DriverRoot):
         # docstring inherited
         file = self._file(path)
         await self._run("put_object", path, write_file_atomically, file, bytes(data), fsync=self.fsync)
+
+    @property
+    def supports_create_object(self) -> bool:
+        # docstring inherited
+        return True
+
+    def _create_sync(self, path: str, file: Path, data: bytes) -> None:
+        try:
+            create_file_exclusively(file, data, fsync=self.fsync)
+        except FileExistsError:
+            raise ObjectExistsError(
+                f"object {path!r} already exists under {self.directory}", path=path
+            ) from None
+        except OSError as e:
+            if e.errno in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EMLINK):
+                raise UnsupportedOperationError(
+                    f"the filesystem of {self.directory} does not support hard links ({e.strerror}), "
+                    "which the posix driver uses to create objects exclusively",
+                    backend=self.url,
+                    operation="create_object",
+                ) from e
+            raise
+
+    async def create_object(self, path: str, data: bytes) -> None:
+        # docstring inherited
+        file = self._file(path)
+        await self._run("create_object", path, self._create_sync, path, file, bytes(data))
 
     async def get_object(self, path: str) -> bytes:
         # docstring inherited

@@ -72,9 +72,11 @@ from tierd.errors import (
     BackendError,
     CorruptionError,
     InvalidArgumentError,
+    ObjectExistsError,
     SegmentNotFoundError,
     TierdError,
     UnsafeBackendError,
+    UnsupportedOperationError,
 )
 from tierd.tiered.segment import DriverRoot, validate_object_prefix, validate_segment_path
 
@@ -515,6 +517,38 @@ class S3Root(DriverRoot):
         # docstring inherited
         key = self.key_for(validate_segment_path(path))
         await self.call("put_object", key=key, Body=bytes(data))
+
+    @property
+    def supports_create_object(self) -> bool:
+        # docstring inherited
+        return self.conditional_writes or self.single_writer
+
+    async def create_object(self, path: str, data: bytes) -> None:
+        # docstring inherited
+        key = self.key_for(validate_segment_path(path))
+        await self.check_capabilities()  # a server that ignores preconditions is refused here
+        if self.conditional_writes:
+            try:
+                await self.call("put_object", key=key, Body=bytes(data), IfNoneMatch="*")
+            except ChunkConflictError as e:  # 412 PreconditionFailed: the key is taken
+                raise ObjectExistsError(f"s3://{self.bucket}/{key} already exists", path=path) from e
+            return
+        if not self.single_writer:
+            raise UnsupportedOperationError(
+                f"cannot create s3://{self.bucket}/{key} exclusively: conditional writes are off for "
+                "this S3 root",
+                backend=self.url,
+                operation="create_object",
+            )
+        # Single-writer mode (the server ignores If-None-Match; the operator declared one writer):
+        # a HEAD first still tells a *later* creator — a second store, a restore — that the name
+        # is taken. Only simultaneous creators could both succeed, which that declaration excludes.
+        try:
+            await self.call("head_object", key=key)
+        except SegmentNotFoundError:
+            await self.call("put_object", key=key, Body=bytes(data))
+            return
+        raise ObjectExistsError(f"s3://{self.bucket}/{key} already exists", path=path)
 
     async def get_object(self, path: str) -> bytes:
         # docstring inherited

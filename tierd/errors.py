@@ -207,6 +207,29 @@ class ConcurrentCommitError(TierdError, RuntimeError):
     http_status = 409
 
 
+class ObjectExistsError(TierdError, FileExistsError):
+    """A conditional create (:meth:`~tierd.tiered.segment.DriverRoot.create_object`) found an
+    object already stored at the path: another writer created it first."""
+
+    code = "object_exists"
+    http_status = 409
+
+
+class UnsupportedOperationError(ConfigError):
+    """The configured backend cannot do what was asked with the guarantee tierd needs (e.g. an
+    atomic create-if-absent); ``detail`` names the backend and the operation."""
+
+    code = "unsupported_operation"
+
+
+class PrefixOwnedError(TierdError, PermissionError):
+    """The cold tier's ``{cluster}/{broker}`` prefix is owned by another store: this store must
+    not write there. ``detail`` names the owner (store id, host, since when, epoch)."""
+
+    code = "prefix_owned"
+    http_status = 409
+
+
 class DriverNotFoundError(ConfigError):
     """No segment driver registered under the configured name."""
 

@@ -13,12 +13,15 @@ import pytest
 import backends.fsspec
 from backends._objects import TEMP_MARKER
 from backends.fsspec import FsspecDriver, FsspecRoot
-from tierd.errors import BackendError
+from tierd.errors import BackendError, ObjectExistsError, UnsupportedOperationError
+from tierd.testing.s3server import create_bucket
 from tierd.testing.segment import SegmentDriverTests
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
     from pathlib import Path
+
+    from tierd.testing.s3server import S3Server
 
 
 class TestFsspecDriver(SegmentDriverTests):
@@ -118,3 +121,37 @@ def test_object_listing_hides_sealing_and_temporary_files(tmp_path: Path) -> Non
         "seg.chunks",
         "seg.sealing",
     ]
+
+
+# ---------------------------------------------------------------------------- create-if-absent
+def test_create_object_is_refused_where_the_filesystem_cannot_guarantee_it() -> None:
+    # fsspec's "dir" wrapper (over memory) is one of the many filesystems with no exclusive create.
+    base = f"/tierd-{uuid.uuid4().hex}"
+
+    async def main() -> None:
+        root = FsspecRoot("dir://", {"path": base, "target_protocol": "memory"})
+        assert root.supports_create_object is False
+        with pytest.raises(UnsupportedOperationError, match="no atomic create-if-absent"):
+            await root.create_object("owner/1", b"claim")
+        assert await root.list_objects("") == []  # nothing was written
+
+    asyncio.run(main())
+
+
+def test_create_object_on_s3_through_s3fs_is_a_conditional_put(moto_server: S3Server) -> None:
+    bucket = create_bucket(moto_server)
+    url = f"s3://{bucket}/fs"
+
+    async def main() -> None:
+        roots = [FsspecRoot(url, dict(moto_server.storage_options)) for _ in range(4)]
+        assert all(r.supports_create_object for r in roots)
+        results = await asyncio.gather(
+            *(r.create_object("owner/1", b"claimant-%d" % i) for i, r in enumerate(roots)),
+            return_exceptions=True,
+        )
+        winners = [i for i, res in enumerate(results) if res is None]
+        assert len(winners) == 1, results
+        assert all(isinstance(res, ObjectExistsError) for res in results if res is not None)
+        assert await roots[0].get_object("owner/1") == b"claimant-%d" % winners[0]
+
+    asyncio.run(main())

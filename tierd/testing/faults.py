@@ -14,7 +14,8 @@ Faults (:class:`Fault`):
   failed put leaves the old object (``BEFORE``) or the new one (``AFTER``), nothing in between.
 
 Method names for plans and the call log: the driver methods (``size``, ``write``, ...) and the
-root's object methods ``put_object``, ``get_object``, ``delete_object``, ``list_objects``.
+root's object methods ``put_object``, ``create_object``, ``get_object``, ``delete_object``,
+``list_objects``.
 
 Triggers: the Nth call of a method (:meth:`FaultPlan.fail_nth`), or every call of the chosen
 methods with probability ``p`` drawn from a seeded RNG (reproducible), plus optional delays.
@@ -143,8 +144,8 @@ class FaultyRoot(DriverRoot):
     """Wraps another root; its drivers are :class:`FaultyDriver` sharing one plan and one call log.
 
     The object methods pass through to the wrapped root under the same plan and log, with the
-    argument summaries ``"{path}:{len(data)}"`` (``put_object``), ``"{path}"`` (``get_object``,
-    ``delete_object``) and ``"{prefix}"`` (``list_objects``). Paths are validated before any
+    argument summaries ``"{path}:{len(data)}"`` (``put_object``, ``create_object``), ``"{path}"``
+    (``get_object``, ``delete_object``) and ``"{prefix}"`` (``list_objects``). Paths are validated before any
     fault is drawn, so a bad path is always :class:`~tierd.errors.InvalidArgumentError`.
     """
 
@@ -168,6 +169,22 @@ class FaultyRoot(DriverRoot):
             "put_object",
             f"{path}:{len(data)}",
             lambda: self.inner.put_object(path, data),
+        )
+
+    @property
+    def supports_create_object(self) -> bool:
+        # docstring inherited
+        return self.inner.supports_create_object
+
+    async def create_object(self, path: str, data: bytes) -> None:
+        # docstring inherited
+        validate_segment_path(path)
+        await _guarded(
+            self.plan,
+            self.calls,
+            "create_object",
+            f"{path}:{len(data)}",
+            lambda: self.inner.create_object(path, data),
         )
 
     async def get_object(self, path: str) -> bytes:

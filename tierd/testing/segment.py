@@ -24,7 +24,9 @@ drivers: the sealed object, else the chunks in key order), or None when nothing 
 
 The same subclass also runs :class:`ObjectApiTests` (inherited by :class:`SegmentDriverTests`):
 the root's whole-object API (``put_object``, ``get_object``, ``delete_object``, ``list_objects``)
-that holds the cold tier's manifests, checked with the same fixture and backdoor hooks.
+that holds the cold tier's manifests, and ``create_object`` (create-if-absent, exactly one
+winner among racing creators) that the prefix-ownership claim stands on, checked with the same
+fixture and backdoor hooks.
 
 Where behaviour depends on a capability flag, one test asserts what each flag value promises
 (nothing is skipped); a driver may override one test visibly (redefine the method with a
@@ -50,10 +52,12 @@ from tierd.errors import (
     CorruptionError,
     InvalidArgumentError,
     InvalidRangeError,
+    ObjectExistsError,
     SegmentNotFoundError,
     SegmentReadError,
     SegmentSealedError,
     StoreClosedError,
+    UnsupportedOperationError,
 )
 from tierd.testing.faults import Fault, FaultPlan, FaultyRoot, InjectedFault
 from tierd.tiered.paths import cluster_dir, segment_path
@@ -431,6 +435,87 @@ class ObjectApiTests(DriverSuite):
         with pytest.raises(InvalidArgumentError):
             await froot.put_object("../x", b"")  # validated before any fault is drawn
         await froot.aclose()
+
+    # ------------------------------------------------------------------ create-if-absent
+    async def _refuses_create(self, root: DriverRoot) -> bool:
+        """For a root without :attr:`~DriverRoot.supports_create_object`: check it refuses
+        cleanly (typed error, nothing written) and return True — the caller's test then has
+        nothing more to check. False for a root that supports it."""
+        if root.supports_create_object:
+            return False
+        with pytest.raises(UnsupportedOperationError):
+            await root.create_object(OBJ, b"x")
+        with pytest.raises(SegmentNotFoundError):
+            await root.get_object(OBJ)
+        return True
+
+    @async_test
+    async def test_object_create_when_absent(self, root: DriverRoot) -> None:
+        if await self._refuses_create(root):
+            return
+        await root.create_object(OBJ, b'{"epoch": 1}')
+        assert await root.get_object(OBJ) == b'{"epoch": 1}'
+        assert self.backdoor_read(OBJ) == b'{"epoch": 1}'
+        assert await root.list_objects("m") == [OBJ]
+        other = self.make_root()
+        try:
+            assert await other.get_object(OBJ) == b'{"epoch": 1}'
+        finally:
+            await other.aclose()
+        await root.create_object("m/empty", b"")
+        assert await root.get_object("m/empty") == b""
+
+    @async_test
+    async def test_object_create_never_replaces(self, root: DriverRoot) -> None:
+        if await self._refuses_create(root):
+            return
+        await root.put_object(OBJ, b"first")
+        with pytest.raises(ObjectExistsError):
+            await root.create_object(OBJ, b"second")
+        with pytest.raises(FileExistsError):  # the builtin works too
+            await root.create_object(OBJ, b"third")
+        assert await root.get_object(OBJ) == b"first"
+        assert self.backdoor_read(OBJ) == b"first"
+        self.backdoor_write(PATH, b"segment bytes")  # a segment occupies its path as well
+        with pytest.raises(ObjectExistsError):
+            await root.create_object(PATH, b"object")
+        assert self.backdoor_read(PATH) == b"segment bytes"
+        await root.delete_object(OBJ)
+        await root.create_object(OBJ, b"again")  # free once deleted
+        assert await root.get_object(OBJ) == b"again"
+
+    @async_test
+    async def test_object_create_races_have_exactly_one_winner(self, root: DriverRoot) -> None:
+        if await self._refuses_create(root):
+            return
+        roots = [self.make_root() for _ in range(6)]  # six "processes" racing for one name
+        try:
+            results = await asyncio.gather(
+                *(r.create_object(OBJ, b"claimant-%d" % i) for i, r in enumerate(roots)),
+                return_exceptions=True,
+            )
+        finally:
+            for r in roots:
+                await r.aclose()
+        winners = [i for i, res in enumerate(results) if res is None]
+        assert len(winners) == 1, results
+        assert all(isinstance(res, ObjectExistsError) for res in results if res is not None), results
+        assert await root.get_object(OBJ) == b"claimant-%d" % winners[0]
+
+    @async_test
+    async def test_object_create_validates_the_path_and_survives_faults(self, root: DriverRoot) -> None:
+        if await self._refuses_create(root):
+            return
+        for bad in _BAD_PATHS:
+            with pytest.raises(InvalidArgumentError):
+                await root.create_object(bad, b"x")
+        assert await root.list_objects("") == []
+        froot = FaultyRoot(root, FaultPlan().fail_nth("create_object", 1, Fault.AFTER))
+        with pytest.raises(InjectedFault):
+            await froot.create_object(OBJ, b"mine")  # landed, acknowledgement lost
+        with pytest.raises(ObjectExistsError):
+            await froot.create_object(OBJ, b"mine")  # a retry cannot tell: read it back
+        assert await froot.get_object(OBJ) == b"mine"
 
 
 class SegmentDriverTests(ObjectApiTests):
@@ -959,6 +1044,7 @@ class SegmentDriverTests(ObjectApiTests):
         assert [(c.method, c.args, c.outcome) for c in froot.calls] == [
             ("write", "0+5", "fault:after"),
             ("size", "", "ok"),
+            ("read", "0+5", "ok"),  # what landed is compared with what was sent
             ("write", "5+7", "ok"),  # the landed bytes are not sent again
         ]
         assert self.backdoor_read(PATH) == b"first+second"
@@ -976,6 +1062,7 @@ class SegmentDriverTests(ObjectApiTests):
         assert [(c.method, c.args) for c in froot.calls] == [
             ("write", "0+10"),
             ("size", ""),
+            ("read", "0+5"),
             ("write", "5+8"),
         ]
         assert seg.commit_position == 13
@@ -1020,6 +1107,30 @@ class SegmentDriverTests(ObjectApiTests):
         await root.driver(PATH).write(3, b"XYZW")  # someone else wrote meanwhile
         with pytest.raises(CorruptionError):
             await seg.commit()
+
+    @async_test
+    async def test_segment_never_adopts_a_foreign_writers_bytes(self, root: DriverRoot) -> None:
+        await root.driver(PATH).write(0, b"XYZ")  # another store wrote here first
+        seg = self._segment(root.driver(PATH))
+        seg.append(b"abcdef", 1)
+        for _ in range(3):  # every retry fails the same way: the conflict is not a partial write
+            with pytest.raises(CorruptionError, match="conflicts"):
+                await seg.commit()
+        assert (seg.commit_position, seg.append_position) == (0, 6)
+        assert self.backdoor_read(PATH) == b"XYZ"  # nothing of ours was stitched onto theirs
+
+    @async_test
+    async def test_segment_reconcile_compares_what_landed(self, root: DriverRoot) -> None:
+        froot = FaultyRoot(root, FaultPlan().fail_nth("write", 1, Fault.BEFORE))
+        seg = self._segment(froot.driver(PATH))
+        seg.append(b"ours!", 1)
+        with pytest.raises(InjectedFault):
+            await seg.commit()  # never left, but the segment cannot know that
+        await root.driver(PATH).write(0, b"THEIR")  # same length, another writer's bytes
+        with pytest.raises(CorruptionError, match="did not write"):
+            await seg.commit()
+        assert seg.commit_position == 0  # their bytes were not taken for ours
+        assert self.backdoor_read(PATH) == b"THEIR"
 
     @async_test
     async def test_segment_random_faults_never_duplicate_or_lose_bytes(self, root: DriverRoot) -> None:

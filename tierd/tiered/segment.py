@@ -43,6 +43,7 @@ from tierd.errors import (
     SegmentNotFoundError,
     SegmentReadError,
     StoreClosedError,
+    UnsupportedOperationError,
 )
 
 if TYPE_CHECKING:
@@ -214,7 +215,9 @@ class DriverRoot(ABC):
     **Objects.** Besides segments, a root stores *objects*: small byte strings that are written
     whole and replaced whole (the cold tier's bucket manifests, rewritten every minute). Four
     abstract coroutines make up this API: :meth:`put_object`, :meth:`get_object`,
-    :meth:`delete_object`, :meth:`list_objects`. Object paths follow
+    :meth:`delete_object`, :meth:`list_objects`; a fifth, :meth:`create_object`, creates an
+    object only if none exists (the prefix-ownership claim needs one writer to win a race), and
+    :attr:`supports_create_object` says whether the root can. Object paths follow
     :func:`validate_segment_path` and share ONE namespace with segment paths on the backend (a
     manifest at ``a/b/MANIFEST.json`` sits in the same directory as the segments under
     ``a/b/COMMIT_LOG/``). A path must hold either an object or a segment, never both: an object
@@ -237,6 +240,14 @@ class DriverRoot(ABC):
     #: (the daemon's metrics set it on its own root; nothing else does). A class-level ``None``
     #: so roots that never get one — every root Spark pickles — carry no extra state.
     observer: BackendObserver | None = None
+
+    @property
+    def supports_create_object(self) -> bool:
+        """True when :meth:`create_object` keeps its promise on this root (exactly one of any
+        number of concurrent creators wins). False: it raises
+        :class:`~tierd.errors.UnsupportedOperationError` and writes nothing. Default False, so a
+        third-party root that predates :meth:`create_object` refuses clearly instead of racing."""
+        return False
 
     def __init__(self, url: str, storage_options: Mapping[str, Any] | None = None) -> None:
         self.url = url
@@ -271,6 +282,35 @@ class DriverRoot(ABC):
         file on local disks and uses one ``pipe_file`` (a single PUT) on object stores; memory
         assigns one dictionary entry.
         """
+
+    async def create_object(self, path: str, data: bytes) -> None:
+        """Create the object at ``path`` holding exactly ``data`` — only if no object exists there.
+
+        **Exclusive.** If an object already exists at ``path`` (put, created, or a segment), raises
+        :class:`~tierd.errors.ObjectExistsError` (also a ``FileExistsError``) and leaves it
+        untouched. Of any number of concurrent calls for one path — from this root, other roots,
+        other processes or machines on the same location — exactly one returns; every other
+        raises :class:`~tierd.errors.ObjectExistsError`. Otherwise as :meth:`put_object`: path
+        validated first, parents created, atomic (a reader sees "missing" or the whole
+        ``data``), durable on return.
+
+        If the call raises anything else (a :class:`~tierd.errors.BackendError`), the object may
+        or may not have been created — with exactly ``data``; :meth:`get_object` tells. A root
+        that cannot make the guarantee raises :class:`~tierd.errors.UnsupportedOperationError`
+        without writing (see :attr:`supports_create_object`); that is the default here.
+
+        How the shipped roots do it: posix writes a temporary file, fsyncs it and hard-links it
+        to the target (``link`` fails if the name exists); S3 sends ``PutObject`` with
+        ``If-None-Match: *``; memory checks and assigns without yielding to the event loop;
+        fsspec links on local disks, sends ``If-None-Match`` on S3 and refuses elsewhere.
+        """
+        validate_segment_path(path)
+        raise UnsupportedOperationError(
+            f"{type(self).__name__} cannot create objects exclusively (create-if-absent), which "
+            f"claiming ownership of a cold-tier prefix needs; backend {self.url!r}",
+            backend=self.url,
+            operation="create_object",
+        )
 
     @abstractmethod
     async def get_object(self, path: str) -> bytes:
@@ -503,10 +543,13 @@ class FileSegment:
     **Commit.** :meth:`commit` sends every byte not yet committed in ONE ``driver.write`` at
     ``commit_position``. If it fails, the bytes stay queued and the segment is marked *suspect*;
     the next :meth:`commit` first reconciles with the backend's real size (``driver.size()``):
-    bytes that actually landed are dropped from the queue (never sent twice), a partial write is
+    bytes that actually landed — read back and compared, so another writer's bytes are never
+    mistaken for ours — are dropped from the queue (never sent twice), a partial write is
     completed by writing the rest at the backend's end, and a backend that is *shorter* than
-    what was acknowledged before, or longer than anything sent, is reported as
-    :class:`~tierd.errors.CorruptionError`. Then it writes what remains, including bytes appended
+    what was acknowledged before, longer than anything sent, or holding other bytes, is reported
+    as :class:`~tierd.errors.CorruptionError`. A write the driver refused as conflicting
+    (:class:`~tierd.errors.CorruptionError`: nothing written) leaves the segment as it was, so
+    every retry meets the same conflict. Then it writes what remains, including bytes appended
     meanwhile. Retry timing (backoff, jitter) is the caller's: ``commit`` is always safe to call
     again after it raised. A second ``commit`` (or ``seal``/``destroy``) while one is in flight
     raises :class:`~tierd.errors.ConcurrentCommitError` — it never waits and never returns a
@@ -701,6 +744,11 @@ class FileSegment:
                 await self._timed(
                     "write", len(self._pending), self.driver.write(self._commit_position, self._pending)
                 )
+            except CorruptionError:
+                # The driver refused before writing (stored bytes differ from ours: another writer
+                # got there first). Nothing landed, so nothing may be reconciled as ours: the size
+                # the backend reports now is *their* bytes. Retrying fails the same way.
+                raise
             except BaseException:
                 # Cancellation included: we cannot know what landed, so ask the backend next time.
                 self._suspect = True
@@ -736,6 +784,17 @@ class FileSegment:
             )
         landed = size - low
         if landed:
+            # Only bytes equal to ours count as ours: after a lost acknowledgement another writer
+            # may have appended meanwhile, and its bytes must never be taken for a landed prefix.
+            stored = await self._timed("read", landed, self.driver.read(ByteRange(low, landed)))
+            if stored != self._pending[:landed]:
+                raise CorruptionError(
+                    f"segment {self.path} holds {landed} bytes at {low} that this process did not "
+                    "write: another writer touched it",
+                    path=self.path,
+                    position=low,
+                    length=landed,
+                )
             self._pending = self._pending[landed:]
             if not self._pending:
                 self._pending_count = 0
