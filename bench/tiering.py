@@ -206,7 +206,7 @@ async def tier(cfg: TierdConfig, hot: HotStore, profile: str | None, defer_manif
     t = time.perf_counter()
     if prof is not None:
         prof.enable()
-    committed = await tiering.tier_now()
+    committed = (await tiering.tier_now()).committed
     if prof is not None:
         prof.disable()
     elapsed = time.perf_counter() - t

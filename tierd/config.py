@@ -251,6 +251,13 @@ class TieredConfig(_Section):
         "before failing with `NotReadyError` (HTTP 503 `not_ready`); answers never come from the "
         "hot tier alone meanwhile (docs/reading.md).",
     )
+    backend_timeout: float = Field(
+        30.0,
+        gt=0,
+        description="Longest one cold-tier backend call may take (s) before it fails as a backend "
+        "error; seals, which compose a whole segment, get 10 times this. A tiering round still "
+        "running after this long is logged as stuck.",
+    )
 
 
 class BackendConfig(_Section):

@@ -28,6 +28,7 @@ from tierd.message import GetResult, GetStatus, Message, MessageExt, PutResult, 
 from tierd.offsets import ConsumerOffsets, check_group
 from tierd.router import TierRouter
 from tierd.subscription import TagFilter, parse_tags
+from tierd.tiered.dispatcher import TierReport
 from tierd.tiered.restore import Progress, RestoreReport
 from tierd.tiered.restore import restore as restore_from_bucket
 from tierd.tiered.service import TieringService
@@ -421,10 +422,13 @@ class MessageStore(_StoreCore):
         """Rebuild an empty store directory's tiering metadata from the bucket's manifests."""
         return await restore_from_bucket(cfg, progress=progress)
 
-    async def tier_now(self) -> int:
-        """Commit everything pending to the cold tier now; returns messages committed."""
+    async def tier_now(self) -> TierReport:
+        """Commit everything pending to the cold tier now. Returns what each queue committed
+        (``.committed`` is the total); raises when pending messages could not be committed
+        (:class:`~tierd.errors.BackendError`, naming each queue and the backend's error) or the
+        bucket prefix belongs to another store (:class:`~tierd.errors.PrefixOwnedError`)."""
         if self.tiering is None:
-            return 0
+            return TierReport()
         await asyncio.to_thread(self._hot().wait_dispatched, 30)
         n = await self.tiering.tier_now()
         await self._upload_offsets()
@@ -516,10 +520,10 @@ class BlockingMessageStore(_StoreCore):
         """Rebuild an empty store directory's tiering metadata from the bucket's manifests."""
         return asyncio.run(restore_from_bucket(cfg, progress=progress))
 
-    def tier_now(self) -> int:
-        """Commit everything pending to the cold tier now; returns messages committed."""
+    def tier_now(self) -> TierReport:
+        """Commit everything pending to the cold tier now (see :meth:`MessageStore.tier_now`)."""
         if self.tiering is None or self._loop is None:
-            return 0
+            return TierReport()
         self._hot().wait_dispatched(30)
         n = self._loop.run(self.tiering.tier_now())
         self._loop.run(self._upload_offsets())

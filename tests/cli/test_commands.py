@@ -93,7 +93,11 @@ def test_tier_moves_everything_and_force_reads_cold(cfg: Path) -> None:
     before = tierd_json(cfg, "queues", "ls", "orders")
     assert sum(q["pending_messages"] for q in before) == 200
 
-    assert tierd_json(cfg, "tier") == {"committed": 200, "pending": 0}
+    report = tierd_json(cfg, "tier")
+    assert (report["committed"], report["pending"]) == (200, 0)
+    assert {(q["topic"], q["queue_id"]): q["committed"] for q in report["queues"]} == {
+        ("orders", q): sum(1 for r in produced if r["queue_id"] == q) for q in queues
+    }
     after = {q["queue_id"]: q for q in tierd_json(cfg, "queues", "ls", "orders")}
     assert set(after) == queues
     assert all(

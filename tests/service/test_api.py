@@ -79,7 +79,11 @@ def test_produce_tier_and_read_back_from_the_cold_tier(svc: Running) -> None:
         range(put["queue_offset"] + 1, put["queue_offset"] + 6)
     )
 
-    assert c.post("/v1/admin/tier").json() == {"committed": 6}
+    assert c.post("/v1/admin/tier").json() == {
+        "committed": 6,
+        "pending": 0,
+        "queues": [{"topic": "orders", "queue_id": 0, "committed": 6, "pending": 0}],
+    }
     read = c.get(
         f"/v1/topics/orders/queues/{put['queue_id']}/messages",
         params={"offset": put["queue_offset"], "max": 10, "policy": "FORCE"},
@@ -243,7 +247,7 @@ def test_metrics_report_the_tiered_store_set(svc: Running) -> None:
     before = c.get("/metrics")
     assert before.headers["content-type"].startswith("text/plain")
     assert 'tierd_dispatch_lag_messages{queue_id="0",topic="m"} 10.0' in before.text  # nothing tiered yet
-    assert c.post("/v1/admin/tier").json() == {"committed": 10}
+    assert c.post("/v1/admin/tier").json()["committed"] == 10
     c.get("/v1/topics/m/queues/0/messages", params={"policy": "FORCE"})
     c.get("/v1/topics/m/queues/0/messages", params={"policy": "FORCE", "offset": 5})
     text = c.get("/metrics").text
@@ -287,7 +291,7 @@ async def _readiness_and_draining(tmp_path: Path) -> None:
     async with httpx.AsyncClient(transport=transport, base_url="http://tierd") as c:
         assert (await c.get("/healthz")).json() == {"status": "ok"}
         body = assert_error(await c.get("/readyz"), 503, "not_ready")
-        assert body["detail"] == {"store_open": False, "cold_tier_ready": False, "draining": False}
+        assert body["detail"] == {"store_open": False, "cold_metadata_loaded": False, "draining": False}
         assert_error(await c.get("/v1/topics"), 503, "not_ready")
         assert await app.state.service.drain(1)
         body = assert_error(await c.post("/v1/topics/t/messages", json={"body": ""}), 503, "draining")
@@ -339,6 +343,7 @@ async def _openapi(tmp_path: Path) -> None:
         "/v1/topics/{topic}/queues",
         "/v1/segments",
         "/v1/admin/tier",
+        "/v1/status",
         "/metrics",
         "/healthz",
         "/readyz",
@@ -358,6 +363,7 @@ async def _openapi(tmp_path: Path) -> None:
         body = op["requestBody"]["content"]["application/json"]["schema"]["$ref"]
         assert body.endswith(f"/{model}")
         assert model in spec["components"]["schemas"]
+    assert {"409", "502"} <= set(spec["paths"]["/v1/admin/tier"]["post"]["responses"])
     produce = spec["paths"]["/v1/topics/{topic}/messages"]["post"]
     assert {"400", "401", "413", "422", "500", "503"} <= set(produce["responses"])
     assert produce["responses"]["400"]["content"]["application/json"]["schema"]["$ref"].endswith("/ErrorOut")

@@ -37,9 +37,16 @@ def _pending(store: BlockingMessageStore) -> int:
 @app.command()
 @handle_errors
 def tier(ctx: typer.Context) -> None:
-    """Commit every message not yet in the cold tier now, and update the bucket manifests."""
+    """Commit every message not yet in the cold tier now, and update the bucket manifests.
+
+    Prints what each queue committed and what is still pending. Exits 1, naming each queue that
+    failed and the backend's error, when anything pending could not be committed (backend
+    unreachable, bucket gone, a conflict) or when another store owns the bucket prefix.
+    """
     c = obj(ctx)
-    with c.store(finish_tiering=True) as store:
+    # Closed without a second commit round: this command just made one (and if it failed, a
+    # retry within the same second would only fail again, slower).
+    with c.store() as store:
         if store.tiering is None:
             echo("tiering is disabled (tiered.enabled = false): nothing to do")
             return
@@ -53,15 +60,20 @@ def tier(ctx: typer.Context) -> None:
             job = pool.submit(store.tier_now)
             while True:
                 try:
-                    committed = job.result(timeout=POLL_SECONDS)
+                    report = job.result(timeout=POLL_SECONDS)
                     break
                 except concurrent.futures.TimeoutError:
                     bar.update(task, completed=max(0, total - _pending(store)))
-        left = _pending(store)
     if c.json:
-        emit_json({"committed": committed, "pending": left})
-    else:
-        echo(f"committed {committed} message(s) to the cold tier; {left} pending")
+        emit_json(report.as_dict())
+        return
+    if report.queues:
+        emit_table(
+            None,
+            ["topic", "queue", "committed", "pending"],
+            [[q.topic, q.queue_id, q.committed, q.pending] for q in report.queues],
+        )
+    echo(f"committed {report.committed} message(s) to the cold tier; {report.pending} pending")
 
 
 @app.command()

@@ -60,7 +60,9 @@ from tierd.service.schemas import (
     SegmentOut,
     SegmentsOut,
     SegmentType,
+    ServiceStatusOut,
     StatusOut,
+    TieringStatusOut,
     TierOut,
     TopicOut,
     TopicsOut,
@@ -137,10 +139,33 @@ class Service:
         return True
 
     def readiness(self) -> dict[str, bool]:
+        """What ``/readyz`` decides on: can this pod serve its local producers and consumers —
+        hot store open, cold metadata loaded, not draining. Deliberately *not* whether the
+        backend answers: an S3 outage must not take every pod out of its Service while produce
+        works (backend health is ``GET /v1/status`` and the metrics, where alerts belong)."""
         store = self._provider()
         is_open = store is not None and not store.hot.closed
-        cold = store is None or store.tiering is None or store.tiering.ready.is_set()
-        return {"store_open": is_open, "cold_tier_ready": is_open and cold, "draining": self.draining}
+        cold = store is None or store.tiering is None or store.tiering.metadata_loaded
+        return {"store_open": is_open, "cold_metadata_loaded": is_open and cold, "draining": self.draining}
+
+    def status(self) -> ServiceStatusOut:
+        """``GET /v1/status``: backend health, ownership and lag (see :class:`ServiceStatusOut`)."""
+        store = self._provider()
+        is_open = store is not None and not store.hot.closed
+        tiering = (
+            TieringStatusOut.model_validate(store.tiering.status())
+            if store is not None and is_open and store.tiering is not None
+            else None
+        )
+        if not is_open:
+            state: Literal["ok", "starting", "degraded"] = "starting"
+        elif tiering is None:
+            state = "ok"
+        elif tiering.ownership.error is not None or tiering.backend.reachable is False or tiering.start_error:
+            state = "degraded"
+        else:
+            state = "ok" if tiering.ready else "starting"
+        return ServiceStatusOut(status=state, store_open=is_open, draining=self.draining, tiering=tiering)
 
 
 async def _service(request: Request) -> Service:
@@ -200,10 +225,11 @@ def _errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
         400: "Invalid argument (bad topic, properties, base64 body, queue id...).",
         401: "Missing or wrong bearer token (only when `server.token` is set).",
         404: "Unknown topic (or route).",
+        409: "Another store owns the cold tier's bucket prefix (`prefix_owned`).",
         413: "Message or request body too large.",
         422: "Request does not match the schema.",
         500: "Unexpected server error (details only in the server log).",
-        502: "The cold-tier backend failed.",
+        502: "The cold-tier backend failed (or could not commit what was pending).",
         503: "Not ready (store opening, cold tier unreachable) or draining for shutdown.",
         507: "Hot store full: writes refused until space frees.",
     }
@@ -531,17 +557,31 @@ async def segments(
     response_model=TierOut,
     tags=["admin"],
     summary="Commit everything pending to the cold tier now",
-    responses=_errors(502, 503),
+    responses=_errors(409, 502, 503),
 )
 async def tier(svc: Svc) -> TierOut:
     """Dispatch and commit every queue now instead of waiting for `dispatch_interval`; returns
-    once the bytes are on the backend and the bucket manifests are current."""
+    once the bytes are on the backend and the bucket manifests are current, with what each queue
+    committed. Fails — 502 `backend_error` naming each queue and the backend's error — when
+    anything pending could not be committed, and 409 `prefix_owned` when another store owns the
+    bucket prefix; never a success that left messages behind."""
     with svc.writing() as store:
-        if store.tiering is not None and not store.tiering.ready.is_set():
-            raise NotReadyError(
-                "the cold tier is not ready yet", reason=str(store.tiering.start_error or "starting")
-            )
-        return TierOut(committed=await store.tier_now())
+        return TierOut.of(await store.tier_now())
+
+
+@router.get(
+    "/v1/status",
+    response_model=ServiceStatusOut,
+    tags=["ops"],
+    summary="Backend health, prefix ownership and tiering lag",
+    responses=_errors(),
+)
+async def status(svc: Svc) -> ServiceStatusOut:
+    """Whether the cold-tier backend answers (and when it last did), who owns the bucket prefix,
+    the last successful commit, how far tiering lags and the recent errors. Always 200 while the
+    process serves HTTP: `status` says `ok`, `starting` or `degraded`. Needs the token when one
+    is configured."""
+    return svc.status()
 
 
 @router.get(
@@ -570,16 +610,21 @@ async def healthz() -> StatusOut:
     response_model=StatusOut,
     tags=["ops"],
     summary="Readiness",
-    responses={503: {"model": ErrorOut, "description": "Opening, cold tier not ready, or draining."}},
+    responses={503: {"model": ErrorOut, "description": "Opening, tiering metadata not loaded, or draining."}},
 )
 async def readyz(svc: Svc) -> Any:
-    """200 once recovery finished and (with tiering) the cold tier is ready; 503 before that and
-    while draining. Never needs a token."""
+    """200 once this pod can serve its local producers and consumers: recovery finished and (with
+    tiering) the local tiering metadata is loaded; 503 before that and while draining. A backend
+    outage does not make the pod unready (see `/v1/status`). Never needs a token."""
     state = svc.readiness()
-    if state["store_open"] and state["cold_tier_ready"] and not state["draining"]:
+    if state["store_open"] and state["cold_metadata_loaded"] and not state["draining"]:
         return StatusOut(status="ready")
     reason = (
-        "draining" if state["draining"] else "opening" if not state["store_open"] else "cold tier not ready"
+        "draining"
+        if state["draining"]
+        else "opening"
+        if not state["store_open"]
+        else "tiering metadata not loaded"
     )
     return error_response(503, "not_ready", f"not ready: {reason}", state)
 

@@ -169,9 +169,17 @@ class StoreCollector(Collector):
         if tiering is None:
             return
         yield _gauge(
-            "tierd_cold_tier_ready", "1 once the cold tier loaded its metadata.", tiering.ready.is_set()
+            "tierd_cold_tier_ready",
+            "1 once the cold tier is usable: prefix claimed, flat files loaded from metadata and backend.",
+            tiering.ready.is_set(),
         )
         yield from self._capabilities(store)
+        yield _gauge(
+            "tierd_cold_metadata_loaded",
+            "1 once the local tiering metadata was read (what /readyz waits for).",
+            tiering.metadata_loaded,
+        )
+        yield from self._backend(store)
         yield from self._dispatch(store)
         yield from self._cache(store)
         yield from self._storage(store)
@@ -231,6 +239,52 @@ class StoreCollector(Collector):
             "tierd_consumer_lag_series_dropped",
             f"Per-queue lag series left out beyond {LAG_SERIES_LIMIT} (group totals include them).",
             dropped,
+        )
+
+    def _backend(self, store: MessageStore) -> Iterator[Metric]:
+        """Backend health and prefix ownership: the signals alerts belong on (not /readyz)."""
+        assert store.tiering is not None
+        tiering = store.tiering
+        h = tiering.health
+        if h.reachable is not None:
+            yield _gauge(
+                "tierd_backend_reachable",
+                "1 when the last cold-tier backend call got an answer.",
+                h.reachable,
+            )
+        if h.last_ok_ms is not None:
+            yield _gauge(
+                "tierd_backend_last_success_timestamp_seconds",
+                "When a cold-tier backend call last got an answer (Unix time).",
+                h.last_ok_ms / 1000,
+            )
+        yield _counter(
+            "tierd_backend_failures", "Cold-tier backend calls that failed or timed out.", h.failures
+        )
+        yield _counter(
+            "tierd_backend_timeouts", "Cold-tier backend calls cut off by tiered.backend_timeout.", h.timeouts
+        )
+        ownership = tiering.ownership
+        yield _gauge(
+            "tierd_prefix_owned",
+            "1 when another store owns the cold tier's bucket prefix: this store does not tier.",
+            ownership is not None and ownership.fenced is not None,
+        )
+        if ownership is not None and ownership.epoch is not None:
+            yield _gauge(
+                "tierd_owner_epoch", "This store's ownership epoch of its bucket prefix.", ownership.epoch
+            )
+        stats = tiering.dispatcher.stats
+        if stats.last_commit_ms is not None:
+            yield _gauge(
+                "tierd_last_commit_timestamp_seconds",
+                "When a commit to the cold tier last succeeded (Unix time).",
+                stats.last_commit_ms / 1000,
+            )
+        yield _counter(
+            "tierd_dispatch_stuck_rounds",
+            "Tiering rounds still running after tiered.backend_timeout seconds.",
+            stats.stuck_rounds,
         )
 
     def _dispatch(self, store: MessageStore) -> Iterator[Metric]:

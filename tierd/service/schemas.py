@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from tierd.groups import GroupInfo
     from tierd.inventory import QueueInfo, SegmentRow
     from tierd.message import GetResult, MessageExt, PutResult
+    from tierd.tiered.dispatcher import TierReport
 
 #: Messages per batch request (RocketMQ bounds a batch by bytes; we bound both).
 MAX_BATCH_MESSAGES = 1024
@@ -251,8 +252,106 @@ class SegmentsOut(_Model):
     segments: list[SegmentOut]
 
 
+class QueueTierOut(_Model):
+    """One queue of a tiering call: what it committed, what still waits."""
+
+    topic: str
+    queue_id: int
+    committed: int = Field(description="Messages this call made readable in the cold tier.")
+    pending: int = Field(description="Messages still waiting for the cold tier after the call.")
+
+
 class TierOut(_Model):
     committed: int = Field(description="Messages committed to the cold tier by this call.")
+    pending: int = Field(0, description="Messages still waiting for the cold tier (arrived meanwhile).")
+    queues: list[QueueTierOut] = Field(
+        default_factory=list,
+        description="Every queue that committed something or still has pending messages.",
+    )
+
+    @classmethod
+    def of(cls, report: TierReport) -> TierOut:
+        return cls.model_validate(report.as_dict())
+
+
+class ProblemOut(_Model):
+    """An error as `/v1/status` reports it (the shape of an error response)."""
+
+    error: str
+    message: str
+    detail: dict[str, Any]
+
+
+class OwnerOut(_Model):
+    """The store that owns a cold-tier prefix (its owner record; docs/tiering.md)."""
+
+    store_id: str
+    host: str
+    pid: int
+    epoch: int = Field(description="Takeovers bump it; the highest epoch owns the prefix.")
+    since: str = Field(description="When it claimed the prefix (ISO 8601, UTC).")
+    claimed_at: int = Field(description="The same, in ms since the epoch.")
+    store_dir: str
+    reason: Literal["claim", "takeover"]
+    previous_store_id: str | None
+
+
+class OwnershipOut(_Model):
+    prefix: str = Field(description="The `{cluster}/{broker}` prefix of the cold tier.")
+    owner: OwnerOut | None = Field(description="Its owner as last seen (None: not known yet).")
+    store_id: str | None = Field(description="This store's id.")
+    epoch: int | None = Field(description="This store's epoch (None until it owns the prefix).")
+    owned_by_this_store: bool
+    error: ProblemOut | None = Field(description="`prefix_owned` when another store owns the prefix.")
+
+
+class BackendOut(_Model):
+    url: str
+    reachable: bool | None = Field(
+        description="Whether the last backend call got an answer (None: no call made yet)."
+    )
+    last_success: int | None = Field(description="Time of the last answered call (ms since the epoch).")
+    last_failure: int | None = Field(description="Time of the last failed or timed-out call.")
+    calls: int
+    failures: int
+    timeouts: int
+
+
+class LagOut(_Model):
+    messages: int = Field(description="Acknowledged messages not yet in the cold tier (all queues).")
+    seconds: float = Field(description="Age of the oldest of them (0 when caught up).")
+
+
+class RecentErrorOut(_Model):
+    first: int = Field(description="First occurrence (ms since the epoch).")
+    last: int = Field(description="Last occurrence.")
+    operation: str
+    code: str
+    message: str
+    count: int = Field(description="Identical consecutive occurrences.")
+
+
+class TieringStatusOut(_Model):
+    ready: bool = Field(description="Prefix claimed and flat files loaded: the cold tier serves and tiers.")
+    metadata_loaded: bool = Field(description="Local tiering metadata read (what `/readyz` needs).")
+    start_error: ProblemOut | None = Field(description="Why the cold tier has not started (None once ready).")
+    backend: BackendOut
+    ownership: OwnershipOut
+    last_commit: int | None = Field(description="Last successful commit (ms since the epoch).")
+    lag: LagOut
+    errors: list[RecentErrorOut] = Field(description="Recent errors, newest last.")
+
+
+class ServiceStatusOut(_Model):
+    """`GET /v1/status`: backend health, ownership and lag — what alerts should watch."""
+
+    status: Literal["ok", "starting", "degraded"] = Field(
+        description="`ok`; `starting` while the store or the cold tier opens; `degraded` when the "
+        "backend does not answer, another store owns the prefix, or the cold tier cannot start."
+    )
+    store_open: bool
+    draining: bool
+    tiering: TieringStatusOut | None = Field(description="None when tiering is disabled.")
 
 
 class StatusOut(_Model):

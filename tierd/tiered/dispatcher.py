@@ -20,7 +20,7 @@ import logging
 import random
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
@@ -57,9 +57,66 @@ class DispatchStats:
     commits: int = 0
     commit_failures: int = 0
     rounds: int = 0
+    #: Rounds still running after ``backend_timeout`` seconds (logged as stuck).
+    stuck_rounds: int = 0
+    #: Wall-clock time (ms) of the last successful commit; None before the first.
+    last_commit_ms: int | None = None
     #: Per queue: hot max offset − cold committed offset, and age (ms) of the oldest pending message.
     behind_messages: dict[tuple[str, int], int] = field(default_factory=dict)
     behind_ms: dict[tuple[str, int], int] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class RoundResult:
+    """What one dispatch round did, per queue: messages made readable, and the failures (the
+    exception that stopped the queue; its bytes stay buffered and are retried)."""
+
+    committed: dict[tuple[str, int], int] = field(default_factory=dict)
+    failed: dict[tuple[str, int], BaseException] = field(default_factory=dict)
+
+    @property
+    def total(self) -> int:
+        return sum(self.committed.values())
+
+
+@dataclass(frozen=True, slots=True)
+class QueueTiered:
+    """One queue in a :class:`TierReport`."""
+
+    topic: str
+    queue_id: int
+    #: Messages this call made readable in the cold tier.
+    committed: int
+    #: Messages acknowledged by the hot store and still not in the cold tier afterwards.
+    pending: int
+
+
+@dataclass(frozen=True, slots=True)
+class TierReport:
+    """What :meth:`MessageStore.tier_now` did: every queue that committed something or still has
+    pending messages (queues with neither are left out)."""
+
+    queues: tuple[QueueTiered, ...] = ()
+
+    @property
+    def committed(self) -> int:
+        """Messages made readable in the cold tier by this call, over all queues."""
+        return sum(q.committed for q in self.queues)
+
+    @property
+    def pending(self) -> int:
+        """Messages still waiting for the cold tier after this call, over all queues."""
+        return sum(q.pending for q in self.queues)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "committed": self.committed,
+            "pending": self.pending,
+            "queues": [
+                {"topic": q.topic, "queue_id": q.queue_id, "committed": q.committed, "pending": q.pending}
+                for q in self.queues
+            ],
+        }
 
 
 class RateLimiter:
@@ -98,8 +155,15 @@ class Dispatcher:
         self.clock = clock
         self.stats = DispatchStats()
         self.on_committed: list[Callable[[CommittedBatch], None]] = []
+        #: Awaited before every round; raising stops the round before it writes anything (the
+        #: tiering service checks prefix ownership there).
+        self.before_round: Callable[[], Awaitable[None]] | None = None
         #: Awaited after every round (the tiering service writes bucket manifests there).
         self.after_round: Callable[[], Awaitable[None]] | None = None
+        #: Called with (queue, exception) for every failed queue commit (status and metrics).
+        self.on_failure: Callable[[tuple[str, int], BaseException], None] | None = None
+        #: Queues of the rounds in progress (named in the "stuck round" log line).
+        self._active: set[tuple[str, int]] = set()
         self._sem = asyncio.Semaphore(cfg.max_concurrent_queues)
         self._limiter = RateLimiter(cfg.upload_rate_limit) if cfg.upload_rate_limit else None
         self._retry_at: dict[tuple[str, int], tuple[int, float]] = {}
@@ -122,6 +186,8 @@ class Dispatcher:
                 await self.dispatch_round()
                 if self.after_round is not None:
                     await self.after_round()
+            except TierdError as e:  # explained already (ownership, backend): one line
+                log.error("dispatch round stopped: %s; the next round retries", e)
             except Exception:
                 log.exception("dispatch round failed; the next round retries")
 
@@ -132,21 +198,31 @@ class Dispatcher:
         self._stopping = True
         self._wake.set()
 
-    async def tier_now(self) -> int:
+    async def tier_now(self) -> RoundResult:
         """Commit everything pending in every queue, ignoring the hold thresholds; retries
-        failed commits right away. Returns messages committed."""
+        failed commits right away. Returns what each queue committed and which failed."""
         self._retry_at.clear()
         return await self.dispatch_round(force=True)
 
-    async def dispatch_round(self, force: bool = False) -> int:
+    async def dispatch_round(self, force: bool = False) -> RoundResult:
+        """One round over every queue. Raises only what :attr:`before_round` raised; per-queue
+        failures are in the result (and logged), so one bad queue never stops the others."""
+        if self.before_round is not None:
+            await self.before_round()
         await self._create_new_queues()
         # Only queues with something to do get a task: an idle store of 10,000 queues costs a
         # cheap offset comparison per queue per round, not 10,000 tasks and lock round trips.
+        result = RoundResult()
         queues = [key for key in sorted(self.hot.cqs) if self._has_work(key)]
-        counts = await asyncio.gather(*(self._guarded(q, force) for q in queues))
+        work = asyncio.gather(*(self._guarded(q, force, result) for q in queues))
+        try:
+            await self._watch(work, force)
+        except asyncio.CancelledError:
+            work.cancel()
+            raise
         self.stats.rounds += 1
         self._update_safe_offset()
-        return sum(counts)
+        return result
 
     async def _create_new_queues(self) -> None:
         """Flat files for every hot queue seen for the first time, with one metadata write."""
@@ -177,18 +253,56 @@ class Dispatcher:
             self.stats.behind_messages[key] = self.stats.behind_ms[key] = 0
         return False
 
-    async def _guarded(self, key: tuple[str, int], force: bool) -> int:
+    async def _watch(self, work: asyncio.Future[list[None]], force: bool) -> None:
+        """Wait for a round, logging it as stuck every ``backend_timeout`` seconds it runs on
+        (each backend call is bounded by that much, so a longer round is waiting on many calls
+        or a very slow backend — worth a line in the log either way)."""
+        started = time.monotonic()
+        stuck = False
+        while True:
+            done, _ = await asyncio.wait({work}, timeout=self.cfg.backend_timeout)
+            if done:
+                work.result()
+                return
+            if not stuck:
+                stuck = True
+                self.stats.stuck_rounds += 1
+            active = sorted(self._active)
+            log.warning(
+                "tiering round%s still running after %.0f s: %d queue(s) unfinished (%s)",
+                " (tier_now)" if force else "",
+                time.monotonic() - started,
+                len(active),
+                ", ".join(f"{t}/{q}" for t, q in active[:5]) + (", ..." if len(active) > 5 else ""),
+            )
+
+    async def _guarded(self, key: tuple[str, int], force: bool, result: RoundResult) -> None:
         lock = self._locks.setdefault(key, asyncio.Lock())
         async with self._sem, lock:
+            self._active.add(key)
             try:
-                return await self._dispatch_queue(key, force)
+                made = await self._dispatch_queue(key, force, result)
             except TierdError as e:
                 # An expected, explained condition: one line, no traceback.
                 log.error("tiering %s/%d: %s", key[0], key[1], e)
-                return 0
+                self._failed(key, e, result)
+                return
+            except Exception as e:
+                log.exception("tiering %s/%d failed unexpectedly", key[0], key[1])
+                self._failed(key, e, result)
+                return
+            finally:
+                self._active.discard(key)
+            if made:
+                result.committed[key] = made
+
+    def _failed(self, key: tuple[str, int], err: BaseException, result: RoundResult) -> None:
+        result.failed[key] = err
+        if self.on_failure is not None:
+            self.on_failure(key, err)
 
     # ------------------------------------------------------------------ one queue
-    async def _dispatch_queue(self, key: tuple[str, int], force: bool) -> int:
+    async def _dispatch_queue(self, key: tuple[str, int], force: bool, result: RoundResult) -> int:
         """Tier one queue's due backlog. The commitlog is committed per batch (≤ group size);
         the consume queue — what makes messages readable — once at the end of the queue's round
         or every CQ_COMMIT_EVERY batches, saving a PUT per batch on object stores."""
@@ -203,7 +317,7 @@ class Dispatcher:
         if ff.needs_commit:
             if not force and not self._retry_due(key):
                 return 0
-            made = await self._commit(key, ff, full=True)
+            made = await self._commit(key, ff, full=True, result=result)
             if made < 0:
                 return 0
             committed = made
@@ -262,18 +376,21 @@ class Dispatcher:
             stamps = store_timestamps(records, starts)
             await ff.append_batch(records, sizes, cold, units["tags_code"].astype(np.int64), stamps)
             full = ff.uncommitted_batches >= CQ_COMMIT_EVERY
-            made = await self._commit(key, ff, full=full)
+            made = await self._commit(key, ff, full=full, result=result)
             if made < 0:
                 return committed
             committed += made
         if ff.needs_commit:
-            made = await self._commit(key, ff, full=True)
+            made = await self._commit(key, ff, full=True, result=result)
             committed += max(0, made)
         return committed
 
-    async def _commit(self, key: tuple[str, int], ff: FlatMessageFile, *, full: bool) -> int:
+    async def _commit(
+        self, key: tuple[str, int], ff: FlatMessageFile, *, full: bool, result: RoundResult
+    ) -> int:
         """Commit ``ff`` (``full``: commitlog and consume queue; else the commitlog only).
-        Returns the messages that became readable, or -1 after a failure (retry scheduled)."""
+        Returns the messages that became readable, or -1 after a failure (retry scheduled,
+        failure recorded in ``result``)."""
         pending = ff.commitlog.segments[-1].append_position - ff.commitlog.segments[-1].commit_position
         if self._limiter is not None and pending > 0:
             await self._limiter.acquire(pending)
@@ -291,9 +408,11 @@ class Dispatcher:
             log.warning(
                 "commit of %s/%d failed (attempt %d, retry in %.2fs): %s", key[0], key[1], attempts, delay, e
             )
+            self._failed(key, e, result)
             return -1
         self._retry_at.pop(key, None)
         self.stats.commits += 1
+        self.stats.last_commit_ms = int(time.time() * 1000)
         made = 0
         for b in batches:
             made += len(b.sizes)

@@ -187,10 +187,14 @@ class FlatFileStore:
             self._save_done = covered
 
     async def load(self) -> int:
-        """Rebuild every flat file from metadata, reconcile last segments with the backend and
+        """Rebuild every flat file from the metadata on disk (see :meth:`load_from`)."""
+        return await self.load_from(await asyncio.to_thread(self.metadata.load))
+
+    async def load_from(self, meta: TieredMetadata | None) -> int:
+        """Rebuild every flat file from ``meta``, reconcile last segments with the backend and
         roll committed-but-unreferenced records forward. Returns the number of queues."""
-        meta = await asyncio.to_thread(self.metadata.load)
         if meta is None:
+            await self.save()
             return 0
         if (meta.cluster, meta.broker) != (self.cfg.cluster, self.cfg.broker):
             log.warning(

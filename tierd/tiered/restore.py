@@ -1,9 +1,10 @@
 """Rebuild a store directory's tiering metadata from the bucket alone (beyond RocketMQ: history
 is not bound to one broker's disk).
 
-Reads the broker manifest, then every queue manifest, writes ``tieredStoreMetadata.json``, and
-makes each hot queue continue where the cold tier ends (so new messages never reuse an offset the
-bucket already holds).
+Reads the broker manifest, then every queue manifest, **takes ownership of the prefix** (a new
+epoch over the previous owner, which is fenced from then on: see :mod:`tierd.tiered.ownership`),
+writes ``tieredStoreMetadata.json``, and makes each hot queue continue where the cold tier ends
+(so new messages never reuse an offset the bucket already holds).
 
 Manifests may be stale: a writer killed between a commit and its next manifest write leaves
 segments (even whole queues) the manifests do not list yet. One listing of the broker's prefix
@@ -26,8 +27,10 @@ from tierd.local.store import HotStore
 from tierd.offsets import download as download_offsets
 from tierd.offsets import restore_offsets
 from tierd.tiered.flatstore import FlatFileStore
+from tierd.tiered.guard import GuardedRoot
 from tierd.tiered.manifest import ManifestSegment, read_broker_manifest, read_queue_manifest
 from tierd.tiered.metadata import MetadataStore, QueueMeta, SegmentMeta, TieredMetadata, TopicMeta
+from tierd.tiered.ownership import OwnerRecord, Ownership, store_id
 from tierd.tiered.paths import INDEX_TOPIC, cluster_dir, parse_segment_name
 from tierd.tiered.registry import open_driver_factory
 
@@ -51,6 +54,8 @@ class RestoreReport:
     groups: int = 0
     #: Committed offsets lowered to the restored end of their queue (consumed, never tiered).
     offsets_lowered: int = 0
+    #: The new store's owner record (its epoch fences the previous owner).
+    owner: OwnerRecord | None = None
 
 
 def _segment(s: ManifestSegment) -> SegmentMeta:
@@ -130,7 +135,9 @@ async def restore(
     store_dir = Path(cfg.store.dir)
     _check_empty(store_dir)
     own_root = root is None
-    root = root if root is not None else open_driver_factory(cfg.backend)
+    root = GuardedRoot(
+        root if root is not None else open_driver_factory(cfg.backend), cfg.tiered.backend_timeout
+    )
     try:
         broker = await read_broker_manifest(root, cfg.tiered.cluster, cfg.tiered.broker)
         listing = await _list_segments(root, cfg.tiered.cluster, cfg.tiered.broker)
@@ -184,6 +191,13 @@ async def restore(
             index=(),
         )
         store_dir.mkdir(parents=True, exist_ok=True)
+        # Own the prefix before writing anything (metadata included, so a lost race leaves the
+        # directory restorable): the previous owner is fenced from its next check on.
+        our_id = store_id(store_dir)
+        assert our_id is not None
+        ownership = Ownership(root, cfg.tiered.cluster, cfg.tiered.broker, our_id, store_dir)
+        owner = await ownership.claim(takeover=True)
+        root.fence = ownership.ensure
         metadata = MetadataStore(store_dir)
         metadata.save(meta)
         # Reconcile with the backend now: records committed after the last manifest write are
@@ -217,6 +231,7 @@ async def restore(
         sum(b for _, _, b in ends.values()),
         groups,
         lowered,
+        owner,
     )
     for (topic, qid), (lo, hi, _) in sorted(ends.items()):
         log.info("restore: %s/%d offsets %d..%d", topic, qid, lo, hi)
