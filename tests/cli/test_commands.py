@@ -201,6 +201,7 @@ def test_restore_rebuilds_an_empty_store_from_the_bucket(cfg: Path, tmp_path: Pa
     report = tierd_json(fresh_cfg, "restore", "--from", str(tmp_path / "cold"))
     assert report["messages"] == 80
     assert report["topics"] == 1
+    assert (report["owner"]["epoch"], report["owner"]["reason"]) == (2, "takeover")
     qid = produced[-1]["queue_id"]
     got = tierd_json(fresh_cfg, "consume", "orders", "-q", str(qid), "--offset", "0", "-n", "100")
     assert got["source"] == "cold"
@@ -210,6 +211,37 @@ def test_restore_rebuilds_an_empty_store_from_the_bucket(cfg: Path, tmp_path: Pa
     res = tierd(fresh_cfg, "restore", "--from", str(tmp_path / "cold"), code=1)
     assert res.stderr.startswith("tierd: error: restore needs an empty store directory")
     assert "Traceback" not in res.stderr
+
+
+def test_tier_exits_1_naming_the_owner_when_another_store_owns_the_prefix(cfg: Path, tmp_path: Path) -> None:
+    _produce_lines(cfg, "orders", 3, "a")
+    tierd(cfg, "tier")
+    other = tmp_path / "other"
+    other.mkdir()
+    other_cfg = _config(other, f'[backend]\nurl = "{tmp_path / "cold"}"\n')  # the same prefix
+    res = tierd(other_cfg, "tier", code=1)
+    assert res.stderr.startswith("tierd: error: cold-tier prefix ")
+    assert " is owned by store " in res.stderr
+    assert "tierd restore" in res.stderr
+    assert "Traceback" not in res.stderr
+    assert tierd_json(cfg, "tier")["committed"] == 0  # the owner goes on as before
+
+
+def test_tier_exits_1_naming_the_queue_when_pending_messages_cannot_be_committed(
+    cfg: Path, tmp_path: Path
+) -> None:
+    tierd(cfg, "produce", "orders", "first", "-q", "0")
+    tierd(cfg, "tier")
+    tierd(cfg, "produce", "orders", "second", "-q", "0")
+    broken = next((tmp_path / "cold").rglob("orders/0"))
+    for p in sorted(broken.rglob("*"), reverse=True):
+        p.rmdir() if p.is_dir() else p.unlink()
+    broken.rmdir()
+    broken.write_bytes(b"")  # the queue's directory is now a file: nothing can be written there
+    res = tierd(cfg, "tier", code=1)
+    assert res.stderr.startswith("tierd: error: tiering failed for 1 queue(s), ")
+    assert "message(s) still pending (committed 0): orders/0: posix write of " in res.stderr
+    assert res.stdout == ""  # no "committed 0 message(s)" success line
 
 
 @pytest.mark.parametrize(

@@ -137,7 +137,11 @@ def restore(
 ) -> None:
     """Rebuild an EMPTY store directory (store.dir) from a bucket alone: topics, queues and
     segments come from its manifests; the hot queues continue after the cold tier's end. Then
-    start the daemon with [backend] pointing at the same bucket."""
+    start the daemon with [backend] pointing at the same bucket.
+
+    The new store takes ownership of the bucket prefix (a new epoch): the store that wrote it
+    before is fenced — if it is still running, its next commit fails and it writes nothing more
+    there. Stop the old store first when you can (docs/tiering.md, "Moving a store")."""
     c = obj(ctx)
     cfg = c.config()
     cfg = cfg.model_copy(update={"backend": backend_for_url(source, cfg.backend)})
@@ -148,6 +152,7 @@ def restore(
             bar.update(task, completed=done, total=total, description=f"restoring {what}")
 
         report = BlockingMessageStore.restore(cfg, progress)
+    owner = report.owner
     if c.json:
         emit_json(
             {
@@ -158,6 +163,7 @@ def restore(
                 "bytes": report.bytes,
                 "groups": report.groups,
                 "offsets_lowered": report.offsets_lowered,
+                "owner": owner.as_dict() if owner is not None else None,
             }
         )
     else:
@@ -167,3 +173,6 @@ def restore(
             f"consumer group(s) into {cfg.store.dir}; "
             f"set [backend] url = {cfg.backend.url!r} and run `tierd serve`"
         )
+        if owner is not None:
+            previous = f"; store {owner.previous_store_id} is fenced" if owner.previous_store_id else ""
+            echo(f"this store ({owner.store_id}) owns the bucket prefix now: epoch {owner.epoch}{previous}")

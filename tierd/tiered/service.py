@@ -350,6 +350,9 @@ class TieringService:
         :class:`~tierd.errors.BackendError` naming each failed queue and the backend's error when
         any pending message could not be committed (or the manifests could not be written) —
         never a success with messages left behind by a failure."""
+        if self.start_error is not None:
+            # Start-up is failing (and retrying in the background): say why now, do not wait.
+            self.check_ready()
         await self.wait_ready(timeout)
         if self.refused is not None:
             raise self.refused
