@@ -33,7 +33,7 @@ from tierd.tiered.restore import Progress, RestoreReport
 from tierd.tiered.restore import restore as restore_from_bucket
 from tierd.tiered.service import TieringService
 from tierd.verify import Progress as VerifyProgress
-from tierd.verify import VerifyReport, verify
+from tierd.verify import VerifyReport, verify, verify_store
 
 if TYPE_CHECKING:
     from collections.abc import Coroutine, Generator, Sequence
@@ -295,12 +295,12 @@ class _StoreCore:
             segments = await self.tiering.apply_retention()
         return GcReport(hot_files=files, cold_segments=segments)
 
-    async def _verify(self, progress: VerifyProgress | None) -> VerifyReport:
+    async def _verify(self, progress: VerifyProgress | None, repair: bool) -> VerifyReport:
         hot = self._hot()
         hot.wait_dispatched(30)
         if self.tiering is not None:
             await self.tiering.wait_ready()
-        return await verify(hot, self.tiering, progress)
+        return await verify(hot, self.tiering, progress, repair=repair)
 
 
 @dataclass(frozen=True, slots=True)
@@ -408,9 +408,18 @@ class MessageStore(_StoreCore):
         """Apply retention now in both tiers (what the daemon does on its timers)."""
         return await self._gc()
 
-    async def verify(self, progress: VerifyProgress | None = None) -> VerifyReport:
-        """Check CRCs, consume queues, cold sizes/checksums and manifests; lists every problem."""
-        return await self._verify(progress)
+    async def verify(self, progress: VerifyProgress | None = None, *, repair: bool = False) -> VerifyReport:
+        """Check CRCs, consume queues, metadata, cold sizes/checksums, manifests and the bucket
+        prefix; lists every problem. Read-only unless ``repair`` (see :mod:`tierd.verify`)."""
+        return await self._verify(progress, repair)
+
+    @staticmethod
+    async def verify_store(
+        cfg: TierdConfig, progress: VerifyProgress | None = None, *, repair: bool = False
+    ) -> VerifyReport:
+        """Check a *stopped* store's directory and bucket without starting anything (what
+        ``tierd verify`` runs); ``repair`` fixes what it safely can and says what it changed."""
+        return await verify_store(cfg, progress, repair=repair)
 
     async def query(
         self, topic: str, key: str, max_count: int = 32, begin: int = 0, end: int = MAX_TIMESTAMP
@@ -609,9 +618,17 @@ class BlockingMessageStore(_StoreCore):
         """Apply retention now in both tiers (what the daemon does on its timers)."""
         return self._run_any(self._gc())
 
-    def verify(self, progress: VerifyProgress | None = None) -> VerifyReport:
-        """Check CRCs, consume queues, cold sizes/checksums and manifests; lists every problem."""
-        return self._run_any(self._verify(progress))
+    def verify(self, progress: VerifyProgress | None = None, *, repair: bool = False) -> VerifyReport:
+        """Check CRCs, consume queues, metadata, cold sizes/checksums, manifests and the bucket
+        prefix; lists every problem. Read-only unless ``repair`` (see :mod:`tierd.verify`)."""
+        return self._run_any(self._verify(progress, repair))
+
+    @staticmethod
+    def verify_store(
+        cfg: TierdConfig, progress: VerifyProgress | None = None, *, repair: bool = False
+    ) -> VerifyReport:
+        """Check a *stopped* store's directory and bucket (see :meth:`MessageStore.verify_store`)."""
+        return asyncio.run(verify_store(cfg, progress, repair=repair))
 
     def _run_any(self, coro: Coroutine[Any, Any, T]) -> T:
         """Run a coroutine that may suspend even without a cold tier."""

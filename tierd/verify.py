@@ -3,58 +3,113 @@
 What is checked, and why each matters to an operator:
 
 - hot commitlog: every record's framing and body CRC, up to the written end (a bad record is a
-  message a consumer would be refused);
+  message a consumer would be refused). A bad record does not stop the scan: it resumes at the
+  next record a consume queue points at (or the next file), so every bad region is reported;
 - hot consume queues: every unit points at a record of its own topic, queue and offset (a wrong
   unit hands out the wrong message);
+- tiering metadata: the main file and its ``.bak`` are read separately (a corrupt main file
+  hidden behind a good backup is reported); no metadata at all while the bucket prefix holds
+  this broker's data is reported (the daemon refuses to tier over it: run ``tierd restore``);
 - cold segments: the backend holds at least the bytes metadata says are committed (else reads
   fail), sealed segments hash to their recorded CRC32C;
 - cold consume queues ↔ cold commitlog: every unit points at a whole, CRC-valid record with the
   unit's queue offset (same reason as hot);
-- bucket manifests: they exist, list the segments the store knows, and their CRC32Cs agree.
+- bucket manifests, read as they are — never rewritten first: each parses, names its queue, and
+  agrees with metadata and the objects (offsets, segments, sizes, sealed flags, checksums,
+  message counts), so a garbage or lying ``MANIFEST.json`` — what Spark and ``restore`` trust —
+  is caught; the broker manifest lists the topics and queues metadata has;
+- the bucket prefix: objects metadata does not know (another writer's, or leftovers), and who
+  owns the prefix (another store's claim means this one may not write there).
 
-Verification reads; it never repairs. It runs on a stopped store (it opens the directory).
+**Read-only by default.** Offline (:func:`verify_store`, what the CLI runs) nothing is started:
+no tiering, no roll-forward, no manifest or metadata write; only the hot store's own opening
+(its lock file and, after a crash, its recovery) touches the directory. ``repair=True`` then
+fixes what can be fixed safely and lists what it changed: a metadata file restored from the
+other, readable one; manifests rewritten from metadata (only by the prefix's owner). Everything
+else (corrupt records or segments, missing metadata) is reported with what to do.
 """
 
 from __future__ import annotations
 
+import asyncio
+import bisect
+import collections
 import logging
+import os
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from tierd.errors import TierdError
+from tierd.errors import NotFoundError, PrefixOwnedError, TierdError
 from tierd.local.codec import BLANK, INVALID, VALID, parse_record_view, scan_record
-from tierd.local.consumequeue import UNIT_SIZE, decode_units
+from tierd.local.consumequeue import UNIT_SIZE
+from tierd.local.mapped_file import fsync_dir
+from tierd.local.store import HotStore
 from tierd.tiered.flatfile import stored_crc32c
-from tierd.tiered.manifest import ManifestSegment, read_queue_manifest
+from tierd.tiered.flatmessage import FlatMessageFile
+from tierd.tiered.flatstore import FlatFileStore, _segment_info
+from tierd.tiered.guard import GuardedRoot
+from tierd.tiered.manifest import (
+    MANIFEST_NAME,
+    ManifestSegment,
+    ManifestWriter,
+    broker_manifest_path,
+    build_broker_manifest,
+    build_queue_manifest,
+    queue_manifest_path,
+    read_broker_manifest,
+    read_queue_manifest,
+)
+from tierd.tiered.metadata import MetadataStore, TieredMetadata
+from tierd.tiered.ownership import OWNER_DIR, Ownership, current_owner, prefix_url, store_id
+from tierd.tiered.paths import cluster_dir, index_segment_path
+from tierd.tiered.registry import open_driver_factory
 
 if TYPE_CHECKING:
+    from tierd.config import TierdConfig
     from tierd.local.commitlog import CommitLog
     from tierd.local.quarantine import Quarantine
-    from tierd.local.store import HotStore
     from tierd.tiered.flatfile import FlatAppendFile
-    from tierd.tiered.flatmessage import FlatMessageFile
+    from tierd.tiered.segment import DriverRoot
     from tierd.tiered.service import TieringService
 
 log = logging.getLogger(__name__)
 #: ``progress(done, total, what)`` in bytes — the CLI turns it into a progress bar.
 Progress = Callable[[int, int, str], None]
 READ_PIECE = 16 * 1024 * 1024
+#: Units read per call when collecting the hot record starts (the resync points of the scan).
+_UNITS_PER_READ = 1 << 16
+
+#: Fixes ``repair`` knows (a problem's ``fix``).
+FIX_MAIN_FROM_BACKUP = "restore the main metadata file from its backup"
+FIX_BACKUP_FROM_MAIN = "rewrite the backup from the main metadata file"
+FIX_MANIFESTS = "rewrite the bucket manifests from the metadata"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Problem:
-    #: hot-commitlog, hot-quarantine, hot-consumequeue, cold-segment, cold-consumequeue,
-    #: cold-hole, manifest
+    #: hot-commitlog, hot-quarantine, hot-consumequeue, metadata, cold-segment, cold-consumequeue,
+    #: cold-hole, manifest, bucket, ownership
     area: str
-    #: Where: a file, a segment path or ``topic/queue@offset``.
+    #: Where: a file, a segment or object path, or ``topic/queue@offset``.
     where: str
     message: str
+    #: What ``--repair`` does about it (None: nothing it can do safely; the message says what to).
+    fix: str | None = None
+    #: True once ``--repair`` fixed it.
+    fixed: bool = False
 
-    def as_dict(self) -> dict[str, str]:
-        return asdict(self)
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "area": self.area,
+            "where": self.where,
+            "message": self.message,
+            "fix": self.fix,
+            "fixed": self.fixed,
+        }
 
 
 @dataclass(slots=True)
@@ -64,10 +119,20 @@ class VerifyReport:
     segments: int = 0
     bytes: int = 0
     problems: list[Problem] = field(default_factory=list)
+    #: What ``--repair`` changed, one line each.
+    repairs: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
-        return not self.problems
+        """True when no problem is left (none found, or every one repaired)."""
+        return all(p.fixed for p in self.problems)
+
+    def counts(self) -> dict[str, int]:
+        """Problems not repaired, per area."""
+        return dict(sorted(collections.Counter(p.area for p in self.problems if not p.fixed).items()))
+
+    def add(self, area: str, where: str, message: str, fix: str | None = None) -> None:
+        self.problems.append(Problem(area, where, message, fix))
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -76,7 +141,9 @@ class VerifyReport:
             "units": self.units,
             "segments": self.segments,
             "bytes": self.bytes,
+            "counts": self.counts(),
             "problems": [p.as_dict() for p in self.problems],
+            "repairs": list(self.repairs),
         }
 
 
@@ -93,21 +160,37 @@ class _Tally:
 
 
 # ---------------------------------------------------------------------------------------- hot
+def _record_starts(hot: HotStore) -> list[int]:
+    """Every commitlog offset a hot consume queue points at, sorted: where a scan that met a bad
+    record can resume (records are not self-synchronising; the queues know where they start)."""
+    parts = []
+    for cq in list(hot.cqs.values()):
+        offset = cq.min_offset
+        while offset < cq.max_offset:
+            units = cq.read_units(offset, min(_UNITS_PER_READ, cq.max_offset - offset))
+            if not len(units):
+                break
+            parts.append(units["offset"].astype(np.int64))
+            offset += len(units)
+    if not parts:
+        return []
+    return np.unique(np.concatenate(parts)).tolist()  # type: ignore[no-any-return]
+
+
 def _verify_hot(hot: HotStore, report: VerifyReport, tally: _Tally) -> None:
     cl = hot.commitlog
     pos, end = cl.min_offset, cl.max_offset
+    starts: list[int] | None = None
     while pos < end:
         damaged = hot.quarantine.covers(pos)
         if damaged is not None:  # found by recovery: reported, then stepped over like a read does
-            report.problems.append(Problem("hot-quarantine", str(pos), damaged.describe()))
+            report.add("hot-quarantine", str(pos), damaged.describe())
             tally.add(damaged.end - pos, "hot commitlog")
             pos = damaged.end
             continue
         f = cl.files.find(pos)
         if f is None:
-            report.problems.append(
-                Problem("hot-commitlog", str(pos), f"offset {pos} is in no commitlog file")
-            )
+            report.add("hot-commitlog", str(pos), f"offset {pos} is in no commitlog file")
             break
         at = pos - f.file_from_offset
         status, size, _ = scan_record(f.view, at, f.size, True)
@@ -115,22 +198,42 @@ def _verify_hot(hot: HotStore, report: VerifyReport, tally: _Tally) -> None:
             report.records += 1
             pos += size
             tally.add(size, "hot commitlog")
-        elif status == BLANK:  # end-of-file marker: the next record starts the next file
+            continue
+        if status == BLANK:  # end-of-file marker: the next record starts the next file
             tally.add(size, "hot commitlog")
             pos += size
-        else:
-            report.problems.append(
-                Problem(
-                    "hot-commitlog",
-                    f"{f.path}@{at}",
-                    f"record at commitlog offset {pos} is corrupt (bad framing or CRC); "
-                    f"{end - pos} bytes from there on are unreadable",
-                )
-            )
-            break
+            continue
+        try:  # framing intact, CRC wrong: the record is exactly where it says, the next follows it
+            size = parse_record_view(f.view, at, f.size, False).size
+            what = "its body CRC does not match"
+            resume = pos + size
+        except TierdError as e:
+            what = f"bad framing ({e})"
+            if starts is None:
+                starts = _record_starts(hot)
+            resume = _resume_at(starts, pos, f.file_from_offset + f.size, end)
+        skipped = (
+            f"scan resumed at {resume}"
+            if resume < end
+            else f"the {end - pos} bytes from there to the end are unreadable"
+        )
+        report.add(
+            "hot-commitlog",
+            f"{f.path}@{at}",
+            f"record at commitlog offset {pos} is corrupt: {what}; {skipped}",
+        )
+        tally.add(resume - pos, "hot commitlog")
+        pos = resume
     for topic, queue_ids in sorted(hot.topics().items()):
         for qid in queue_ids:
             _verify_hot_queue(hot, topic, qid, report)
+
+
+def _resume_at(starts: list[int], pos: int, file_end: int, end: int) -> int:
+    """Where the scan goes on after an unparseable record at ``pos``: the next record a queue
+    points at, or the next commitlog file (records never straddle files), whichever is first."""
+    i = bisect.bisect_right(starts, pos)
+    return min(starts[i] if i < len(starts) else end, file_end, end)
 
 
 def _verify_hot_queue(hot: HotStore, topic: str, qid: int, report: VerifyReport) -> None:
@@ -138,18 +241,11 @@ def _verify_hot_queue(hot: HotStore, topic: str, qid: int, report: VerifyReport)
     if cq is None:
         return
     cl = hot.commitlog
-    offset = max(cq.min_offset, cq.files.min_offset // UNIT_SIZE)
+    offset = cq.min_offset
     while offset < cq.max_offset:
-        qf = cq.files.find(offset * UNIT_SIZE)
-        if qf is None:
-            report.problems.append(
-                Problem("hot-consumequeue", f"{topic}/{qid}@{offset}", "no consume queue file holds it")
-            )
-            return
-        start = offset * UNIT_SIZE - qf.file_from_offset
-        stop = min(qf.wrote, (cq.max_offset * UNIT_SIZE) - qf.file_from_offset)
-        units = decode_units(qf.read(start, stop))
+        units = cq.read_units(offset, min(_UNITS_PER_READ, cq.max_offset - offset))
         if len(units) == 0:
+            report.add("hot-consumequeue", f"{topic}/{qid}@{offset}", "no consume queue file holds it")
             return
         for i, unit in enumerate(units):
             _check_hot_unit(
@@ -176,49 +272,136 @@ def _check_hot_unit(
     where = f"{topic}/{qid}@{offset}"
     f = cl.files.find(phys)
     if f is None:
-        report.problems.append(Problem("hot-consumequeue", where, f"points at missing offset {phys}"))
+        report.add("hot-consumequeue", where, f"points at missing offset {phys}")
         return
     try:
         view = parse_record_view(f.view, phys - f.file_from_offset, f.size)
     except TierdError as e:
-        report.problems.append(Problem("hot-consumequeue", where, f"points at no record: {e}"))
+        report.add("hot-consumequeue", where, f"points at no record: {e}")
         return
     if (view.topic, view.queue_id, view.queue_offset, view.size) != (topic, qid, offset, size):
-        report.problems.append(
-            Problem(
-                "hot-consumequeue",
-                where,
-                f"points at {view.topic}/{view.queue_id}@{view.queue_offset} "
-                f"({view.size} bytes, unit says {size})",
-            )
+        report.add(
+            "hot-consumequeue",
+            where,
+            f"points at {view.topic}/{view.queue_id}@{view.queue_offset} "
+            f"({view.size} bytes, unit says {size})",
         )
 
 
+# ---------------------------------------------------------------------------------- cold view
+@dataclass
+class ColdView:
+    """What verify checks on the cold side: the flat files as metadata describes them (offline:
+    built read-only from the metadata file; live: the running service's own)."""
+
+    cfg: TierdConfig
+    root: DriverRoot
+    flat: FlatFileStore
+    metadata: MetadataStore
+    #: This store's id (None when it never had one: it never tiered).
+    store_id: str | None
+    #: Sizes metadata recorded per segment path (the backend must hold at least these).
+    recorded: dict[str, int] = field(default_factory=dict)
+    #: The running service, when verifying a live store.
+    live: TieringService | None = None
+    #: False when there is no usable metadata (missing or unreadable): cold checks are skipped.
+    usable: bool = True
+
+    @property
+    def prefix(self) -> str:
+        return prefix_url(self.root.url, self.cfg.tiered.cluster, self.cfg.tiered.broker)
+
+
+def _check_metadata(metadata: MetadataStore, report: VerifyReport) -> TieredMetadata | None:
+    """Report what is wrong with the two metadata files; return the metadata to verify against
+    (None when there is none to use)."""
+    main, backup = metadata.inspect()
+    if main.meta is not None:
+        if backup.exists and backup.meta is None:
+            report.add("metadata", str(backup.path), f"unreadable: {backup.problem}", FIX_BACKUP_FROM_MAIN)
+        return main.meta
+    if backup.meta is not None:
+        state = f"unreadable ({main.problem})" if main.exists else "missing"
+        report.add(
+            "metadata",
+            str(main.path),
+            f"{state}; the daemon falls back to the backup {backup.path.name}",
+            FIX_MAIN_FROM_BACKUP,
+        )
+        return backup.meta
+    if main.exists or backup.exists:
+        found = "; ".join(f"{f.path.name}: {f.problem or 'missing'}" for f in (main, backup))
+        report.add(
+            "metadata",
+            str(main.path),
+            f"no readable tiering metadata ({found}); the daemon will not tier: rebuild it from the "
+            "bucket with `tierd restore --from URL` into an empty store.dir",
+        )
+    return None
+
+
+async def _load_view(cfg: TierdConfig, root: DriverRoot, report: VerifyReport) -> ColdView:
+    """Build the cold view read-only: metadata checked and parsed, flat files made from it, the
+    last segment of each sized from the backend. No roll-forward, no save."""
+    metadata = MetadataStore(Path(cfg.store.dir))
+    meta = await asyncio.to_thread(_check_metadata, metadata, report)
+    flat = FlatFileStore(root, cfg.tiered, metadata)
+    view = ColdView(cfg, root, flat, metadata, store_id(Path(cfg.store.dir), create=False))
+    if meta is None:
+        view.usable = False
+        return view
+    flat.topics = {t.name: t for t in meta.topics}
+    flat.loaded_index = [_segment_info(s) for s in meta.index]
+    for q in meta.queues:
+        ff = FlatMessageFile(root, cfg.tiered, q.topic, q.queue_id)
+        try:
+            await ff.commitlog.load([_segment_info(s) for s in q.commitlog])
+            await ff.consumequeue.load([_segment_info(s) for s in q.consumequeue])
+        except TierdError as e:
+            report.add("cold-segment", f"{q.topic}/{q.queue_id}", f"cannot be loaded from the backend: {e}")
+            continue
+        flat.files[q.topic, q.queue_id] = ff
+        for file, segs in ((ff.commitlog, q.commitlog), (ff.consumequeue, q.consumequeue)):
+            for s in segs:
+                view.recorded[file.path_of(s.base_offset)] = s.size
+    return view
+
+
+def _live_view(tiering: TieringService) -> ColdView:
+    ownership = tiering.ownership
+    return ColdView(
+        tiering.cfg,
+        tiering.root,
+        tiering.flat,
+        tiering.metadata,
+        ownership.store_id if ownership is not None else None,
+        live=tiering,
+    )
+
+
 # --------------------------------------------------------------------------------------- cold
-async def _verify_segments(file: FlatAppendFile, report: VerifyReport, tally: _Tally) -> None:
-    """Backend sizes against committed positions; sealed content against its CRC32C."""
+async def _verify_segments(view: ColdView, file: FlatAppendFile, report: VerifyReport, tally: _Tally) -> None:
+    """Backend sizes against committed positions and recorded sizes; sealed content against its
+    CRC32C."""
     for seg, info in zip(file.segments, file.infos(), strict=True):
         report.segments += 1
         try:
             stored = await seg.driver.size()
         except TierdError as e:
-            report.problems.append(Problem("cold-segment", seg.path, f"cannot be read: {e}"))
+            report.add("cold-segment", seg.path, f"cannot be read: {e}")
             continue
-        if stored < seg.commit_position:
-            report.problems.append(
-                Problem(
-                    "cold-segment",
-                    seg.path,
-                    f"backend holds {stored} bytes, metadata says {seg.commit_position} are committed",
-                )
+        expected = max(seg.commit_position, view.recorded.get(seg.path, 0))
+        if stored < expected:
+            report.add(
+                "cold-segment",
+                seg.path,
+                f"backend holds {stored} bytes, metadata says {expected} are committed",
             )
             continue
         if info.sealed and info.crc32c is not None:
             crc = await stored_crc32c(seg, lambda n: tally.add(n, "cold segment checksums"))
             if crc != info.crc32c:
-                report.problems.append(
-                    Problem("cold-segment", seg.path, f"CRC32C is {crc}, recorded {info.crc32c}")
-                )
+                report.add("cold-segment", seg.path, f"CRC32C is {crc}, recorded {info.crc32c}")
 
 
 async def _verify_cold_queue(ff: FlatMessageFile, report: VerifyReport, tally: _Tally) -> None:
@@ -227,7 +410,11 @@ async def _verify_cold_queue(ff: FlatMessageFile, report: VerifyReport, tally: _
     where = f"{ff.topic}/{ff.queue_id}"
     offset, end = ff.min_offset, ff.max_offset
     while offset < end:
-        units = await ff.read_units(offset, min(READ_PIECE // UNIT_SIZE, end - offset))
+        try:
+            units = await ff.read_units(offset, min(READ_PIECE // UNIT_SIZE, end - offset))
+        except TierdError as e:
+            report.add("cold-consumequeue", f"{where}@{offset}", f"units cannot be read: {e}")
+            return
         phys = units["offset"].astype(np.int64)
         ends = phys + units["size"].astype(np.int64)
         i = 0
@@ -237,7 +424,7 @@ async def _verify_cold_queue(ff: FlatMessageFile, report: VerifyReport, tally: _
                 span = int(ends[j - 1] - phys[i])
                 raw = await ff.read_commitlog(int(phys[i]), span) if span else b""  # 0: holes only
             except TierdError as e:
-                report.problems.append(Problem("cold-consumequeue", f"{where}@{offset + i}", str(e)))
+                report.add("cold-consumequeue", f"{where}@{offset + i}", str(e))
                 raw = b""
             for k in range(i, j):
                 report.units += 1
@@ -259,80 +446,311 @@ def _check_cold_unit(
     raw: bytes, at: int, phys: int, size: int, queue_offset: int, where: str, report: VerifyReport
 ) -> None:
     if size == 0:
-        report.problems.append(
-            Problem(
-                "cold-hole",
-                f"{where}@{queue_offset}",
-                "lost to damage found in the hot commitlog before it was tiered (quarantined there)",
-            )
+        report.add(
+            "cold-hole",
+            f"{where}@{queue_offset}",
+            "lost to damage found in the hot commitlog before it was tiered (quarantined there)",
         )
         return
     status, got, view = (
         scan_record(raw, at, min(len(raw), at + size), True) if at >= 0 else (INVALID, 0, None)
     )
     if status != VALID or got != size or view is None:
-        report.problems.append(
-            Problem(
-                "cold-consumequeue",
-                f"{where}@{queue_offset}",
-                f"flat commitlog offset {phys}: no valid {size}-byte record there (bad framing or CRC)",
-            )
+        report.add(
+            "cold-consumequeue",
+            f"{where}@{queue_offset}",
+            f"flat commitlog offset {phys}: no valid {size}-byte record there (bad framing or CRC)",
         )
     elif view.queue_offset != queue_offset:
-        report.problems.append(
-            Problem(
-                "cold-consumequeue",
-                f"{where}@{queue_offset}",
-                f"record at flat offset {phys} carries queue offset {view.queue_offset}",
-            )
+        report.add(
+            "cold-consumequeue",
+            f"{where}@{queue_offset}",
+            f"record at flat offset {phys} carries queue offset {view.queue_offset}",
         )
     else:
         report.records += 1
 
 
-async def _verify_manifest(tiering: TieringService, ff: FlatMessageFile, report: VerifyReport) -> None:
-    cfg = tiering.cfg.tiered
-    where = f"{ff.topic}/{ff.queue_id}"
+# ----------------------------------------------------------------------------------- manifests
+def _segment_problems(key: tuple[str, int], listed: ManifestSegment, truth: ManifestSegment) -> list[str]:
+    """How a manifest's entry for one segment disagrees with metadata and the backend. An open
+    segment's entry may lag (it is rewritten every ``manifest_interval``): it may list *fewer*
+    bytes and messages than there are, never more."""
+    name = f"{key[0]} segment {key[1]}"
+    out = []
+    state = {True: "sealed", False: "open"}
+    if listed.sealed != truth.sealed:
+        out.append(f"{name}: listed as {state[listed.sealed]}, it is {state[truth.sealed]}")
+    if (listed.size != truth.size) if truth.sealed else (listed.size > truth.size):
+        out.append(f"{name}: lists {listed.size} bytes, the backend holds {truth.size}")
+    counted, there = listed.message_count, truth.message_count
+    if (counted != there) if truth.sealed else (counted > there):
+        out.append(f"{name}: lists {counted} messages, there are {there}")
+    first, real = listed.first_queue_offset, truth.first_queue_offset
+    if counted and real is not None and first != real:
+        out.append(f"{name}: says it starts at queue offset {first}, it starts at {real}")
+    if listed.sealed and None not in (listed.crc32c, truth.crc32c) and listed.crc32c != truth.crc32c:
+        out.append(f"{name}: CRC32C {listed.crc32c}, the segment's is {truth.crc32c}")
+    return out
+
+
+async def _verify_manifest(view: ColdView, ff: FlatMessageFile, report: VerifyReport) -> None:
+    cfg = view.cfg.tiered
+    path = queue_manifest_path(cfg.cluster, cfg.broker, ff.topic, ff.queue_id)
     try:
-        m = await read_queue_manifest(tiering.root, cfg.cluster, cfg.broker, ff.topic, ff.queue_id)
-    except TierdError as e:
-        report.problems.append(Problem("manifest", where, str(e)))
-        return
-    known = {(i.file_type.name, i.base_offset): i for i in (*ff.commitlog.infos(), *ff.consumequeue.infos())}
-    listed: dict[tuple[str, int], ManifestSegment] = {(s.type, s.base_offset): s for s in m.segments}
-    for key in sorted(set(known) - set(listed)):
-        report.problems.append(Problem("manifest", where, f"does not list {key[0]} segment {key[1]}"))
-    for key in sorted(set(listed) - set(known)):
-        report.problems.append(
-            Problem("manifest", where, f"lists {key[0]} segment {key[1]}, which the store does not have")
+        m = await read_queue_manifest(view.root, cfg.cluster, cfg.broker, ff.topic, ff.queue_id)
+    except NotFoundError:
+        report.add(
+            "manifest",
+            path,
+            "missing: readers of the bucket (Spark, restore) do not see this queue",
+            FIX_MANIFESTS,
         )
+        return
+    except TierdError as e:
+        fix = FIX_MANIFESTS if e.code == "corruption" else None
+        report.add("manifest", path, str(e), fix)
+        return
+    truth = await build_queue_manifest(ff, cfg.cluster, cfg.broker)
+    problems = []
+    ident = (m.cluster, m.broker, m.topic, m.queue_id)
+    if ident != (truth.cluster, truth.broker, truth.topic, truth.queue_id):
+        problems.append(f"describes {'/'.join(map(str, ident))}, not this queue")
+    if m.max_offset > truth.max_offset:
+        problems.append(
+            f"claims readable offsets up to {m.max_offset}, the cold tier holds up to {truth.max_offset}"
+        )
+    if m.min_offset != truth.min_offset:
+        problems.append(f"says the queue starts at offset {m.min_offset}, it starts at {truth.min_offset}")
+    known = {(s.type, s.base_offset): s for s in truth.segments}
+    listed = {(s.type, s.base_offset): s for s in m.segments}
+    for key in sorted(set(known) - set(listed)):
+        problems.append(f"does not list {key[0]} segment {key[1]}")
+    for key in sorted(set(listed) - set(known)):
+        problems.append(f"lists {key[0]} segment {key[1]}, which the store does not have")
     for key in sorted(set(known) & set(listed)):
-        s, i = listed[key], known[key]
-        if s.sealed and s.crc32c is not None and i.crc32c is not None and s.crc32c != i.crc32c:
-            report.problems.append(
-                Problem("manifest", where, f"{key[0]} {key[1]}: CRC32C {s.crc32c}, store has {i.crc32c}")
+        problems += _segment_problems(key, listed[key], known[key])
+    for p in problems:
+        report.add("manifest", path, p, FIX_MANIFESTS)
+
+
+async def _verify_broker_manifest(view: ColdView, report: VerifyReport) -> None:
+    cfg = view.cfg.tiered
+    path = broker_manifest_path(cfg.cluster, cfg.broker)
+    try:
+        m = await read_broker_manifest(view.root, cfg.cluster, cfg.broker)
+    except NotFoundError:
+        if view.flat.files:
+            report.add("manifest", path, "missing: the bucket does not describe this broker", FIX_MANIFESTS)
+        return
+    except TierdError as e:
+        report.add("manifest", path, str(e), FIX_MANIFESTS if e.code == "corruption" else None)
+        return
+    truth = build_broker_manifest(view.flat)
+    listed = {t.name: (t.id, t.queues) for t in m.topics}
+    known = {t.name: (t.id, t.queues) for t in truth.topics}
+    for name in sorted(set(known) | set(listed)):
+        if listed.get(name) != known.get(name):
+            lists = f"id {listed[name][0]}, queues {list(listed[name][1])}" if name in listed else "nothing"
+            has = f"id {known[name][0]}, queues {list(known[name][1])}" if name in known else "no such topic"
+            report.add("manifest", path, f"topic {name!r}: lists {lists}; metadata has {has}", FIX_MANIFESTS)
+
+
+# -------------------------------------------------------------------------------------- bucket
+def _expected_paths(view: ColdView) -> set[str]:
+    cfg = view.cfg.tiered
+    out = {broker_manifest_path(cfg.cluster, cfg.broker)}
+    for (topic, qid), ff in view.flat.files.items():
+        out.add(queue_manifest_path(cfg.cluster, cfg.broker, topic, qid))
+        for file in (ff.commitlog, ff.consumequeue):
+            out.update(seg.path for seg in file.segments)
+    infos = view.live.index.uploaded_infos() if view.live is not None else view.flat.loaded_index
+    out.update(index_segment_path("", cfg.cluster, cfg.broker, i.base_offset).lstrip("/") for i in infos)
+    return out
+
+
+async def _verify_bucket(view: ColdView, report: VerifyReport) -> None:
+    """Objects under the broker prefix that metadata does not know, and who owns the prefix."""
+    cfg = view.cfg.tiered
+    base = f"{cluster_dir(cfg.cluster)}/{cfg.broker}"
+    try:
+        found = await view.root.list_objects(base)
+        owner = await current_owner(view.root, cfg.cluster, cfg.broker)
+    except TierdError as e:
+        report.add("bucket", view.prefix, f"cannot be listed: {e}")
+        return
+    owner_records = f"{base}/{OWNER_DIR}/"
+    objects = [p for p in found if not p.startswith(owner_records)]
+    if not view.usable:
+        if objects:
+            segments = sum(1 for p in objects if not p.endswith(MANIFEST_NAME))
+            report.add(
+                "metadata",
+                str(view.metadata.path),
+                f"no usable tiering metadata, but the bucket prefix {view.prefix} holds {len(objects)} "
+                f"object(s) of this broker ({segments} segment(s)); the daemon refuses to tier over "
+                "them: rebuild the metadata with `tierd restore --from URL` into an empty store.dir",
             )
+    else:
+        unknown: dict[str, list[str]] = collections.defaultdict(list)
+        expected = _expected_paths(view)
+        for p in objects:
+            if p not in expected:
+                unknown[p.rsplit("/", 1)[0]].append(p)
+        for directory, paths in sorted(unknown.items()):
+            report.add(
+                "bucket",
+                directory,
+                f"{len(paths)} object(s) that the metadata does not know (another writer's, or "
+                f"leftovers), e.g. {paths[0]}",
+            )
+    if owner is not None and owner.store_id != view.store_id:
+        report.add(
+            "ownership",
+            view.prefix,
+            f"owned by {owner.describe()}, not by this store ({view.store_id or 'no id yet'}): this "
+            "store may not write there",
+        )
+
+
+# -------------------------------------------------------------------------------------- repair
+def _copy_file(src: Path, dst: Path) -> None:
+    """Replace ``dst`` with a copy of ``src`` atomically (temporary, fsync, rename, fsync dir)."""
+    data = src.read_bytes()
+    tmp = dst.with_name(dst.name + ".repair")
+    with tmp.open("wb") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, dst)
+    fsync_dir(dst.parent)
+
+
+async def _repair(view: ColdView, report: VerifyReport) -> None:
+    """Apply the fixes of the problems found; record what changed and mark what got fixed."""
+    wanted = {p.fix for p in report.problems if p.fix is not None}
+    metadata = view.metadata
+    if FIX_MAIN_FROM_BACKUP in wanted or FIX_BACKUP_FROM_MAIN in wanted:
+        if view.live is not None:
+            await view.live.flat.save()
+            await view.live.flat.save()  # the second save makes the backup a good copy too
+            report.repairs.append(f"rewrote {metadata.path.name} and its backup from the running store")
+        elif FIX_MAIN_FROM_BACKUP in wanted:
+            await asyncio.to_thread(_copy_file, metadata.backup, metadata.path)
+            report.repairs.append(f"restored {metadata.path} from {metadata.backup.name}")
+        else:
+            await asyncio.to_thread(_copy_file, metadata.path, metadata.backup)
+            report.repairs.append(f"rewrote {metadata.backup} from {metadata.path.name}")
+        _mark(report, {FIX_MAIN_FROM_BACKUP, FIX_BACKUP_FROM_MAIN})
+    if FIX_MANIFESTS in wanted:
+        try:
+            n = await _rewrite_manifests(view)
+        except TierdError as e:
+            report.repairs.append(f"manifests NOT rewritten: {e}")
+        else:
+            report.repairs.append(f"rewrote {n} bucket manifest(s) from the metadata")
+            _mark(report, {FIX_MANIFESTS})
+
+
+def _mark(report: VerifyReport, fixes: set[str]) -> None:
+    for p in report.problems:
+        if p.fix in fixes:
+            p.fixed = True
+
+
+async def _rewrite_manifests(view: ColdView) -> int:
+    """Every manifest, from metadata — only as the prefix's owner (claimed here if unowned)."""
+    if view.live is not None:
+        view.live.manifests.forget()
+        async with view.live._manifest_lock:
+            return await view.live.manifests.write_changed()
+    cfg = view.cfg.tiered
+    if view.store_id is None:
+        raise PrefixOwnedError("this store has no id: it never tiered, so it owns no prefix to repair")
+    root = view.root
+    ownership = Ownership(root, cfg.cluster, cfg.broker, view.store_id, Path(view.cfg.store.dir))
+    await ownership.claim()
+    if isinstance(root, GuardedRoot):
+        root.fence = ownership.ensure
+    writer = ManifestWriter(root, view.flat)
+    writer.forget()  # its ledger says they were written; the bucket says otherwise
+    return await writer.write_changed()
+
+
+# --------------------------------------------------------------------------------------- entry
+async def _verify_cold(view: ColdView, report: VerifyReport, tally: _Tally) -> None:
+    if view.usable:
+        for _, ff in sorted(view.flat.files.items()):
+            await _verify_segments(view, ff.commitlog, report, tally)
+            await _verify_segments(view, ff.consumequeue, report, tally)
+            await _verify_cold_queue(ff, report, tally)
+            await _verify_manifest(view, ff, report)
+        await _verify_broker_manifest(view, report)
+    await _verify_bucket(view, report)
+
+
+def _total(hot: HotStore, view: ColdView | None) -> int:
+    total = hot.commitlog.max_offset - hot.commitlog.min_offset
+    if view is not None:
+        for ff in view.flat.files.values():
+            total += sum(s.commit_position for s in ff.commitlog.segments)
+            total += sum(i.size for i in ff.commitlog.infos() if i.sealed)
+    return total
+
+
+async def _run(
+    hot: HotStore, view: ColdView | None, report: VerifyReport, progress: Progress | None, repair: bool
+) -> VerifyReport:
+    tally = _Tally(_total(hot, view), progress)
+    _verify_hot(hot, report, tally)
+    if view is not None:
+        await _verify_cold(view, report, tally)
+        if repair:
+            await _repair(view, report)
+    report.bytes = tally.done
+    for p in report.problems:
+        log.log(
+            logging.INFO if p.fixed else logging.ERROR,
+            "verify: %s %s: %s%s",
+            p.area,
+            p.where,
+            p.message,
+            " (repaired)" if p.fixed else "",
+        )
+    return report
 
 
 async def verify(
-    hot: HotStore, tiering: TieringService | None, progress: Progress | None = None
+    hot: HotStore, tiering: TieringService | None, progress: Progress | None = None, *, repair: bool = False
 ) -> VerifyReport:
-    """Check both tiers; returns every problem found (an empty list means all is well)."""
+    """Check a running store, both tiers (read-only unless ``repair``); every problem found."""
     report = VerifyReport()
-    total = hot.commitlog.max_offset - hot.commitlog.min_offset
-    files = sorted(tiering.flat.files.items()) if tiering is not None else []
-    for _, ff in files:
-        total += sum(s.commit_position for s in ff.commitlog.segments)
-        total += sum(i.size for i in ff.commitlog.infos() if i.sealed)
-    tally = _Tally(total, progress)
-    _verify_hot(hot, report, tally)
-    for _, ff in files:
-        await _verify_segments(ff.commitlog, report, tally)
-        await _verify_segments(ff.consumequeue, report, tally)
-        await _verify_cold_queue(ff, report, tally)
-        assert tiering is not None
-        await _verify_manifest(tiering, ff, report)
-    report.bytes = tally.done
-    for p in report.problems:
-        log.error("verify: %s %s: %s", p.area, p.where, p.message)
-    return report
+    view = None
+    if tiering is not None:
+        await asyncio.to_thread(_check_metadata, tiering.metadata, report)
+        view = _live_view(tiering)
+    return await _run(hot, view, report, progress, repair)
+
+
+async def verify_store(
+    cfg: TierdConfig, progress: Progress | None = None, *, repair: bool = False
+) -> VerifyReport:
+    """Check a stopped store's directory and its bucket without starting anything (see module
+    doc); ``repair`` fixes what it safely can and says so in :attr:`VerifyReport.repairs`."""
+    store_dir = Path(cfg.store.dir)
+    if not store_dir.is_dir():
+        raise NotFoundError(f"no store at {store_dir} (store.dir)", path=str(store_dir))
+    hot = await asyncio.to_thread(HotStore.open, cfg.store)
+    try:
+        await asyncio.to_thread(hot.wait_dispatched, 30)
+        report = VerifyReport()
+        if not cfg.tiered.enabled:
+            return await _run(hot, None, report, progress, repair)
+        root = GuardedRoot(open_driver_factory(cfg.backend), cfg.tiered.backend_timeout)
+        try:
+            view = await _load_view(cfg, root, report)
+            return await _run(hot, view, report, progress, repair)
+        finally:
+            await root.aclose()
+    finally:
+        await asyncio.to_thread(hot.close)

@@ -18,8 +18,10 @@ from tierd.errors import (
     BackendError,
     CorruptionError,
     InvalidArgumentError,
+    ObjectExistsError,
     SegmentNotFoundError,
     SegmentSealedError,
+    UnsupportedOperationError,
 )
 from tierd.testing.s3server import S3Server, create_bucket, free_port
 from tierd.testing.segment import SegmentDriverTests
@@ -528,3 +530,32 @@ def test_object_get_on_a_missing_bucket_names_the_setting(s3_server: S3Server) -
             assert "backend.url" in str(exc.value)
 
     _run(main())
+
+
+def test_create_object_is_one_conditional_put_and_refused_without_conditional_writes(
+    s3_server: S3Server, s3_bucket: str
+) -> None:
+    async def main() -> list[tuple[str, bool]]:
+        async with _root(s3_server, s3_bucket) as root:
+            fs = await root.filesystem()
+            ops: list[tuple[str, bool]] = []
+
+            def record(model: Any, params: dict[str, Any], **_: Any) -> None:
+                headers = {k.lower() for k in params.get("headers", {})}
+                ops.append((model.name, "if-none-match" in headers))
+
+            fs.s3.meta.events.register("before-call.s3", record)
+            await root.create_object("o/1.json", b"first")
+            with pytest.raises(ObjectExistsError):
+                await root.create_object("o/1.json", b"second")
+            assert await root.get_object("o/1.json") == b"first"
+        blind = S3Root(f"s3://{s3_bucket}/p", s3_server.storage_options, conditional_writes=False)
+        async with blind:
+            assert blind.supports_create_object is False
+            with pytest.raises(UnsupportedOperationError, match="conditional writes are off"):
+                await blind.create_object("o/2.json", b"x")
+            with pytest.raises(SegmentNotFoundError):
+                await blind.get_object("o/2.json")  # nothing written
+        return ops
+
+    assert _run(main())[:2] == [("PutObject", True), ("PutObject", True)]

@@ -8,7 +8,16 @@ from typing import Annotated
 import typer
 
 from tierd import BlockingMessageStore
-from tierd.cli.app import app, echo, emit_json, emit_table, handle_errors, obj, progress_bar
+from tierd.cli.app import (
+    app,
+    echo,
+    emit_json,
+    emit_table,
+    handle_errors,
+    obj,
+    progress_bar,
+    store_lock_hint,
+)
 from tierd.tiered.registry import backend_for_url
 
 POLL_SECONDS = 0.2
@@ -78,29 +87,50 @@ def tier(ctx: typer.Context) -> None:
 
 @app.command()
 @handle_errors
-def verify(ctx: typer.Context) -> None:
-    """Check the store: hot record CRCs, consume queues against the commitlog, cold segment sizes
-    against metadata, sealed segment checksums, cold queues against cold records, and the bucket
-    manifests. Lists every problem; exits 1 if there is any."""
+def verify(
+    ctx: typer.Context,
+    repair: Annotated[
+        bool,
+        typer.Option(
+            "--repair",
+            help="Fix what can be fixed safely — a metadata file from its readable twin, bucket "
+            "manifests rewritten from metadata (as the prefix's owner) — and list what changed.",
+        ),
+    ] = False,
+) -> None:
+    """Check a stopped store and its bucket, read-only: hot record CRCs (every bad record, not
+    just the first), consume queues against the commitlog, both tiering metadata files, cold
+    segment sizes and checksums, cold queues against cold records, bucket manifests against
+    metadata and the objects, objects nobody knows, and who owns the bucket prefix. Lists every
+    problem with where it is; exits 1 if any is left. Nothing is written without --repair.
+    """
     c = obj(ctx)
-    with c.store() as store, progress_bar("verifying", bytes_=True, quiet=c.json) as bar:
+    cfg = c.config()
+    with store_lock_hint(), progress_bar("verifying", bytes_=True, quiet=c.json) as bar:
         task = bar.tasks[0].id
 
         def progress(done: int, total: int, what: str) -> None:
             bar.update(task, completed=done, total=total, description=f"verifying {what}")
 
-        report = store.verify(progress)
+        report = BlockingMessageStore.verify_store(cfg, progress, repair=repair)
     if c.json:
         emit_json(report.as_dict())
     else:
         if report.problems:
             emit_table(
                 f"{len(report.problems)} problem(s)",
-                ["area", "where", "problem"],
-                [[p.area, p.where, p.message] for p in report.problems],
+                ["area", "where", "problem", "--repair"],
+                [
+                    [p.area, p.where, p.message, "repaired" if p.fixed else (p.fix or "—")]
+                    for p in report.problems
+                ],
             )
+        for line in report.repairs:
+            echo(f"repaired: {line}")
+        left = report.counts()
+        summary = ", ".join(f"{n} {area}" for area, n in left.items())
         echo(
-            f"{'OK' if report.ok else 'PROBLEMS FOUND'}: checked {report.records} records, "
+            f"{'OK' if report.ok else f'PROBLEMS FOUND ({summary})'}: checked {report.records} records, "
             f"{report.units} queue units, {report.segments} cold segments"
         )
     if not report.ok:

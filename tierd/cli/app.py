@@ -83,19 +83,26 @@ class Context:
     def store(self, *, finish_tiering: bool = False) -> Iterator[BlockingMessageStore]:
         """Open the configured store. Read-only commands close without waiting to commit pending
         messages to the cold tier (``finish_tiering=False``); the daemon does that on its own."""
-        try:
+        with store_lock_hint():
             store = BlockingMessageStore.open(self.config())
-        except StoreLockedError as e:
-            raise StoreLockedError(
-                f"{e}. Is `tierd serve` running on it? Use its HTTP API (docs/http.md), or read the "
-                "bucket directly with `tierd segments ls --backend-url URL`",
-                **e.detail,
-            ) from e
         try:
             store.wait_ready()  # commands show both tiers, so the cold one must have loaded
             yield store
         finally:
             store.close(grace=None if finish_tiering else 0.0)
+
+
+@contextmanager
+def store_lock_hint() -> Iterator[None]:
+    """A store held by a running daemon: say what to do instead of only that it is locked."""
+    try:
+        yield
+    except StoreLockedError as e:
+        raise StoreLockedError(
+            f"{e}. Is `tierd serve` running on it? Use its HTTP API (docs/http.md), or read the "
+            "bucket directly with `tierd segments ls --backend-url URL`",
+            **e.detail,
+        ) from e
 
 
 def obj(ctx: typer.Context) -> Context:

@@ -29,7 +29,7 @@ from pydantic import Field, ValidationError
 from tierd.errors import CorruptionError, NotFoundError, SegmentNotFoundError
 from tierd.local.codec import POS_QUEUE_OFFSET
 from tierd.local.consumequeue import UNIT_SIZE
-from tierd.tiered.metadata import SegmentType, _Model
+from tierd.tiered.metadata import SegmentType, _Model, validation_summary
 from tierd.tiered.paths import cluster_dir
 
 if TYPE_CHECKING:
@@ -270,6 +270,13 @@ class ManifestWriter:
         tmp.write_text(json.dumps(data, separators=(",", ":")))
         os.replace(tmp, self.ledger_path)
 
+    def forget(self) -> None:
+        """Make the next :meth:`write_changed` rewrite every manifest, whatever the ledger says
+        (``tierd verify --repair``: the bucket's copies are what is wrong)."""
+        self._written.clear()
+        self._ledger_loaded = True
+        self._broker_written = None
+
     def _state(self, ff: FlatMessageFile) -> tuple[int, int, int]:
         return (ff.min_offset, ff.max_offset, ff.commitlog.sealed_count + ff.consumequeue.sealed_count)
 
@@ -359,4 +366,4 @@ def _parse(cls: type[M], raw: bytes, path: str) -> M:
     try:
         return cls.model_validate_json(raw)
     except ValidationError as e:
-        raise CorruptionError(f"manifest {path} is not valid: {str(e).splitlines()[0]}", path=path) from e
+        raise CorruptionError(f"manifest {path} is not valid: {validation_summary(e)}", path=path) from e

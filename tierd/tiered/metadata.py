@@ -33,6 +33,15 @@ def _kebab(name: str) -> str:
     return name.replace("_", "-")
 
 
+def validation_summary(e: ValidationError) -> str:
+    """The first problem of a failed validation, with its location (pydantic's first line only
+    says how many errors there were)."""
+    first = e.errors(include_url=False)[0]
+    where = ".".join(str(x) for x in first["loc"])
+    more = f" (and {e.error_count() - 1} more)" if e.error_count() > 1 else ""
+    return (f"{where}: {first['msg']}" if where else str(first["msg"])) + more
+
+
 class _Model(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", alias_generator=_kebab, populate_by_name=True)
 
@@ -90,6 +99,18 @@ class TieredMetadata(_Model):
         return next((t for t in self.topics if t.name == name), None)
 
 
+class MetadataFile(BaseModel):
+    """What one of the two metadata files holds, as :meth:`MetadataStore.inspect` found it."""
+
+    model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
+
+    path: Path
+    exists: bool
+    meta: TieredMetadata | None = None
+    #: Why it could not be used (None when readable or missing).
+    problem: str | None = None
+
+
 class MetadataStore:
     def __init__(self, store_dir: Path) -> None:
         self.dir = Path(store_dir) / "config"
@@ -105,8 +126,8 @@ class MetadataStore:
                 continue
             try:
                 meta = TieredMetadata.model_validate_json(candidate.read_bytes())
-            except (ValidationError, ValueError) as e:
-                problems.append(f"{candidate}: {str(e).splitlines()[0]}")
+            except ValidationError as e:
+                problems.append(f"{candidate}: {validation_summary(e)}")
                 continue
             if problems:
                 log.error(
@@ -124,6 +145,22 @@ class MetadataStore:
                 path=str(self.path),
             )
         return None
+
+    def inspect(self) -> tuple[MetadataFile, MetadataFile]:
+        """The main file and its backup, each read and validated on its own (``tierd verify``:
+        a corrupt main file hidden behind a good backup is still a problem to report)."""
+        out = []
+        for candidate in (self.path, self.backup):
+            if not candidate.exists():
+                out.append(MetadataFile(path=candidate, exists=False))
+                continue
+            try:
+                meta = TieredMetadata.model_validate_json(candidate.read_bytes())
+            except ValidationError as e:
+                out.append(MetadataFile(path=candidate, exists=True, problem=validation_summary(e)))
+                continue
+            out.append(MetadataFile(path=candidate, exists=True, meta=meta))
+        return out[0], out[1]
 
     def save(self, meta: TieredMetadata) -> None:
         """Atomically replace the file; the previous version becomes ``.bak``."""
