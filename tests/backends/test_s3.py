@@ -434,17 +434,23 @@ def test_bad_url_and_options_are_config_errors() -> None:
 
 
 # ---------------------------------------------------------------------------- whole objects
+async def _conditional_calls(root: S3Root, headers: set[str]) -> list[tuple[str, bool]]:
+    """A live log of the root's S3 calls: (operation, whether it carried one of ``headers``)."""
+    fs = await root.filesystem()
+    ops: list[tuple[str, bool]] = []
+
+    def record(model: Any, params: dict[str, Any], **_: Any) -> None:
+        sent = {k.lower() for k in params.get("headers", {})}
+        ops.append((model.name, bool(sent & headers)))
+
+    fs.s3.meta.events.register("before-call.s3", record)
+    return ops
+
+
 def test_object_calls_are_single_unconditional_requests(s3_server: S3Server, s3_bucket: str) -> None:
     async def main() -> list[tuple[str, bool]]:
         async with _root(s3_server, s3_bucket) as root:
-            fs = await root.filesystem()
-            ops: list[tuple[str, bool]] = []
-
-            def record(model: Any, params: dict[str, Any], **_: Any) -> None:
-                headers = {k.lower() for k in params.get("headers", {})}
-                ops.append((model.name, bool(headers & {"if-match", "if-none-match"})))
-
-            fs.s3.meta.events.register("before-call.s3", record)
+            ops = await _conditional_calls(root, {"if-match", "if-none-match"})
             await root.put_object("b/MANIFEST.json", b"v1")
             await root.put_object("b/MANIFEST.json", b"v2")  # replacing: no precondition to fail
             assert await root.get_object("b/MANIFEST.json") == b"v2"
@@ -537,14 +543,7 @@ def test_create_object_is_one_conditional_put_and_refused_without_conditional_wr
 ) -> None:
     async def main() -> list[tuple[str, bool]]:
         async with _root(s3_server, s3_bucket) as root:
-            fs = await root.filesystem()
-            ops: list[tuple[str, bool]] = []
-
-            def record(model: Any, params: dict[str, Any], **_: Any) -> None:
-                headers = {k.lower() for k in params.get("headers", {})}
-                ops.append((model.name, "if-none-match" in headers))
-
-            fs.s3.meta.events.register("before-call.s3", record)
+            ops = await _conditional_calls(root, {"if-none-match"})
             await root.create_object("o/1.json", b"first")
             with pytest.raises(ObjectExistsError):
                 await root.create_object("o/1.json", b"second")

@@ -277,6 +277,7 @@ class Ownership:
 
     def _claimed(self, record: OwnerRecord) -> OwnerRecord:
         self.record = self.owner = record
+        self.fenced = None  # a refusal from an earlier attempt no longer holds
         self._verified_at = time.monotonic()
         return record
 
