@@ -12,6 +12,7 @@ import typer
 from tierd.cli.app import app, echo, emit_json, emit_table, handle_errors, obj
 from tierd.config import BackendConfig
 from tierd.inventory import SegmentKind, SegmentRow, bucket_segments, check_kind
+from tierd.tiered.guard import GuardedRoot
 from tierd.tiered.registry import backend_for_url, open_driver_factory
 
 topics_app = typer.Typer(help="Topics of the store (both tiers).", no_args_is_help=True)
@@ -124,6 +125,7 @@ def segments_ls(
                 topic,
                 queue,
                 segment_kind,
+                cfg.tiered.backend_timeout,
             )
         )
     if c.json:
@@ -159,8 +161,9 @@ async def _bucket_rows(
     topic: str | None,
     queue: int | None,
     kind: SegmentKind | None,
+    timeout: float,
 ) -> list[SegmentRow]:
-    root = open_driver_factory(backend)
+    root = GuardedRoot(open_driver_factory(backend), timeout)  # every call bounded
     try:
         return await bucket_segments(root, cluster, broker, topic, queue, kind)
     finally:
