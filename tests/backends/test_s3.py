@@ -21,7 +21,7 @@ from tierd.errors import (
     ObjectExistsError,
     SegmentNotFoundError,
     SegmentSealedError,
-    UnsupportedOperationError,
+    UnsafeBackendError,
 )
 from tierd.testing.s3server import S3Server, create_bucket, free_port
 from tierd.testing.segment import SegmentDriverTests
@@ -538,7 +538,7 @@ def test_object_get_on_a_missing_bucket_names_the_setting(s3_server: S3Server) -
     _run(main())
 
 
-def test_create_object_is_one_conditional_put_and_refused_without_conditional_writes(
+def test_create_object_is_one_conditional_put_and_follows_the_write_policy(
     s3_server: S3Server, s3_bucket: str
 ) -> None:
     async def main() -> list[tuple[str, bool]]:
@@ -548,13 +548,25 @@ def test_create_object_is_one_conditional_put_and_refused_without_conditional_wr
             with pytest.raises(ObjectExistsError):
                 await root.create_object("o/1.json", b"second")
             assert await root.get_object("o/1.json") == b"first"
+        # Conditional writes switched off without the single-writer declaration: the probe's
+        # policy refuses every write, this one included, before anything is sent.
         blind = S3Root(f"s3://{s3_bucket}/p", s3_server.storage_options, conditional_writes=False)
         async with blind:
-            assert blind.supports_create_object is False
-            with pytest.raises(UnsupportedOperationError, match="conditional writes are off"):
+            with pytest.raises(UnsafeBackendError, match="single_writer"):
                 await blind.create_object("o/2.json", b"x")
             with pytest.raises(SegmentNotFoundError):
                 await blind.get_object("o/2.json")  # nothing written
+        # Single-writer mode: no precondition is relied on, but a later creator is still told.
+        single = S3Root(
+            f"s3://{s3_bucket}/q", s3_server.storage_options, conditional_writes=False, single_writer=True
+        )
+        async with single:
+            assert single.supports_create_object
+            await single.create_object("o/3.json", b"mine")
+            with pytest.raises(ObjectExistsError):
+                await single.create_object("o/3.json", b"theirs")
+            assert await single.get_object("o/3.json") == b"mine"
         return ops
 
-    assert _run(main())[:2] == [("PutObject", True), ("PutObject", True)]
+    ops = _run(main())
+    assert [op for op in ops if op[0] == "PutObject"][:2] == [("PutObject", True), ("PutObject", True)]
