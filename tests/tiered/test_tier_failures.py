@@ -189,3 +189,24 @@ def test_a_round_running_past_the_backend_timeout_is_logged_as_stuck(
         assert store.tiering.dispatcher.stats.stuck_rounds == 1
     finally:
         store.close()
+
+
+def test_a_conflicting_write_makes_tier_now_fail_and_is_never_adopted(tmp_path: Path) -> None:
+    """The reported scenario's mechanism: another writer's bytes where the next commit goes. It
+    used to log a WARNING, report "committed 0", and later splice the rest of the batch onto
+    the other writer's bytes; now every attempt fails, naming the conflict, and nothing is
+    appended to the foreign bytes."""
+    with BlockingMessageStore.open(cold_config(tmp_path)) as store:
+        _produce(store, 2, queues=1)
+        assert store.tier_now().committed == 2
+        segment = next(p for p in (tmp_path / "cold").rglob("*") if p.is_file() and "COMMIT_LOG" in p.parts)
+        committed = segment.read_bytes()
+        foreign = b"F" * 100  # shorter than the next commit: the old reconcile took it for ours
+        with segment.open("ab") as f:  # someone else appended here, behind tierd's back
+            f.write(foreign)
+        _produce(store, 3, start=2, queues=1)
+        for _ in range(2):
+            with pytest.raises(BackendError, match=r"t/0: write at \d+ of segment .* conflicts with"):
+                store.tier_now()
+        assert segment.read_bytes() == committed + foreign  # not one byte of ours after theirs
+        assert _cold(store, 0) == [b"m0000", b"m0001"]
