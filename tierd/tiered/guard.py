@@ -148,19 +148,15 @@ class GuardedRoot(DriverRoot):
         if mutating and self.fence is not None:
             await self.fence()
         limit = self.timeout if timeout is None else timeout
-        task = asyncio.ensure_future(make())
         try:
-            done, _ = await asyncio.wait({task}, timeout=limit)
-        except asyncio.CancelledError:
-            task.cancel()
-            raise
-        if not done:
-            task.cancel()
-            unwound, _ = await asyncio.wait({task}, timeout=CANCEL_GRACE)
-            if not unwound:
-                task.add_done_callback(_consume)
+            if mutating:
+                result = await self._bounded_task(make(), limit)
             else:
-                _consume(task)
+                # Reads, sizes and listings unwind at once when cancelled (no cleanup requests):
+                # a cheap in-task timeout is enough, and cold reads pay no task per call.
+                async with asyncio.timeout(limit):
+                    result = await make()
+        except TimeoutError:
             err = BackendError(
                 f"backend {operation} of {path or '/'!r} at {self.url} did not finish within {limit:g} s "
                 "(tiered.backend_timeout): the backend is not answering",
@@ -170,9 +166,7 @@ class GuardedRoot(DriverRoot):
             )
             self.health.timeouts += 1
             self.health.failed(operation, err)
-            raise err
-        try:
-            result = task.result()
+            raise err from None
         except BackendError as e:
             self.health.failed(operation, e)
             raise
@@ -184,6 +178,28 @@ class GuardedRoot(DriverRoot):
             raise
         self.health.ok()
         return result
+
+    @staticmethod
+    async def _bounded_task(call: Coroutine[Any, Any, _T], limit: float) -> _T:
+        """Await ``call`` in its own task for at most ``limit`` seconds, then raise
+        ``TimeoutError`` — without waiting more than :data:`CANCEL_GRACE` for it to unwind (a
+        mutation may clean up with further requests to the same hung server, e.g. aborting a
+        multipart upload; those finish in the background)."""
+        task = asyncio.ensure_future(call)
+        try:
+            done, _ = await asyncio.wait({task}, timeout=limit)
+        except asyncio.CancelledError:
+            task.cancel()
+            raise
+        if done:
+            return task.result()
+        task.cancel()
+        unwound, _ = await asyncio.wait({task}, timeout=CANCEL_GRACE)
+        if unwound:
+            _consume(task)
+        else:
+            task.add_done_callback(_consume)
+        raise TimeoutError
 
     async def put_object(self, path: str, data: bytes) -> None:
         # docstring inherited
