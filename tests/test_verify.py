@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 
 from tierd import BlockingMessageStore, Message, TierdConfig
 from tierd.cli import app
+from tierd.offsets import bucket_path as offsets_path
 from tierd.tiered.manifest import broker_manifest_path, queue_manifest_path
 from tierd.tiered.ownership import owner_path
 
@@ -51,6 +52,7 @@ def cfg(tmp_path: Path) -> TierdConfig:
     cfg = _config(tmp_path)
     with BlockingMessageStore.open(cfg) as store:
         store.put_batch([Message(topic="t", body=b"body-%03d" % i * 4, queue_id=i % 2) for i in range(60)])
+        store.commit_offset("billing", "t", 0, 10)  # its copy in the bucket is a known object
         assert store.tier_now().committed == 60
     return cfg
 
@@ -77,6 +79,7 @@ def _problems(cfg: TierdConfig, **kwargs: Any) -> list[tuple[str, str, str]]:
 
 def test_a_healthy_store_verifies_ok_and_nothing_is_written(cfg: TierdConfig, tmp_path: Path) -> None:
     before = _tree(tmp_path / "hot" / "config", tmp_path / "cold")
+    assert (tmp_path / "cold" / offsets_path(CLUSTER, BROKER)).is_file()
     report = BlockingMessageStore.verify_store(cfg)
     assert report.ok, report.problems
     assert report.records == 120  # every record checked once hot and once cold

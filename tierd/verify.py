@@ -18,8 +18,9 @@ What is checked, and why each matters to an operator:
   agrees with metadata and the objects (offsets, segments, sizes, sealed flags, checksums,
   message counts), so a garbage or lying ``MANIFEST.json`` — what Spark and ``restore`` trust —
   is caught; the broker manifest lists the topics and queues metadata has;
-- the bucket prefix: objects metadata does not know (another writer's, or leftovers), and who
-  owns the prefix (another store's claim means this one may not write there).
+- the bucket prefix: objects metadata does not know (another writer's, or leftovers; the
+  consumer-offsets copy and owner records are known), and who owns the prefix (another store's
+  claim means this one may not write there).
 
 **Read-only by default.** Offline (:func:`verify_store`, what the CLI runs) nothing is started:
 no tiering, no roll-forward, no manifest or metadata write; only the hot store's own opening
@@ -48,6 +49,7 @@ from tierd.local.codec import BLANK, INVALID, VALID, parse_record_view, scan_rec
 from tierd.local.consumequeue import UNIT_SIZE
 from tierd.local.mapped_file import fsync_dir
 from tierd.local.store import HotStore
+from tierd.offsets import bucket_path as offsets_path
 from tierd.tiered.flatfile import stored_crc32c
 from tierd.tiered.flatmessage import FlatMessageFile
 from tierd.tiered.flatstore import FlatFileStore, _segment_info
@@ -559,7 +561,7 @@ async def _verify_broker_manifest(view: ColdView, report: VerifyReport) -> None:
 # -------------------------------------------------------------------------------------- bucket
 def _expected_paths(view: ColdView) -> set[str]:
     cfg = view.cfg.tiered
-    out = {broker_manifest_path(cfg.cluster, cfg.broker)}
+    out = {broker_manifest_path(cfg.cluster, cfg.broker), offsets_path(cfg.cluster, cfg.broker)}
     for (topic, qid), ff in view.flat.files.items():
         out.add(queue_manifest_path(cfg.cluster, cfg.broker, topic, qid))
         for file in (ff.commitlog, ff.consumequeue):
