@@ -36,7 +36,6 @@ import asyncio
 import bisect
 import collections
 import logging
-import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,9 +46,9 @@ import numpy as np
 from tierd.errors import NotFoundError, PrefixOwnedError, TierdError
 from tierd.local.codec import BLANK, INVALID, VALID, parse_record_view, scan_record
 from tierd.local.consumequeue import UNIT_SIZE
-from tierd.local.mapped_file import fsync_dir
 from tierd.local.store import HotStore
 from tierd.offsets import bucket_path as offsets_path
+from tierd.offsets import write_atomically
 from tierd.tiered.flatfile import stored_crc32c
 from tierd.tiered.flatmessage import FlatMessageFile
 from tierd.tiered.flatstore import FlatFileStore, _segment_info
@@ -617,15 +616,8 @@ async def _verify_bucket(view: ColdView, report: VerifyReport) -> None:
 
 # -------------------------------------------------------------------------------------- repair
 def _copy_file(src: Path, dst: Path) -> None:
-    """Replace ``dst`` with a copy of ``src`` atomically (temporary, fsync, rename, fsync dir)."""
-    data = src.read_bytes()
-    tmp = dst.with_name(dst.name + ".repair")
-    with tmp.open("wb") as fh:
-        fh.write(data)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, dst)
-    fsync_dir(dst.parent)
+    """Replace ``dst`` with a copy of ``src`` atomically."""
+    write_atomically(dst, src.read_bytes())
 
 
 async def _repair(view: ColdView, report: VerifyReport) -> None:
