@@ -154,3 +154,34 @@ def test_admin_tier_is_502_naming_the_queue_when_the_cold_path_breaks(tmp_path: 
         st = status(c)["tiering"]
         assert st["lag"]["messages"] == 3
         assert any(e["operation"] == "commit orders/1" for e in st["errors"])
+
+
+def test_a_pod_stopped_while_its_cold_tier_starts_still_commits_what_it_accepted(
+    tmp_path: Path, moto_server: S3Server
+) -> None:
+    """/readyz no longer waits for the backend, so a pod can take traffic and get SIGTERM before
+    its cold tier is up; the shutdown gives the cold tier its grace to come up, then commits."""
+    proxy = TcpProxy("127.0.0.1", int(moto_server.endpoint_url.rsplit(":", 1)[1]))
+    proxy.refuse()
+    bucket = create_bucket(moto_server)
+    options = {
+        **moto_server.storage_options,
+        "endpoint_url": proxy.url,
+        "config_kwargs": {"retries": {"max_attempts": 1}},
+    }
+    backend = {"name": "s3", "url": f"s3://{bucket}/cold", "storage_options": options}
+    cfg = TierdConfig.from_dict(service_config(tmp_path, backend))
+    try:
+        with running(cfg) as svc:
+            c = svc.client
+            poll(lambda: c.get("/readyz").status_code == 200, "/readyz 200")
+            batch = {"messages": [{"body": b64(b"m%d" % i), "queue_id": 0} for i in range(10)]}
+            assert c.post("/v1/topics/orders/messages:batch", json=batch).status_code == 200
+            poll(lambda: status(c)["tiering"]["start_error"] is not None, "a failed start")
+            proxy.resume()  # S3 comes back as the pod is being stopped
+        with BlockingMessageStore.open(cfg) as store:
+            store.wait_ready()
+            [queue] = store.queues("orders")
+            assert (queue.cold_max_offset, queue.pending_messages) == (10, 0)
+    finally:
+        proxy.close()

@@ -8,11 +8,13 @@ Life of the daemon (each step logs one line):
    is a clean one-line error instead of uvicorn's ``sys.exit``.
 2. **Open** the store (``MessageStore.open``: hot-store recovery, then the tiering service —
    dispatcher, index service, retention, manifest upkeep — in the background). Log ``ready``.
-   ``/readyz`` turns 200 once the store is open and, with tiering, the cold tier is ready.
+   ``/readyz`` turns 200 once the store is open and, with tiering, its metadata is loaded (the
+   backend need not answer: that is ``/v1/status``).
 3. On **SIGTERM/SIGINT**: *drain* — produce routes answer 503 ``draining`` and ``/readyz`` 503,
    while reads keep working; wait for writes in flight (their acknowledgements are promises).
-4. **Commit** what is pending to the cold tier, bounded by ``server.shutdown_grace`` (what does
-   not make it is committed at the next start — the hot store keeps it until then).
+4. **Commit** what is pending to the cold tier, bounded by ``server.shutdown_grace`` — after
+   letting a cold tier that is still starting come up within that grace (what does not make it
+   is committed at the next start — the hot store keeps it until then).
 5. **Stop** HTTP (finish responses in flight), then **close** the store (flushes the hot store,
    saves tiering metadata and manifests), log ``stopped cleanly`` and return: exit code 0.
 
@@ -33,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 import uvicorn
 
-from tierd.errors import ConfigError
+from tierd.errors import ConfigError, TierdError
 from tierd.service.app import create_app
 from tierd.store import MessageStore
 
@@ -170,16 +172,26 @@ class Daemon:
             log.warning("writes still in flight after %.0f s; closing anyway", DRAIN_TIMEOUT)
         tiering = store.tiering
         before = tiering.dispatcher.stats.messages_dispatched if tiering is not None else 0
+        if tiering is not None and not tiering.ready.is_set():
+            # /readyz does not wait for the backend, so a pod may be stopped while its cold tier is
+            # still starting: let it come up within the grace, so what it accepted is tiered now.
+            log.info("the cold tier is still starting; waiting up to %.0f s to commit before stopping", grace)
+            with contextlib.suppress(TierdError):  # fails at once when retrying cannot help
+                await tiering.wait_ready(grace)
         if tiering is not None and tiering.ready.is_set():
-            log.info("committing pending messages to the cold tier (grace %.0f s)", grace)
+            left = max(1.0, grace - (time.monotonic() - started))
+            log.info("committing pending messages to the cold tier (grace %.0f s)", left)
             try:
-                await asyncio.wait_for(store.tier_now(), grace)
+                await asyncio.wait_for(store.tier_now(), left)
             except TimeoutError:
                 log.warning("tiering unfinished after %.0f s; it resumes at the next start", grace)
             except Exception as e:
                 log.warning("final tiering round failed (%s); it resumes at the next start", e)
         elif tiering is not None:
-            log.warning("cold tier never became ready; pending messages stay in the hot store for next start")
+            log.warning(
+                "cold tier never became ready (%s); pending messages stay in the hot store for next start",
+                tiering.start_error or "still starting",
+            )
         server.should_exit = True
         await http
         # store.close runs its own grace-bounded final commit: give it only what is left, so the
