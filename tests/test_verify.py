@@ -6,6 +6,7 @@ store dir (hot + metadata + .bak) ──verify──▶ report ◀── bucket 
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import TYPE_CHECKING, Any
 
@@ -15,7 +16,7 @@ from typer.testing import CliRunner
 from tierd import BlockingMessageStore, Message, TierdConfig
 from tierd.cli import app
 from tierd.offsets import bucket_path as offsets_path
-from tierd.tiered.manifest import broker_manifest_path, queue_manifest_path
+from tierd.tiered.manifest import broker_manifest_path, index_manifest_path, queue_manifest_path
 from tierd.tiered.ownership import owner_path
 
 if TYPE_CHECKING:
@@ -51,9 +52,14 @@ def cfg(tmp_path: Path) -> TierdConfig:
     """A stopped store with 60 messages in two queues, all tiered (many small segments)."""
     cfg = _config(tmp_path)
     with BlockingMessageStore.open(cfg) as store:
-        store.put_batch([Message(topic="t", body=b"body-%03d" % i * 4, queue_id=i % 2) for i in range(60)])
+        store.put_batch(
+            [Message(topic="t", body=b"body-%03d" % i * 4, keys=[f"k{i}"], queue_id=i % 2) for i in range(60)]
+        )
         store.commit_offset("billing", "t", 0, 10)  # its copy in the bucket is a known object
         assert store.tier_now().committed == 60
+        assert store.tiering is not None
+        store.tiering.index.max_file_age_ms = 0  # upload the cold key index (and its manifest) now
+        asyncio.run_coroutine_threadsafe(store.tiering.index.maintain(), store._loop.loop).result(60)  # type: ignore[union-attr]
     return cfg
 
 
@@ -80,6 +86,8 @@ def _problems(cfg: TierdConfig, **kwargs: Any) -> list[tuple[str, str, str]]:
 def test_a_healthy_store_verifies_ok_and_nothing_is_written(cfg: TierdConfig, tmp_path: Path) -> None:
     before = _tree(tmp_path / "hot" / "config", tmp_path / "cold")
     assert (tmp_path / "cold" / offsets_path(CLUSTER, BROKER)).is_file()
+    assert (tmp_path / "cold" / index_manifest_path(CLUSTER, BROKER)).is_file()
+    assert any((tmp_path / "cold").rglob("INDEX/*"))
     report = BlockingMessageStore.verify_store(cfg)
     assert report.ok, report.problems
     assert report.records == 120  # every record checked once hot and once cold

@@ -19,8 +19,8 @@ What is checked, and why each matters to an operator:
   message counts), so a garbage or lying ``MANIFEST.json`` — what Spark and ``restore`` trust —
   is caught; the broker manifest lists the topics and queues metadata has;
 - the bucket prefix: objects metadata does not know (another writer's, or leftovers; the
-  consumer-offsets copy and owner records are known), and who owns the prefix (another store's
-  claim means this one may not write there).
+  consumer-offsets copy, the index manifest and owner records are known), and who owns the
+  prefix (another store's claim means this one may not write there).
 
 **Read-only by default.** Offline (:func:`verify_store`, what the CLI runs) nothing is started:
 no tiering, no roll-forward, no manifest or metadata write; only the hot store's own opening
@@ -60,6 +60,7 @@ from tierd.tiered.manifest import (
     broker_manifest_path,
     build_broker_manifest,
     build_queue_manifest,
+    index_manifest_path,
     queue_manifest_path,
     read_broker_manifest,
     read_queue_manifest,
@@ -560,7 +561,11 @@ async def _verify_broker_manifest(view: ColdView, report: VerifyReport) -> None:
 # -------------------------------------------------------------------------------------- bucket
 def _expected_paths(view: ColdView) -> set[str]:
     cfg = view.cfg.tiered
-    out = {broker_manifest_path(cfg.cluster, cfg.broker), offsets_path(cfg.cluster, cfg.broker)}
+    out = {
+        broker_manifest_path(cfg.cluster, cfg.broker),
+        index_manifest_path(cfg.cluster, cfg.broker),
+        offsets_path(cfg.cluster, cfg.broker),
+    }
     for (topic, qid), ff in view.flat.files.items():
         out.add(queue_manifest_path(cfg.cluster, cfg.broker, topic, qid))
         for file in (ff.commitlog, ff.consumequeue):
