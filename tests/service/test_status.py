@@ -86,7 +86,8 @@ def test_an_s3_outage_keeps_the_pod_ready_and_shows_in_status_and_metrics(
             assert body["tiering"]["errors"]
             assert metric(c, "tierd_backend_reachable") == 0.0
             assert metric(c, "tierd_cold_metadata_loaded") == 1.0
-            tier = assert_error(c.post("/v1/admin/tier"), 502, "backend_error")
+            # The cold tier has not loaded: a retriable 503 at once, naming the backend's error.
+            tier = assert_error(c.post("/v1/admin/tier"), 503, "not_ready")
             assert "cannot connect to the S3 endpoint" in tier["message"]
 
             proxy.resume()

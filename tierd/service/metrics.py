@@ -24,6 +24,8 @@ from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from tierd.errors import TierdError
+
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
 
@@ -224,8 +226,12 @@ class StoreCollector(Collector):
             "series, by group, topic and queue; see tierd_consumer_lag_series_dropped).",
             labels=["group", "topic", "queue_id"],
         )
+        try:
+            groups = store.consumer_groups()
+        except TierdError:  # lag needs the cold tier's offsets: absent while it cannot answer
+            return
         series = dropped = 0
-        for g in store.consumer_groups():
+        for g in groups:
             per_group.add_metric([g.group], g.lag)
             for q in g.queues:
                 if series < LAG_SERIES_LIMIT:
