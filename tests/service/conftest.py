@@ -70,7 +70,11 @@ class Running:
 
 
 @contextmanager
-def running(cfg: TierdConfig) -> Iterator[Running]:
+def running(cfg: TierdConfig, *, cold_ready: bool = True) -> Iterator[Running]:
+    """The daemon in a thread, serving. With ``cold_ready`` (default) the cold tier has loaded
+    too: the daemon serves as soon as its hot store is open (``/readyz``), and claiming the
+    bucket prefix and loading the flat files continue in the background — tests that list or
+    read both tiers at once wait for that; tests of the in-between state pass False."""
     daemon = Daemon(cfg)
     ready = threading.Event()
     failure: list[BaseException] = []
@@ -87,6 +91,12 @@ def running(cfg: TierdConfig) -> Iterator[Running]:
     assert ready.wait(60), "daemon did not become ready"
     if failure:
         raise failure[0]
+    tiering = daemon.store.tiering if daemon.store is not None else None
+    if cold_ready and tiering is not None:
+        deadline = time.monotonic() + 60
+        while not tiering.ready.is_set():
+            assert time.monotonic() < deadline, f"the cold tier did not load: {tiering.start_error}"
+            time.sleep(0.01)  # polling interval; the deadline bounds the wait
     r = Running(daemon, thread)
     try:
         yield r

@@ -72,7 +72,7 @@ def test_an_s3_outage_keeps_the_pod_ready_and_shows_in_status_and_metrics(
     }
     backend = {"name": "s3", "url": f"s3://{bucket}/cold", "storage_options": options}
     try:
-        with running(TierdConfig.from_dict(service_config(tmp_path, backend))) as svc:
+        with running(TierdConfig.from_dict(service_config(tmp_path, backend)), cold_ready=False) as svc:
             c = svc.client
             poll(lambda: c.get("/readyz").status_code == 200, "/readyz 200")
             r = c.post("/v1/topics/orders/messages", json={"body": b64(b"during the outage"), "queue_id": 0})
@@ -117,7 +117,7 @@ def test_admin_tier_is_409_prefix_owned_when_another_store_owns_the_prefix(tmp_p
         assert a.tiering is not None
         assert a.tiering.ownership is not None
         owner_id = a.tiering.ownership.store_id
-    with running(TierdConfig.from_dict(service_config(tmp_path / "b", shared))) as svc:
+    with running(TierdConfig.from_dict(service_config(tmp_path / "b", shared)), cold_ready=False) as svc:
         c = svc.client
         poll(lambda: c.get("/readyz").status_code == 200, "/readyz 200")  # B serves its own clients
         assert (
@@ -173,7 +173,7 @@ def test_a_pod_stopped_while_its_cold_tier_starts_still_commits_what_it_accepted
     backend = {"name": "s3", "url": f"s3://{bucket}/cold", "storage_options": options}
     cfg = TierdConfig.from_dict(service_config(tmp_path, backend))
     try:
-        with running(cfg) as svc:
+        with running(cfg, cold_ready=False) as svc:
             c = svc.client
             poll(lambda: c.get("/readyz").status_code == 200, "/readyz 200")
             batch = {"messages": [{"body": b64(b"m%d" % i), "queue_id": 0} for i in range(10)]}

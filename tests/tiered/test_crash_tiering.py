@@ -23,6 +23,7 @@ import pytest
 
 import tierd.tiered.service as tiering_service
 from tierd import BlockingMessageStore, GetStatus, Message
+from tierd.errors import BackendError
 from tierd.local.codec import decode_record
 from tierd.testing.faults import Fault, FaultPlan, FaultyRoot
 from tierd.tiered.metadata import MetadataStore
@@ -174,7 +175,8 @@ def test_tier_now_returns_after_a_crash_between_a_roll_and_its_commit(
         segments = len(ff.commitlog.segments)
         plan.probability, plan.modes = 1.0, (fault,)  # every write from now on "fails"
         store.put_batch([Message(topic="roll", body=body, queue_id=0) for _ in range(40)])
-        store.tier_now()
+        with pytest.raises(BackendError, match="injected fault"):  # and tier_now says so
+            store.tier_now()
         assert len(ff.commitlog.segments) > segments  # it rolled ...
         assert ff.commitlog.segments[-2].commit_position < ff.commitlog.segments[-1].base_offset - (
             ff.commitlog.segments[-2].base_offset
