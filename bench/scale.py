@@ -153,7 +153,7 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
             if pending:
                 store.put_batch(pending)
         with timed("tier_now"):
-            committed = store.tier_now()
+            committed = store.tier_now().committed
         out["record_bytes"] = store.hot.commitlog.max_offset
         with timed("close"):
             store.close()

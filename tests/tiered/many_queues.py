@@ -36,7 +36,7 @@ def main() -> None:
     peak = 0
     with BlockingMessageStore.open(cfg) as store:
         store.put_batch([Message(topic=t, body=f"{t}/{q}".encode(), queue_id=q) for t, q in keys])
-        committed = store.tier_now()
+        committed = store.tier_now().committed
         peak = max(peak, open_fds())
     with BlockingMessageStore.open(cfg) as store:
         store.wait_ready(120)

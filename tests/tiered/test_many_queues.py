@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from tierd import BlockingMessageStore, Message, ReadPolicy
-from tierd.tiered.dispatcher import Dispatcher
+from tierd.tiered.dispatcher import Dispatcher, RoundResult
 from tierd.tiered.flatfile import FlatAppendFile
 from tierd.tiered.manifest import LEDGER_NAME, read_broker_manifest
 
@@ -86,7 +86,7 @@ def test_new_queues_are_recorded_with_one_metadata_write(
         store.wait_ready()
         keys = put_one_each(store, 300)
         writes = metadata_writes(monkeypatch, Path(cfg.store.dir))
-        assert store.tier_now() == 300
+        assert store.tier_now().committed == 300
         # two whole-file rewrites per new queue before: 600 writes of a growing file, O(n²)
         assert 1 <= len(writes) <= 3
         for t, q in keys[::37]:
@@ -116,7 +116,7 @@ def test_a_failed_metadata_write_leaves_no_half_created_queue(
         assert not store.tiering.flat.files  # not recorded, so not created
         monkeypatch.undo()
         # before: the queue stayed half created and never tiered ("offsets -1..-1")
-        assert store.tier_now() == 8
+        assert store.tier_now().committed == 8
         for t, q in keys:
             assert store.get(t, q, 0, 1, policy=ReadPolicy.FORCE).source == "cold"
 
@@ -126,22 +126,22 @@ def test_idle_rounds_do_no_work_per_queue(tmp_path: Path, monkeypatch: pytest.Mo
     with BlockingMessageStore.open(cfg) as store:
         store.wait_ready()
         put_one_each(store, 100)
-        assert store.tier_now() == 100
+        assert store.tier_now().committed == 100
         visited: list[tuple[str, int]] = []
         real = Dispatcher._dispatch_queue
 
-        async def counting(self: Dispatcher, key: tuple[str, int], force: bool) -> int:
+        async def counting(self: Dispatcher, key: tuple[str, int], force: bool, result: RoundResult) -> int:
             visited.append(key)
-            return await real(self, key, force)
+            return await real(self, key, force, result)
 
         monkeypatch.setattr(Dispatcher, "_dispatch_queue", counting)
         assert store.tiering is not None
         dispatcher = store.tiering.dispatcher
-        assert run(store, dispatcher.dispatch_round()) == 0
+        assert run(store, dispatcher.dispatch_round()).total == 0
         assert visited == []  # was: all 100 queues, every round
         store.put(Message(topic="mq-3", body=b"more", queue_id=1))
         store.hot.wait_dispatched(10)
-        assert run(store, dispatcher.dispatch_round(force=True)) == 1
+        assert run(store, dispatcher.dispatch_round(force=True)).total == 1
         assert visited == [("mq-3", 1)]
 
 
