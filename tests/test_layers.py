@@ -1,0 +1,243 @@
+"""The layer rules of ``docs/design.md``, enforced on the source.
+
+Every ``import`` and ``from … import`` in ``tierd/`` and ``backends/`` — at module level, inside
+functions and under ``TYPE_CHECKING`` alike (a type is knowledge of a layer too) — is parsed with
+:mod:`ast` into a module graph, and each rule is checked against it. Where today's tree still
+breaks a rule, the edge sits in an allow-list below next to the issue item that removes it, so the
+test fails on any *new* violation and on an allow-listed edge that has gone (keep the list exact).
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+
+if TYPE_CHECKING:
+    from collections.abc import Collection
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("tierd", "backends")
+
+# The driver contract: what a third-party driver imports (docs/drivers.md).
+CONTRACT = {"tierd.tiered.segment", "tierd.tiered.paths"}
+ERRORS = "tierd.errors"
+# The facade and the modules only it (and the access layers) use.
+FACADE = {"tierd.store", "tierd.router", "tierd.groups", "tierd.inventory", "tierd.verify", "tierd.longpoll"}
+ACCESS = ("tierd.service", "tierd.cli", "tierd.spark")
+# What a Spark job must never need: a running daemon (facade, engine, hot store) or local metadata.
+SPARK_FORBIDDEN = FACADE | {
+    "tierd.local.store",
+    "tierd.tiered.dispatcher",
+    "tierd.tiered.fetcher",
+    "tierd.tiered.flatstore",
+    "tierd.tiered.metadata",
+    "tierd.tiered.ownership",
+    "tierd.tiered.restore",
+    "tierd.tiered.service",
+}
+# Offline CLI commands (inspect a bucket, parse a backend URL) open a cold root without a store.
+CLI_COLD_ALLOWED = {"tierd.tiered.registry", "tierd.tiered.guard", *CONTRACT}
+
+# Known violations: (importer, imported) → the issue item that removes the edge.
+ALLOWED = {
+    # HTTP schemas take a limit and a report type from the layers below instead of the facade.
+    ("tierd.service.schemas", "tierd.local.store"): "issue 18 item 2 (narrow seams)",
+    ("tierd.service.schemas", "tierd.tiered.dispatcher"): "issue 18 item 2 (narrow seams)",
+}
+# Edges a Spark job follows today without needing what they lead to: manifest.py holds both the
+# bucket manifest's reader (Spark) and its writer (the daemon's FlatFileStore), and its pydantic
+# models share their base with the local metadata models.
+SPARK_ALLOWED = {
+    ("tierd.tiered.manifest", "tierd.tiered.flatstore"): "issue 18 item 4 (rooms with one concept)",
+    ("tierd.tiered.manifest", "tierd.tiered.metadata"): "issue 18 item 3 (one segment record)",
+}
+# Private names imported from another module: (importer, "module.name") → the item that removes it.
+PRIVATE_ALLOWED = {
+    ("tierd.tiered.manifest", "tierd.tiered.metadata._Model"): "issue 18 item 3 (one segment record)",
+    ("tierd.tiered.ownership", "tierd.tiered.metadata._Model"): "issue 18 item 3 (one segment record)",
+    ("tierd.verify", "tierd.tiered.flatstore._segment_info"): "issue 18 item 3 (one segment record)",
+    ("tierd.tiered.flatmessage", "tierd.tiered.flatfile._noop"): "issue 18 item 2 (narrow seams)",
+    ("tierd.spark.storage", "backends._chunks"): "issue 18 item 2 (narrow seams)",
+    # Test support shared by the S3 server starters; not named by issue 18.
+    ("tierd.testing.localstack", "tierd.testing.s3server._log_tail"): "test support (not in issue 18)",
+    ("tierd.testing.localstack", "tierd.testing.s3server._terminate"): "test support (not in issue 18)",
+}
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _sources() -> dict[str, Path]:
+    return {_module_name(p): p for pkg in PACKAGES for p in sorted((ROOT / pkg).rglob("*.py"))}
+
+
+SOURCES = _sources()
+
+
+def _imports(name: str, path: Path) -> set[tuple[str, str]]:
+    """``(module, imported name or None)`` for every import statement in ``path``, anywhere."""
+    found: set[tuple[str, str]] = set()
+    package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found.update((alias.name, "") for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package[: len(package) - node.level + 1]
+                module = ".".join([*base, *([node.module] if node.module else [])])
+            else:
+                module = node.module or ""
+            found.update((module, alias.name) for alias in node.names)
+    return found
+
+
+def _graph() -> dict[str, set[str]]:
+    """Module → the tierd/backends modules it imports (``from pkg import sub`` counts as ``pkg.sub``)."""
+    graph: dict[str, set[str]] = {}
+    for name, path in SOURCES.items():
+        targets = set()
+        for module, imported in _imports(name, path):
+            full = f"{module}.{imported}" if imported else module
+            target = full if full in SOURCES else module
+            if target.split(".")[0] in PACKAGES:
+                targets.add(target)
+        graph[name] = targets - {name}
+    return graph
+
+
+GRAPH = _graph()
+
+
+def _closure(start: str, skip: Collection[tuple[str, str]] = ()) -> set[str]:
+    """Every module reachable from ``start``, not following the edges in ``skip``."""
+    seen: set[str] = set()
+    todo = [start]
+    while todo:
+        here = todo.pop()
+        for nxt in GRAPH.get(here, set()):
+            if nxt not in seen and (here, nxt) not in skip:
+                seen.add(nxt)
+                todo.append(nxt)
+    return seen
+
+
+def _under(module: str, *prefixes: str) -> bool:
+    return any(module == p or module.startswith(p + ".") for p in prefixes)
+
+
+def _violations() -> set[tuple[str, str]]:
+    bad: set[tuple[str, str]] = set()
+    for importer, targets in GRAPH.items():
+        for target in targets:
+            if _under(importer, "backends"):
+                # Drivers: only the contract, the errors and their own package.
+                if not (target in CONTRACT or target == ERRORS or _under(target, "backends")):
+                    bad.add((importer, target))
+            elif _under(importer, "tierd.local"):
+                # The hot store knows nothing of the cold tier nor of anything above it.
+                if _under(target, "tierd.tiered", "backends", *ACCESS) or target in FACADE:
+                    bad.add((importer, target))
+            elif _under(importer, "tierd.tiered"):
+                # The tiering layer never calls up into the facade or the access layers.
+                if _under(target, *ACCESS) or target in FACADE:
+                    bad.add((importer, target))
+            elif _under(importer, "tierd.service"):
+                # HTTP is thin: it reaches the store through the facade only.
+                if _under(target, "tierd.local", "tierd.tiered", "backends"):
+                    bad.add((importer, target))
+            elif _under(importer, "tierd.cli"):
+                # The CLI too; offline bucket commands may open a cold root, nothing more.
+                if _under(target, "tierd.local", "backends") or (
+                    _under(target, "tierd.tiered") and target not in CLI_COLD_ALLOWED
+                ):
+                    bad.add((importer, target))
+            elif importer in FACADE and _under(target, *ACCESS):
+                bad.add((importer, target))
+    return bad
+
+
+def test_the_source_tree_is_parsed() -> None:
+    # Guards the rules below against passing vacuously on an empty or misparsed graph.
+    assert {"tierd.store", "tierd.local.store", "tierd.tiered.segment", "backends.s3"} <= set(GRAPH)
+    assert "tierd.tiered.segment" in GRAPH["backends.posix"]
+    assert "tierd.local.store" in GRAPH["tierd.store"]  # a function-level or TYPE_CHECKING import counts
+
+
+def test_no_new_layer_violations() -> None:
+    new = sorted(_violations() - set(ALLOWED))
+    assert not new, "layer rule broken (see docs/design.md): " + ", ".join(f"{a} -> {b}" for a, b in new)
+
+
+def test_allow_list_is_exact() -> None:
+    # An allow-listed edge that no longer exists must leave the list, so it cannot come back unseen.
+    gone = sorted(set(ALLOWED) - _violations())
+    assert not gone, f"fixed, remove from ALLOWED: {gone}"
+
+
+def test_the_driver_contract_reaches_only_the_errors() -> None:
+    for module in CONTRACT:
+        assert _closure(module) <= CONTRACT | {ERRORS}, module
+
+
+def test_the_hot_store_knows_nothing_of_the_cold_tier() -> None:
+    # Transitive: no chain of imports from tierd/local/ ends in the cold tier.
+    for module in (m for m in GRAPH if _under(m, "tierd.local")):
+        cold = {m for m in _closure(module) if _under(m, "tierd.tiered", "backends")}
+        assert not cold, f"{module} reaches {sorted(cold)}"
+
+
+def test_spark_needs_no_daemon_and_no_local_metadata() -> None:
+    for module in (m for m in GRAPH if _under(m, "tierd.spark")):
+        reached = _closure(module, skip=SPARK_ALLOWED) & SPARK_FORBIDDEN
+        assert not reached, f"{module} reaches {sorted(reached)}"
+    assert set(SPARK_ALLOWED) <= {(a, b) for a, targets in GRAPH.items() for b in targets}
+
+
+def test_private_names_stay_in_their_package() -> None:
+    # ``from x import _name`` reaches into another module's internals; a ``_module`` is private to
+    # its own package.
+    found = set()
+    for name, path in SOURCES.items():
+        own_package = name.rsplit(".", 1)[0]
+        for module, imported in _imports(name, path):
+            if imported.startswith("_") and not imported.startswith("__"):
+                found.add((name, f"{module}.{imported}"))
+            private = [p for p in module.split(".") if p.startswith("_") and not p.startswith("__")]
+            if private and not (own_package + ".").startswith(module.rsplit(".", 1)[0] + "."):
+                found.add((name, module))
+    assert sorted(found - set(PRIVATE_ALLOWED)) == []
+    assert sorted(set(PRIVATE_ALLOWED) - found) == []  # fixed: remove from PRIVATE_ALLOWED
+
+
+def _loaded_after(statement: str) -> set[str]:
+    code = f"import sys; before = set(sys.modules); {statement}; print(*sorted(set(sys.modules) - before))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
+    return set(out.stdout.split())
+
+
+@pytest.mark.parametrize("heavy", ["numpy", "pydantic", "mmh3", "tierd.store", "tierd.config"])
+def test_importing_the_driver_contract_loads_only_the_contract(heavy: str) -> None:
+    loaded = _loaded_after("import tierd.tiered.segment, tierd.tiered.paths")
+    assert heavy not in loaded
+    assert {m for m in loaded if _under(m, "tierd", "backends")} == {
+        "tierd",
+        "tierd.errors",
+        "tierd.tiered",
+        "tierd.tiered.paths",
+        "tierd.tiered.segment",
+    }
+
+
+def test_importing_tierd_is_lazy_and_its_names_still_resolve() -> None:
+    assert {m for m in _loaded_after("import tierd") if _under(m, "tierd")} == {"tierd"}
+    loaded = _loaded_after("from tierd import BlockingMessageStore, Message, TierdError, __version__")
+    assert {"tierd.store", "tierd.message", "tierd.errors"} <= loaded
