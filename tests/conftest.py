@@ -7,6 +7,9 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+from tierd.testing.localstack import start_localstack
+from tierd.testing.s3server import S3Server, create_bucket, start_moto, start_seaweedfs
+
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
@@ -18,12 +21,10 @@ def _isolated_environment(monkeypatch: pytest.MonkeyPatch) -> None:
             monkeypatch.delenv(key)
 
 
-# --- S3 servers (issue 3)
+# --- S3 servers
 # Real S3 servers as subprocesses on free ports, started once per test session and shared by
-# every test that asks for them (drivers now; tiering, Spark and service tests later). Tests
-# isolate themselves with a fresh bucket each (``s3_bucket``), never by restarting a server.
-from tierd.testing.localstack import start_localstack  # noqa: E402
-from tierd.testing.s3server import S3Server, create_bucket, start_moto, start_seaweedfs  # noqa: E402
+# every test that asks for them (drivers, tiering, Spark, service). Tests isolate themselves with
+# a fresh bucket each (``s3_bucket``), never by restarting a server.
 
 
 @pytest.fixture(scope="session")
@@ -44,7 +45,7 @@ def seaweedfs_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Ser
 
 @pytest.fixture(scope="session")
 def localstack_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
-    """LocalStack's S3 in host mode (issue 21): installed into its own venv on first use, with a
+    """LocalStack's S3 in host mode: installed into its own venv on first use, with a
     Python >= 3.12 found on the machine; fails loudly when that is impossible."""
     server = start_localstack(tmp_path_factory.mktemp("localstack"))
     yield server

@@ -178,11 +178,6 @@ def topic_field(topic_bytes: bytes) -> tuple[int, bytes]:
     return MAGIC_V1, bytes((len(topic_bytes),)) + topic_bytes
 
 
-def record_overhead(born_host_len: int, store_host_len: int, v2: bool) -> int:
-    """Fixed bytes of a record besides body, topic and properties (91 for v1 with IPv4)."""
-    return HEADER_V4 - 16 + born_host_len + store_host_len + (2 if v2 else 1) + 2
-
-
 # ----------------------------------------------------------------------------- single record
 def encode_record(
     body: bytes,

@@ -337,10 +337,6 @@ class Prefaulter:
     def start(self) -> None:
         self._thread.start()
 
-    def poke(self) -> None:
-        if self.enabled and not self._wake.is_set():
-            self._wake.set()
-
     def _run(self) -> None:
         while not self._stopping and self.enabled:
             self._wake.wait(0.05)

@@ -597,9 +597,6 @@ class HotStore:
             "hot commitlog offset %d: %s; reads stop before it (`tierd verify` lists damage)", phys, what
         )
 
-    def read_message(self, phys: int) -> MessageExt:
-        return self.commitlog.read(phys, check_crc=True)
-
     def store_time(self, topic: str, queue_id: int, offset: int) -> int:
         """Store timestamp of the message at ``offset`` (-1 when the hot store lacks it or it was
         lost to damage)."""

@@ -1154,25 +1154,6 @@ class SegmentDriverTests(ObjectApiTests):
         assert {"fault:before", "fault:after", "fault:half"} <= outcomes
 
     @async_test
-    async def test_segment_transform_runs_once_per_byte(self, root: DriverRoot) -> None:
-        seen: list[tuple[int, bytes]] = []
-
-        def stamp(position: int, data: bytes) -> bytes:
-            seen.append((position, data))
-            return data.upper()
-
-        froot = FaultyRoot(root, FaultPlan().fail_nth("write", 1, Fault.HALF))
-        seg = FileSegment(froot.driver(PATH), FileType.COMMIT_LOG, 0, max_size=1000, transform=stamp)
-        seg.append(b"abcd", 1)
-        seg.append(b"ef", 2)
-        with pytest.raises(InjectedFault):
-            await seg.commit()
-        seg.append(b"gh", 3)
-        await seg.commit()
-        assert seen == [(0, b"abcdef"), (6, b"gh")]
-        assert self.backdoor_read(PATH) == b"ABCDEFGH"
-
-    @async_test
     async def test_segment_tracks_store_timestamps(self, root: DriverRoot) -> None:
         seg = self._segment(root.driver(PATH))
         assert (seg.min_timestamp, seg.max_timestamp) == (None, None)

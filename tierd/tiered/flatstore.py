@@ -232,9 +232,3 @@ class FlatFileStore:
                 self.topics[q.topic] = TopicMeta(name=q.topic, id=len(self.topics))
         await self.save()
         return len(self.files)
-
-    async def destroy_topic(self, topic: str) -> None:
-        for key in [k for k in self.files if k[0] == topic]:
-            await self.files.pop(key).destroy()
-        self.topics.pop(topic, None)
-        await self.save()

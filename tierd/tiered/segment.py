@@ -59,7 +59,6 @@ __all__ = [
     "FileSegment",
     "FileType",
     "SegmentDriver",
-    "Transform",
     "check_readable",
     "stored_overlap",
     "validate_object_prefix",
@@ -529,10 +528,6 @@ class AppendResult(enum.Enum):
     FILE_CLOSED = "file_closed"
 
 
-#: ``transform(position, data) -> data`` rewrites bytes at upload time; same length required.
-Transform = Callable[[int, bytes], bytes]
-
-
 class FileSegment:
     """A segment being filled: append buffer on top of a :class:`SegmentDriver`.
 
@@ -554,12 +549,6 @@ class FileSegment:
     again after it raised. A second ``commit`` (or ``seal``/``destroy``) while one is in flight
     raises :class:`~tierd.errors.ConcurrentCommitError` — it never waits and never returns a
     sentinel.
-
-    **Transform.** ``transform(position, data)`` (optional) rewrites bytes as they leave the
-    append buffer for upload — the flat commitlog rewrites each record's PHYSICALOFFSET there.
-    It is called exactly once per byte, with ``data`` a whole number of appended buffers
-    starting at ``position``, and must return bytes of the same length. Bytes re-sent after a
-    failure are the already transformed ones.
     """
 
     def __init__(
@@ -570,7 +559,6 @@ class FileSegment:
         *,
         max_size: int,
         max_buffer_count: int = 10_000,
-        transform: Transform | None = None,
     ) -> None:
         if base_offset < 0:
             raise InvalidArgumentError(
@@ -587,11 +575,10 @@ class FileSegment:
         self.base_offset = base_offset
         self.max_size = max_size
         self.max_buffer_count = max_buffer_count
-        self._transform = transform
         self._commit_position = 0
         self._buffers: list[bytes] = []
         self._buffered_bytes = 0
-        # Transformed bytes handed to a commit and not yet confirmed; they start at commit_position.
+        # Bytes handed to a commit and not yet confirmed; they start at commit_position.
         self._pending = b""
         self._pending_count = 0
         self._suspect = False
@@ -728,14 +715,7 @@ class FileSegment:
             await self._reconcile()
         if self._buffers:
             joined = b"".join(self._buffers)
-            start = self._commit_position + len(self._pending)
-            out = joined if self._transform is None else self._transform(start, joined)
-            if len(out) != len(joined):
-                raise InvalidArgumentError(
-                    f"transform changed the length of {len(joined)} bytes at position {start} to {len(out)}",
-                    position=start,
-                )
-            self._pending = self._pending + out if self._pending else bytes(out)
+            self._pending = self._pending + joined if self._pending else joined
             self._pending_count += len(self._buffers)
             self._buffers = []
             self._buffered_bytes = 0
