@@ -40,6 +40,8 @@ if TYPE_CHECKING:
     from types import TracebackType
 
     from tierd.config import TierdConfig
+    from tierd.tiered.dispatcher import DispatchStats
+    from tierd.tiered.fetcher import CacheStats
 
 MAX_TIMESTAMP = 2**63 - 1
 T = TypeVar("T")
@@ -86,6 +88,28 @@ class _StoreCore:
         self.arrivals = ArrivalNotifier()
         hot.listen_dispatched(self.arrivals.arrived)
         self._offsets_mirror: asyncio.Task[None] | None = None
+
+    @property
+    def closed(self) -> bool:
+        """True once the store is closed (or closing): it answers nothing more."""
+        return self.hot.closed
+
+    @property
+    def ready(self) -> bool:
+        """True once the cold tier is usable (prefix claimed, flat files loaded); always True
+        without a cold tier. Reads wait for it by themselves; this is for health reports."""
+        return self.tiering is None or self.tiering.ready.is_set()
+
+    @property
+    def stats(self) -> StoreStats:
+        """The live counters behind the metrics (docs/metrics.md)."""
+        cache = self.router.fetcher.cache
+        return StoreStats(
+            dispatch=self.tiering.dispatcher.stats if self.tiering is not None else None,
+            cache=cache.stats,
+            cache_bytes=cache.bytes,
+            cache_batches=cache.batch_count,
+        )
 
     def _hot(self) -> HotStore:
         if self.hot.closed:
@@ -309,6 +333,18 @@ class GcReport:
 
     hot_files: int
     cold_segments: int
+
+
+@dataclass(frozen=True, slots=True)
+class StoreStats:
+    """What :attr:`MessageStore.stats` returns: live counters, read when metrics are scraped."""
+
+    #: The tiering dispatcher's counters (None without a cold tier).
+    dispatch: DispatchStats | None
+    #: The cold read-ahead cache's counters, and what it holds now.
+    cache: CacheStats
+    cache_bytes: int
+    cache_batches: int
 
 
 class MessageStore(_StoreCore):

@@ -103,7 +103,7 @@ class Service:
     def store(self) -> MessageStore:
         """The open store, or a 503 ``not_ready`` while it is still opening (or already closed)."""
         store = self._provider()
-        if store is None or store.hot.closed:
+        if store is None or store.closed:
             raise NotReadyError("the store is not open (still recovering, or shutting down); retry shortly")
         return store
 
@@ -144,14 +144,14 @@ class Service:
         backend answers: an S3 outage must not take every pod out of its Service while produce
         works (backend health is ``GET /v1/status`` and the metrics, where alerts belong)."""
         store = self._provider()
-        is_open = store is not None and not store.hot.closed
+        is_open = store is not None and not store.closed
         cold = store is None or store.tiering is None or store.tiering.metadata_loaded
         return {"store_open": is_open, "cold_metadata_loaded": is_open and cold, "draining": self.draining}
 
     def status(self) -> ServiceStatusOut:
         """``GET /v1/status``: backend health, ownership and lag (see :class:`ServiceStatusOut`)."""
         store = self._provider()
-        is_open = store is not None and not store.hot.closed
+        is_open = store is not None and not store.closed
         tiering = (
             TieringStatusOut.model_validate(store.tiering.status())
             if store is not None and is_open and store.tiering is not None

@@ -118,6 +118,14 @@ class Daemon:
         self._stop = asyncio.Event()
         self.loop: asyncio.AbstractEventLoop | None = None
 
+    def stop(self) -> bool:
+        """Begin the shutdown from the daemon's own loop (a signal handler); False when it had
+        already begun."""
+        if self._stop.is_set():
+            return False
+        self._stop.set()
+        return True
+
     def request_stop(self) -> None:
         if self.loop is not None:
             self.loop.call_soon_threadsafe(self._stop.set)
@@ -232,11 +240,10 @@ async def _serve(cfg: TierdConfig) -> None:
     loop = asyncio.get_running_loop()
 
     def on_signal(sig: signal.Signals) -> None:
-        if daemon._stop.is_set():
+        if daemon.stop():
+            log.info("%s received: shutting down", sig.name)
+        else:
             log.warning("%s again: shutdown already in progress", sig.name)
-            return
-        log.info("%s received: shutting down", sig.name)
-        daemon._stop.set()
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, on_signal, sig)

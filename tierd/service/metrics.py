@@ -112,7 +112,7 @@ class StoreCollector(Collector):
         yield _gauge(
             "tierd_store_open", "1 once the store finished opening (recovery done).", store is not None
         )
-        if store is None or store.hot.closed:
+        if store is None or store.closed:
             return
         hot = store.hot
         yield _gauge(
@@ -173,7 +173,7 @@ class StoreCollector(Collector):
         yield _gauge(
             "tierd_cold_tier_ready",
             "1 once the cold tier is usable: prefix claimed, flat files loaded from metadata and backend.",
-            tiering.ready.is_set(),
+            store.ready,
         )
         yield from self._capabilities(store)
         yield _gauge(
@@ -280,7 +280,8 @@ class StoreCollector(Collector):
             yield _gauge(
                 "tierd_owner_epoch", "This store's ownership epoch of its bucket prefix.", ownership.epoch
             )
-        stats = tiering.dispatcher.stats
+        stats = store.stats.dispatch
+        assert stats is not None
         if stats.last_commit_ms is not None:
             yield _gauge(
                 "tierd_last_commit_timestamp_seconds",
@@ -295,7 +296,8 @@ class StoreCollector(Collector):
 
     def _dispatch(self, store: MessageStore) -> Iterator[Metric]:
         assert store.tiering is not None
-        stats = store.tiering.dispatcher.stats
+        stats = store.stats.dispatch
+        assert stats is not None
         yield _counter(
             "tierd_messages_dispatched", "Messages committed to the cold tier.", stats.messages_dispatched
         )
@@ -338,8 +340,8 @@ class StoreCollector(Collector):
         yield lag
 
     def _cache(self, store: MessageStore) -> Iterator[Metric]:
-        cache = store.router.fetcher.cache
-        s = cache.stats
+        stats = store.stats
+        s = stats.cache
         yield _counter("tierd_read_ahead_cache_hits", "Cold reads served from the read-ahead cache.", s.hits)
         yield _counter(
             "tierd_read_ahead_cache_misses", "Cold reads that loaded a batch from the backend.", s.misses
@@ -363,9 +365,9 @@ class StoreCollector(Collector):
             "Tag-filtered cold reads: messages fetched for a matching tags code whose tag did not match.",
             s.filter_collisions,
         )
-        yield _gauge("tierd_read_ahead_cache_bytes", "Bytes held by the read-ahead cache.", cache.bytes)
+        yield _gauge("tierd_read_ahead_cache_bytes", "Bytes held by the read-ahead cache.", stats.cache_bytes)
         yield _gauge(
-            "tierd_read_ahead_cache_batches", "Batches held by the read-ahead cache.", cache.batch_count
+            "tierd_read_ahead_cache_batches", "Batches held by the read-ahead cache.", stats.cache_batches
         )
 
     def _storage(self, store: MessageStore) -> Iterator[Metric]:

@@ -193,7 +193,8 @@ class ReadAheadCache:
         self.expire = expire_seconds
         self._batches: OrderedDict[tuple[str, int, int], ColdBatch] = OrderedDict()
         self._starts: dict[QueueKey, list[int]] = {}
-        self._inflight: dict[tuple[str, int, int], asyncio.Future[ColdBatch]] = {}
+        #: Batches being loaded now, by (topic, queue, first offset): one load per batch.
+        self.inflight: dict[tuple[str, int, int], asyncio.Future[ColdBatch]] = {}
         self.bytes = 0
         self.stats = CacheStats()
 
@@ -580,7 +581,7 @@ class ColdFetcher:
 
     @property
     def _inflight(self) -> dict[tuple[str, int, int], asyncio.Future[ColdBatch]]:
-        return self.cache._inflight
+        return self.cache.inflight
 
     def _limit(self, ff: FlatMessageFile, flat: npt.NDArray[np.int64]) -> int:
         """Bytes the batch starting at ``flat[0]`` may span: ``read_ahead_size``, cut at the end

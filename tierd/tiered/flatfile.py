@@ -52,7 +52,8 @@ class SegmentInfo:
     crc32c: str | None = None
 
 
-async def _noop(_: FlatAppendFile) -> None:
+async def ignore_change(_: FlatAppendFile) -> None:
+    """The default :data:`ChangeHook`: a file nobody needs to hear about."""
     return None
 
 
@@ -67,7 +68,7 @@ class FlatAppendFile:
         file_type: FileType,
         max_size: int,
         *,
-        on_change: ChangeHook = _noop,
+        on_change: ChangeHook = ignore_change,
     ) -> None:
         self.root = root
         self.cluster, self.broker, self.topic, self.queue_id = cluster, broker, topic, queue_id

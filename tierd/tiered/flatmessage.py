@@ -24,7 +24,7 @@ from tierd.errors import CorruptionError
 from tierd.local.codec import POS_PHYSICAL_OFFSET, POS_QUEUE_OFFSET, VALID, scan_record, tags_code
 from tierd.local.codec import decode_properties as _decode_properties
 from tierd.local.consumequeue import UNIT_SIZE, decode_units, encode_units
-from tierd.tiered.flatfile import ChangeHook, FlatAppendFile, _noop
+from tierd.tiered.flatfile import ChangeHook, FlatAppendFile, ignore_change
 from tierd.tiered.segment import DriverRoot, FileType
 
 if TYPE_CHECKING:
@@ -51,7 +51,12 @@ class CommittedBatch:
 
 class FlatMessageFile:
     def __init__(
-        self, root: DriverRoot, cfg: TieredConfig, topic: str, queue_id: int, on_change: ChangeHook = _noop
+        self,
+        root: DriverRoot,
+        cfg: TieredConfig,
+        topic: str,
+        queue_id: int,
+        on_change: ChangeHook = ignore_change,
     ) -> None:
         self.topic, self.queue_id = topic, queue_id
         self.commitlog = FlatAppendFile(
