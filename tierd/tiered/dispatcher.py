@@ -318,7 +318,7 @@ class Dispatcher:
             if not force and not self._retry_due(key):
                 return 0
             made = await self._commit(key, ff, full=True, result=result)
-            if made < 0:
+            if made is None:
                 return 0
             committed = made
         else:
@@ -377,19 +377,19 @@ class Dispatcher:
             await ff.append_batch(records, sizes, cold, units["tags_code"].astype(np.int64), stamps)
             full = ff.uncommitted_batches >= CQ_COMMIT_EVERY
             made = await self._commit(key, ff, full=full, result=result)
-            if made < 0:
+            if made is None:
                 return committed
             committed += made
         if ff.needs_commit:
             made = await self._commit(key, ff, full=True, result=result)
-            committed += max(0, made)
+            committed += made or 0
         return committed
 
     async def _commit(
         self, key: tuple[str, int], ff: FlatMessageFile, *, full: bool, result: RoundResult
-    ) -> int:
+    ) -> int | None:
         """Commit ``ff`` (``full``: commitlog and consume queue; else the commitlog only).
-        Returns the messages that became readable, or -1 after a failure (retry scheduled,
+        Returns the messages that became readable, or None after a failure (retry scheduled,
         failure recorded in ``result``)."""
         pending = ff.commitlog.segments[-1].append_position - ff.commitlog.segments[-1].commit_position
         if self._limiter is not None and pending > 0:
@@ -409,7 +409,7 @@ class Dispatcher:
                 "commit of %s/%d failed (attempt %d, retry in %.2fs): %s", key[0], key[1], attempts, delay, e
             )
             self._failed(key, e, result)
-            return -1
+            return None
         self._retry_at.pop(key, None)
         self.stats.commits += 1
         self.stats.last_commit_ms = int(time.time() * 1000)
