@@ -35,6 +35,7 @@ SPARK_FORBIDDEN = FACADE | {
     "tierd.tiered.dispatcher",
     "tierd.tiered.fetcher",
     "tierd.tiered.flatstore",
+    "tierd.tiered.index.service",
     "tierd.tiered.metadata",
     "tierd.tiered.ownership",
     "tierd.tiered.restore",
@@ -239,3 +240,18 @@ def test_importing_tierd_is_lazy_and_its_names_still_resolve() -> None:
     assert {m for m in _loaded_after("import tierd") if _under(m, "tierd")} == {"tierd"}
     loaded = _loaded_after("from tierd import BlockingMessageStore, Message, TierdError, __version__")
     assert {"tierd.store", "tierd.message", "tierd.errors"} <= loaded
+
+
+def test_the_cold_index_package_is_lazy_for_spark_lookups() -> None:
+    # Spark's key lookups use the I/O-free steps in tierd.tiered.index.reading; the package's
+    # re-exports (tierd/tiered/index/__init__.py) load the service, manifests and flat files only
+    # when one of its names is used.
+    loaded = _loaded_after("import tierd.tiered.index.reading")
+    assert {m for m in loaded if _under(m, "tierd.tiered")} == {
+        "tierd.tiered",
+        "tierd.tiered.index",
+        "tierd.tiered.index.format",
+        "tierd.tiered.index.reading",
+        "tierd.tiered.index.results",
+    }
+    assert "tierd.tiered.index.service" in _loaded_after("from tierd.tiered.index import ColdIndexService")

@@ -1,4 +1,4 @@
-"""The cold key index (tierd/tiered/index.py) against FORMATS.md §2.4.
+"""The cold key index (tierd/tiered/index/) against FORMATS.md §2.4.
 
 Expected bytes are built here with ``struct`` — by hand for the golden files, and by a naive
 one-item-at-a-time reference (insert, chain walk, compaction) for the property tests — never
@@ -40,7 +40,6 @@ from tierd.local.codec import (
 )
 from tierd.testing.clock import ManualClock
 from tierd.testing.faults import Fault, FaultPlan, FaultyRoot, InjectedFault
-from tierd.tiered import index as index_module
 from tierd.tiered.flatmessage import CommittedBatch
 from tierd.tiered.index import (
     ColdIndexService,
@@ -48,8 +47,10 @@ from tierd.tiered.index import (
     IndexHit,
     batch_keys,
     compact,
+    compaction,
     hash_keys,
 )
+from tierd.tiered.index import service as index_service
 from tierd.tiered.paths import segment_name
 from tierd.tiered.segment import FileType
 
@@ -441,13 +442,13 @@ def test_torn_chains_fall_back_to_the_sort_and_give_the_same_bytes(
 
 def test_chain_peeling_is_used_when_the_slot_count_is_kept(monkeypatch: pytest.MonkeyPatch) -> None:
     sorts: list[int] = []
-    real = index_module._order_by_sort
+    real = compaction._order_by_sort
 
     def spy(slot: Any, count: int) -> Any:
         sorts.append(count)
         return real(slot, count)
 
-    monkeypatch.setattr(index_module, "_order_by_sort", spy)
+    monkeypatch.setattr(compaction, "_order_by_sort", spy)
     entries = [(h, 1, 0, i, 1, T0) for i, h in enumerate([3, 7, 3, 1, 11, 3])]
     intact = ref_writable(4, 6, T0, entries)
     compact(intact, 4, 6)
@@ -1037,7 +1038,7 @@ def test_a_failing_compaction_changes_nothing(
             raise MemoryError("injected")
 
         with monkeypatch.context() as m:
-            m.setattr(index_module, "compact", broken)
+            m.setattr(index_service, "compact", broken)
             with pytest.raises(MemoryError):
                 await svc.maintain()
         assert isinstance(svc.root, FaultyRoot)
@@ -1058,7 +1059,7 @@ def test_close_waits_for_a_compaction_cancelled_midway(
     """Cancelling maintain() cannot stop the worker thread reading the mapped file, so close()
     waits for it before unmapping; the file is still SEALED and uploads after a restart."""
     started, release = threading.Event(), threading.Event()
-    real = index_module.compact
+    real = compaction.compact
 
     def slow(*args: Any, **kwargs: Any) -> Any:
         started.set()
@@ -1072,7 +1073,7 @@ def test_close_waits_for_a_compaction_cancelled_midway(
         await svc.load([])
         svc.add(keyed("t", 0, ["a"], [T0]), 1)
         clock.now += HOUR
-        monkeypatch.setattr(index_module, "compact", slow)
+        monkeypatch.setattr(index_service, "compact", slow)
         task = asyncio.create_task(svc.maintain())
         while not started.is_set():
             await asyncio.sleep(0.01)
@@ -1084,7 +1085,7 @@ def test_close_waits_for_a_compaction_cancelled_midway(
         assert not closing.done()
         release.set()
         await closing
-        monkeypatch.setattr(index_module, "compact", real)
+        monkeypatch.setattr(index_service, "compact", real)
         assert meta.infos == []
 
         again = make_service(tmp_path, mem, 8, 64, clock, meta)

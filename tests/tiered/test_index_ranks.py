@@ -1,4 +1,4 @@
-"""The rank column of the cold key index (``_LocalFile.ranks``): what makes compaction of a file
+"""The rank column of the cold key index (``LocalFile.ranks``): what makes compaction of a file
 written by this process one element-wise step.
 
 The column must hold, for every item, how many older items share its slot; compaction with it
@@ -20,8 +20,9 @@ from hypothesis import strategies as st
 
 from backends.memory import MemoryRoot
 from tierd.testing.clock import ManualClock
-from tierd.tiered import index as index_module
 from tierd.tiered.index import ColdIndexService, FileStatus, compact
+from tierd.tiered.index import compaction as index_module
+from tierd.tiered.index.format import compacted_size
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -144,4 +145,4 @@ def test_the_service_compacts_by_ranks_and_by_chains_after_a_restart(
     asyncio.run(fill_and_upload(tmp_path / "b", restart=True))
     assert used == ["_rows_by_chains"]
     assert uploaded[0] == uploaded[1]
-    assert len(uploaded[0]) == index_module.compacted_size(40, 500)
+    assert len(uploaded[0]) == compacted_size(40, 500)

@@ -65,6 +65,7 @@ __all__ = [
     "index_file_size",
     "index_key",
     "key_hash",
+    "torn_at_creation",
 ]
 
 log = logging.getLogger(__name__)
@@ -114,6 +115,20 @@ def key_hash(key: str) -> int:
 def index_file_size(slots: int, items: int) -> int:
     """Bytes of an index file with ``slots`` hash slots and ``items`` items (item 0 included)."""
     return HEADER_SIZE + slots * SLOT_SIZE + items * ITEM_SIZE
+
+
+def torn_at_creation(path: Path, size: int, header_size: int) -> bool:
+    """True for what creating a sparse, memory-mapped index file leaves when the process dies
+    inside it: a file not yet sized, or sized to ``size`` but whose ``header_size``-byte header
+    never reached the disk (all zeros). The cold tier's key index creates its files the same way
+    and shares this check."""
+    actual = path.stat().st_size
+    if actual == 0:
+        return True
+    if actual != size:
+        return False
+    with path.open("rb") as fh:
+        return fh.read(header_size) == bytes(header_size)
 
 
 def _check_geometry(slots: int, items: int) -> None:
@@ -611,7 +626,9 @@ class IndexService:
                     try:
                         f = IndexFile.open(path, self.slots, self.items)
                     except CorruptionError as e:
-                        torn = i == len(paths) - 1 and self._torn_creation(path)
+                        torn = i == len(paths) - 1 and torn_at_creation(
+                            path, index_file_size(self.slots, self.items), HEADER_SIZE
+                        )
                         log.warning(
                             "index file %s does not open (%s); %s",
                             path,
@@ -643,17 +660,6 @@ class IndexService:
                 raise
             self._files = files
             self._loaded = True
-
-    def _torn_creation(self, path: Path) -> bool:
-        """True for what IndexFile.create leaves when the process dies inside it: a file not yet
-        sized, or sized but whose header page never reached the disk (all zeros)."""
-        size = path.stat().st_size
-        if size == 0:
-            return True
-        if size != index_file_size(self.slots, self.items):
-            return False
-        with path.open("rb") as fh:
-            return fh.read(HEADER_SIZE) == bytes(HEADER_SIZE)
 
     def close(self) -> None:
         """Flush what is dirty and unmap every file. Idempotent."""

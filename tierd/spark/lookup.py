@@ -33,7 +33,8 @@ from tierd.errors import CorruptionError, SegmentNotFoundError
 from tierd.local.index import index_key, key_hash
 from tierd.spark.plan import Queue, clip_ranges, record_positions, sort_ranges, split_ranges
 from tierd.spark.sparse import coalesce, span_ranges
-from tierd.tiered.index import SLOT_SIZE, segment_slots, slot_extent, slot_hits, slot_position
+from tierd.tiered.index.format import SLOT_SIZE
+from tierd.tiered.index.reading import segment_slots, slot_extent, slot_hits, slot_position
 from tierd.tiered.manifest import IndexManifest, index_manifest_path
 from tierd.tiered.paths import index_segment_path
 
@@ -44,7 +45,7 @@ if TYPE_CHECKING:
     from tierd.spark.options import ReadOptions
     from tierd.spark.plan import SegmentRange
     from tierd.spark.storage import ColdStorage
-    from tierd.tiered.index import IndexHit
+    from tierd.tiered.index.results import IndexHit
 
 __all__ = ["KeyPlan", "plan_key_lookup"]
 
