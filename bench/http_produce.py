@@ -12,8 +12,8 @@ machine, a server sharing the GIL with its own load generator would measure the 
 as the server. Clients are threads with one keep-alive socket each that send pre-built HTTP/1.1
 requests and read just the status line, headers and ``Content-Length`` bytes of each response
 (what ``wrk`` does): on 2 cores, every microsecond the load generator spends is taken from the
-server, and ``http.client`` spends ~0.3 ms per request parsing headers with ``email``. Tiering is off, as in
-``bench/append.py``: the comparison is the produce path, not the dispatcher competing for CPU.
+server, and ``http.client`` spends ~0.3 ms per request parsing headers with ``email``. Tiering is off: the
+comparison is the produce path, not the dispatcher competing for CPU.
 
 Usage: ``python bench/http_produce.py [--batches N] [--batch B] [--clients C]``.
 """
