@@ -55,6 +55,25 @@ class PutResult:
     msg_id: str
 
 
+_new_object = object.__new__
+_set_queue_id = PutResult.__dict__["queue_id"].__set__
+_set_queue_offset = PutResult.__dict__["queue_offset"].__set__
+_set_commitlog_offset = PutResult.__dict__["commitlog_offset"].__set__
+_set_msg_id = PutResult.__dict__["msg_id"].__set__
+
+
+def new_put_result(queue_id: int, queue_offset: int, commitlog_offset: int, msg_id: str) -> PutResult:
+    """``PutResult(...)`` for the single-put path. A frozen dataclass's ``__init__`` pays an
+    ``object.__setattr__`` call per field (0.5 µs, a twentieth of a put); setting the slots
+    through their descriptors makes the same object in half the time."""
+    r: PutResult = _new_object(PutResult)
+    _set_queue_id(r, queue_id)
+    _set_queue_offset(r, queue_offset)
+    _set_commitlog_offset(r, commitlog_offset)
+    _set_msg_id(r, msg_id)
+    return r
+
+
 @dataclass(slots=True)
 class MessageExt:
     """A stored message as read back from either tier. (Not frozen: reads build millions of

@@ -147,30 +147,27 @@ class CommitLog:
             raise
 
     def append_one(self, p: PreparedOne) -> tuple[int, int, int]:
-        """Append one prepared message; return (queue offset, physical offset, end offset)."""
+        """Append one prepared message; return (queue offset, physical offset, end offset).
+
+        The single-put path runs this once per message, so it is written flat: no property or
+        helper call that the common case (the record fits in the current file, whose blocks
+        are already reserved) does not need."""
+        key, body, crc, magic, topic_part, props, size, flag, born_ts, born_host, tags, keys = p
         with self.lock:
             now = self.clock()
-            store_ts = now if now > self.last_store_timestamp else self.last_store_timestamp
-            self.last_store_timestamp = store_ts
-            f = self.files.last_file()
-            if f is None or f.free < p.size + END_FILE_MIN_BLANK:
-                # free == 0: the file already ends in its blank marker (e.g. recovery dropped a
-                # torn first record of the next file); just start the next file.
-                if f is not None and f.free > 0:
-                    if f.wrote == 0:
-                        raise MessageTooLargeError(
-                            f"record of {p.size} bytes does not fit in a commitlog file of {f.size} bytes "
-                            "(store.commitlog_file_size)",
-                            size=p.size,
-                        )
-                    f.write(blank_marker(f.free))
-                    f.wrote = f.size
-                f = self.files.writable_file(self.files.max_offset)
-            f.reserve(f.wrote + p.size + END_FILE_MIN_BLANK)  # before any byte or queue offset
-            key, body, crc, magic, topic_part, props, size, flag, born_ts, born_host, tags, keys = p
+            store_ts = self.last_store_timestamp
+            if now > store_ts:
+                self.last_store_timestamp = store_ts = now
+            files = self.files.files
+            f = files[-1] if files else None
+            if f is None or f.size - f.wrote < size + END_FILE_MIN_BLANK:
+                f = self._next_file(f, size)
+            pos = f.wrote
+            if pos + size + END_FILE_MIN_BLANK > f.reserved:
+                f.reserve(pos + size + END_FILE_MIN_BLANK)  # before any byte or queue offset
             table = self.queue_offsets
             qoff = table.get(key, 0)
-            phys = f.file_from_offset + f.wrote
+            phys = f.file_from_offset + pos
             f.write(
                 encode_record(
                     body,
@@ -189,12 +186,29 @@ class CommitLog:
                     0,
                     0,
                     crc,
-                )
+                ),
+                pos,
             )
             table[key] = qoff + 1
             end = phys + size
             self.on_append((key, qoff, phys, size, tags, store_ts, keys, end))
         return qoff, phys, end
+
+    def _next_file(self, f: MappedFile | None, size: int) -> MappedFile:
+        """The file a record of ``size`` bytes goes to when the last one lacks room: end the
+        last one with its blank marker and start the next."""
+        # free == 0: the file already ends in its blank marker (e.g. recovery dropped a torn
+        # first record of the next file); just start the next file.
+        if f is not None and f.free > 0:
+            if f.wrote == 0:
+                raise MessageTooLargeError(
+                    f"record of {size} bytes does not fit in a commitlog file of {f.size} bytes "
+                    "(store.commitlog_file_size)",
+                    size=size,
+                )
+            f.write(blank_marker(f.free))
+            f.wrote = f.size
+        return self.files.writable_file(self.files.max_offset)
 
     def _assign_queue_offsets(self, batch: PreparedBatch) -> npt.NDArray[np.int64]:
         table = self.queue_offsets

@@ -45,7 +45,7 @@ from tierd.local.prepare import Preparer
 from tierd.local.quarantine import COPY_LIMIT, Quarantine
 from tierd.local.recovery import scan_commitlog
 from tierd.local.validation import RECORD_OVERHEAD_LIMIT, check_queue, check_topic
-from tierd.message import GetStatus, Message, MessageExt, PutResult
+from tierd.message import GetStatus, Message, MessageExt, PutResult, new_put_result
 from tierd.repeats import FailureLog
 from tierd.subscription import MAX_SCAN_UNITS
 
@@ -411,13 +411,14 @@ class HotStore:
     def put(self, message: Message) -> tuple[PutResult, concurrent.futures.Future[None] | None]:
         """Append one message. In ``sync`` flush mode the returned future completes once the bytes
         are durable; the caller must wait for it before acknowledging."""
-        self._check_open()
+        if self._closed:
+            raise StoreClosedError("the store is closed")
         if self.full_reason is not None:
             raise StoreFullError(self.full_reason)
         p = self.preparer.prepare_one(message, time.time_ns() // 1_000_000)
         qoff, phys, end = self.commitlog.append_one(p)
         fut = self.flusher.request(end) if self.flusher.sync else None
-        return PutResult(p.key[1], qoff, phys, self._msg_id_prefix + f"{phys:016X}"), fut
+        return new_put_result(p.key[1], qoff, phys, self._msg_id_prefix + f"{phys:016X}"), fut
 
     def put_batch(
         self, messages: Sequence[Message]
