@@ -296,6 +296,8 @@ def test_bad_input_gets_a_typed_error_and_writes_nothing(
         store.put(message)
     with pytest.raises(error, match=match):
         store.put_batch([Message(topic="t", body=b"ok"), message])
+    with pytest.raises(error, match=match):  # a batch of one shape (the column-wise path)
+        store.put_batch([message, message])
     assert store.hot.commitlog.max_offset == 0
     assert isinstance(error("x"), ValueError)
 

@@ -233,7 +233,7 @@ class CommitLog:
         phys: npt.NDArray[np.int64],
         store_ts: int,
     ) -> bytes:
-        if b.uniform_v4 and k - i > 1:
+        if b.uniform_v4:
             return encode_batch(
                 bodies=b.bodies[i:k],
                 tails=b.tails[i:k],
@@ -255,7 +255,7 @@ class CommitLog:
                 body=b.bodies[j],
                 topic_part=b.topic_parts[j],
                 magic=int(b.magics[j]),
-                properties=b.properties[j],
+                properties=b.tails[j][len(b.topic_parts[j]) + 2 :],
                 queue_id=int(b.queue_ids[j]),
                 flag=int(b.flags[j]),
                 queue_offset=int(qoffs[j]),

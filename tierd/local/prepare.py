@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
+from operator import attrgetter
+from types import MappingProxyType
 from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 import numpy.typing as npt
 
 from tierd.errors import InvalidArgumentError, MessageTooLargeError
-from tierd.local.codec import HEADER_V4, crc32, encode_host, tags_code, topic_field
+from tierd.local.codec import HEADER_V4, MAX_PROPERTIES_LENGTH, crc32, encode_host, tags_code, topic_field
 from tierd.local.validation import (
     RECORD_OVERHEAD_LIMIT,
     build_properties,
@@ -24,12 +26,25 @@ from tierd.local.validation import (
     check_queue,
     check_topic,
 )
-from tierd.message import PROPERTY_TAGS, PROPERTY_UNIQ_KEY, Message
+from tierd.message import PROPERTY_KEYS, PROPERTY_TAGS, PROPERTY_UNIQ_KEY, Message
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
 GroupKey = tuple[str, int]
+
+_TOPIC, _BODY, _KEYS = attrgetter("topic"), attrgetter("body"), attrgetter("keys")
+#: The fields a plain batch (:meth:`Preparer._prepare_plain`) leaves at their defaults; an
+#: empty mapping equals every empty mapping, ``0`` equals ``False``, as the general path reads them.
+_PLAIN_DEFAULTS: tuple[tuple[attrgetter[object], object], ...] = (
+    (attrgetter("queue_id"), None),
+    (attrgetter("tags"), None),
+    (attrgetter("born_host"), None),
+    (attrgetter("born_timestamp"), None),
+    (attrgetter("flag"), 0),
+    (attrgetter("properties"), MappingProxyType({})),
+)
+_KEYS_PREFIX = PROPERTY_KEYS.encode() + b"\x01"
 
 
 class PreparedOne(NamedTuple):
@@ -56,7 +71,6 @@ class PreparedBatch:
     #: Everything after the body: topic field, properties length, properties.
     tails: list[bytes]
     topic_parts: list[bytes]
-    properties: list[bytes]
     magics: npt.NDArray[np.uint32]
     crcs: npt.NDArray[np.uint32]
     queue_ids: npt.NDArray[np.int32]
@@ -159,11 +173,16 @@ class Preparer:
         n = len(messages)
         if n == 0:
             raise InvalidArgumentError("put_batch needs at least one message")
+        plain = self._prepare_plain(messages, now_ms)
+        return plain if plain is not None else self._prepare_general(messages, now_ms)
+
+    def _prepare_general(self, messages: Sequence[Message], now_ms: int) -> PreparedBatch:
+        """Any batch, one message at a time: every rule checked, every field honoured."""
+        n = len(messages)
         max_body = self.max_body
         bodies: list[bytes] = [b""] * n
         tails: list[bytes] = [b""] * n
         topic_parts: list[bytes] = [b""] * n
-        props_list: list[bytes] = [b""] * n
         magics = np.empty(n, np.uint32)
         qids = np.empty(n, np.int32)
         flags = np.zeros(n, np.int32)
@@ -199,7 +218,6 @@ class Preparer:
                 mixed = True
             bodies[j] = body
             topic_parts[j] = topic_part
-            props_list[j] = pb
             tails[j] = topic_part + len(pb).to_bytes(2, "big") + pb
             magics[j] = magic
             qids[j] = qid
@@ -253,7 +271,6 @@ class Preparer:
             bodies=bodies,
             tails=tails,
             topic_parts=topic_parts,
-            properties=props_list,
             magics=magics,
             crcs=crcs,
             queue_ids=qids,
@@ -267,4 +284,91 @@ class Preparer:
             index_keys=index_keys,
             index_messages=index_msgs,
             uniform_v4=uniform_v4,
+        )
+
+    def _prepare_plain(self, messages: Sequence[Message], now_ms: int) -> PreparedBatch | None:
+        """The usual batch, built column by column with C-level passes (``map``, ``zip``,
+        ``str.join``, numpy) instead of a Python loop per message: one topic; bodies of type
+        ``bytes``; keys in tuples or lists, every message with at least one or none at all;
+        no queue id, tags, properties, flag, born host or born timestamp; an IPv4 store host.
+
+        Returns None for any other batch — and for any batch a rule would reject — so that
+        :meth:`prepare`'s general loop handles it and raises its precise errors: this path
+        never accepts what that loop would refuse, and encodes byte-identical records."""
+        n = len(messages)
+        if len(self.store_host) != 8 or set(map(type, messages)) != {Message}:
+            return None
+        # One list per field (no tuple per message: at 1,000 messages a call, short-lived
+        # tuples would trigger collections that scan every object the caller holds).
+        topics = list(map(_TOPIC, messages))
+        if topics.count(topics[0]) != n:
+            return None
+        for getter, default in _PLAIN_DEFAULTS:
+            if list(map(getter, messages)).count(default) != n:
+                return None
+        bodies = list(map(_BODY, messages))
+        keys_col = list(map(_KEYS, messages))
+        if set(map(type, bodies)) != {bytes} or not set(map(type, keys_col)) <= {tuple, list}:
+            return None
+        topic = topics[0]
+        magic, topic_part = self._topic(topic)  # validates the topic
+        body_lengths = np.fromiter(map(len, bodies), np.int64, count=n)
+        if int(body_lengths.max()) > self.max_body:
+            return None
+        counts = np.fromiter(map(len, keys_col), np.intp, count=n)
+        all_keys: list[str] = list(itertools.chain.from_iterable(keys_col))
+        if not all_keys:
+            tails = [topic_part + b"\x00\x00"] * n
+            tail_lengths: npt.NDArray[np.int64] | int = len(tails[0])
+            index_keys: list[str] = []
+            index_msgs: list[int] = []
+        else:
+            joined = " ".join(all_keys) if set(map(type, all_keys)) == {str} else None
+            if (
+                joined is None
+                or int(counts.min()) == 0  # some messages with keys, some without
+                or joined.count(" ") != len(all_keys) - 1  # a key with a space
+                or "\x01" in joined
+                or "\x02" in joined
+                or "" in all_keys
+            ):
+                return None
+            per_message = all_keys if len(all_keys) == n else list(map(" ".join, keys_col))
+            # Each message's KEYS value and its 0x02 terminator, encoded in one call; 0x01
+            # cannot occur in a key (checked above), so it splits them apart again.
+            pieces = ("\x02\x01".join(per_message) + "\x02").encode().split(b"\x01")
+            piece_lengths = list(map(len, pieces))
+            if max(piece_lengths) + len(_KEYS_PREFIX) > MAX_PROPERTIES_LENGTH:
+                return None
+            heads = {
+                length: topic_part + (len(_KEYS_PREFIX) + length).to_bytes(2, "big") + _KEYS_PREFIX
+                for length in set(piece_lengths)
+            }
+            tails = list(map(bytes.__add__, map(heads.__getitem__, piece_lengths), pieces))
+            tail_lengths = np.fromiter(piece_lengths, np.int64, count=n) + (
+                len(topic_part) + 2 + len(_KEYS_PREFIX)
+            )
+            index_keys = list(map((topic + "#").__add__, all_keys))
+            index_msgs = list(range(n)) if len(all_keys) == n else np.repeat(np.arange(n), counts).tolist()
+        sizes = body_lengths + tail_lengths + (HEADER_V4 - 16 + 2 * len(self.store_host))
+        if int(sizes.max()) > self.max_body + RECORD_OVERHEAD_LIMIT:
+            return None
+        qid = self._next_queue(topic)
+        return PreparedBatch(
+            bodies=bodies,
+            tails=tails,
+            topic_parts=[topic_part] * n,
+            magics=np.full(n, magic, np.uint32),
+            crcs=np.fromiter(map(crc32, bodies), np.uint32, count=n) & np.uint32(0x7FFFFFFF),
+            queue_ids=np.full(n, qid, np.int32),
+            flags=np.zeros(n, np.int32),
+            born_timestamps=np.full(n, now_ms, np.int64),
+            born_hosts=[self.store_host],
+            body_lengths=body_lengths,
+            sizes=sizes,
+            tags_codes=np.zeros(n, np.int64),
+            groups=[((topic, qid), np.arange(n, dtype=np.intp))],
+            index_keys=index_keys,
+            index_messages=index_msgs,
+            uniform_v4=True,
         )
