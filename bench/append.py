@@ -26,7 +26,8 @@ median of the per-round ratios (each pair ran back to back).
 Informational (not in the table): ``sync_group_commit`` — ``store.flush = "sync"``, ``--producers``
 concurrent asyncio producers on ``MessageStore``: messages per ``fdatasync``.
 
-Prints one JSON object. Usage: ``python bench/append.py [--messages 200000] [--single 100000]
+Prints one JSON object (with the 1-minute load average before and after: the machine's other
+work slows the figures). Usage: ``python bench/append.py [--messages 200000] [--single 100000]
 [--batch 1000] [--rounds 5] [--quick]``.
 """
 
@@ -206,6 +207,7 @@ def main() -> None:
     args = ap.parse_args()
     if args.quick:
         args.messages, args.single, args.rounds = 20_000, 10_000, 3
+    load_before = os.getloadavg()
     body = os.urandom(BODY)
     batch_msgs = _messages(args.messages, body)
     single_msgs = _messages(args.single, body)
@@ -241,6 +243,8 @@ def main() -> None:
         "message": {"body_bytes": BODY, "keys": 1, "queue_id": "round-robin"},
         "rounds": args.rounds,
         "quick": args.quick,
+        # Other work on the machine slows both sides, not always alike: say how busy it was.
+        "load_average_1m": {"before": load_before[0], "after": os.getloadavg()[0], "cpus": os.cpu_count()},
         "P1_put_batch": {"messages": args.messages, "batch": args.batch, **_summary(batch_runs)},
         "P1_baseline_raw_write": {"block_bytes": BLOCK, **_summary(write_runs)},
         "P1b_put": {"messages": args.single, **_summary(put_runs)},
