@@ -147,3 +147,17 @@ def test_round_robin_moves_on_per_batch_on_both_paths() -> None:
     general = [OK, Message(topic="t", body=b"x", keys=("k",), tags="a")]
     qids = [int(p.prepare(b, 0).queue_ids[0]) for b in (plain, general, plain, general, plain)]
     assert qids == [0, 1, 2, 3, 0]
+
+
+@pytest.mark.parametrize("keys", [{"k"}, frozenset({"k"})])
+def test_keys_in_other_collections_are_still_accepted(keys: frozenset[str]) -> None:
+    """Sets are outside the declared type but were always accepted at run time; the one-key
+    shortcuts index tuples and lists only, so a set still takes the general path (it has no
+    ``[0]``)."""
+    p = preparer()
+    one = p.prepare_one(Message(topic="t", body=b"x", keys=keys), 0)  # type: ignore[arg-type]
+    assert one.properties == b"KEYS\x01k\x02"
+    assert one.index_keys == ["t#k"]
+    batch = p.prepare([Message(topic="t", body=b"x", keys=keys)] * 2, 0)  # type: ignore[arg-type]
+    assert batch.index_keys == ["t#k", "t#k"]
+    assert batch.tails[0].endswith(b"KEYS\x01k\x02")

@@ -146,7 +146,7 @@ class Preparer:
             tag = props.get(PROPERTY_TAGS)
         if not keys:
             index_keys = []
-        elif len(keys) == 1:
+        elif (type(keys) is tuple or type(keys) is list) and len(keys) == 1:
             index_keys = [topic + "#" + keys[0]]  # (checked to be a str by build_properties)
         else:
             index_keys = [f"{topic}#{k}" for k in keys]

@@ -80,7 +80,7 @@ def check_queue(queue_id: object, max_queues: int) -> int:
 
 def build_properties(keys: Sequence[str], tags: str | None, properties: Mapping[str, str]) -> bytes:
     """Encode user properties plus ``KEYS``/``TAGS`` after checking every rule once."""
-    if len(keys) == 1 and tags is None and not properties and not isinstance(keys, str):
+    if (type(keys) is tuple or type(keys) is list) and len(keys) == 1 and tags is None and not properties:
         # The usual message — one key, nothing else: the key rules below, checked directly
         # (a third of the general path's cost; anything unusual takes the general path).
         k = keys[0]
