@@ -20,7 +20,13 @@ from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse
 
-from tierd.errors import MessageTooLargeError, NotReadyError, StoreClosedError, TierdError
+from tierd.errors import (
+    InvalidArgumentError,
+    MessageTooLargeError,
+    NotReadyError,
+    StoreClosedError,
+    TierdError,
+)
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
@@ -49,6 +55,23 @@ class RequestTooLargeError(MessageTooLargeError):
 
     code = "request_too_large"
     http_status = 413
+
+
+class UnsupportedMediaTypeError(InvalidArgumentError):
+    """A request that changes something without ``Content-Type: application/json``. Browsers send
+    such requests cross-site without asking (forms, ``fetch`` in no-cors mode); requiring the
+    JSON type makes them ask first (CORS preflight), which tierd never grants."""
+
+    code = "unsupported_media_type"
+    http_status = 415
+
+
+class InvalidHostError(InvalidArgumentError):
+    """The ``Host`` header names an address this server is not bound to (DNS rebinding: a web
+    page whose name now resolves to 127.0.0.1 must not reach a loopback daemon)."""
+
+    code = "invalid_host"
+    http_status = 421
 
 
 #: Codes for HTTP statuses Starlette raises itself (routing), so they keep the common shape.

@@ -27,6 +27,7 @@ import numpy.typing as npt
 
 from tierd.errors import CorruptionError, TierdError
 from tierd.local.codec import POS_BORN_HOST, POS_SYSFLAG, SYSFLAG_BORNHOST_V6
+from tierd.repeats import FailureLog
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
@@ -172,6 +173,7 @@ class Dispatcher:
         self._stopping = False
         #: Oldest hot commitlog offset whose message is not yet committed cold.
         self.safe_offset = 0
+        self._failures = FailureLog(log, "dispatch round")
 
     # ------------------------------------------------------------------ loop
     async def run(self) -> None:
@@ -186,10 +188,9 @@ class Dispatcher:
                 await self.dispatch_round()
                 if self.after_round is not None:
                     await self.after_round()
-            except TierdError as e:  # explained already (ownership, backend): one line
-                log.error("dispatch round stopped: %s; the next round retries", e)
-            except Exception:
-                log.exception("dispatch round failed; the next round retries")
+                self._failures.succeeded()
+            except Exception as e:  # one line for an explained failure; repeats counted
+                self._failures.failed(e, "the next round retries")
 
     def trigger(self) -> None:
         self._wake.set()
