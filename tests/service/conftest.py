@@ -148,7 +148,7 @@ class TierdProcess:
         self._cond = threading.Condition()
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
-        self.url = self.wait_for(r"listening on (http://\S+)", 60).group(1)
+        self.url = self.wait_for(r"listening on (http://[^\s\"]+)", 60).group(1)
 
     def _read(self) -> None:
         assert self.proc.stderr is not None
