@@ -451,3 +451,42 @@ def test_docs_stand_alone() -> None:
         assert "../shared" not in path.read_text(), path
     for name in ("formats.md", "design.md", "deploy.md"):
         assert (REPO / "docs" / name).exists(), name
+
+
+# ---------------------------------------------------------------- make and the image recipe
+
+
+def _make_dry_run(target: str, tmp_path: Path) -> str:
+    out = subprocess.run(
+        ["make", "-n", target, f"VENV={tmp_path / 'venv'}"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
+def test_make_run_installs_only_what_running_needs(tmp_path: Path) -> None:
+    run = _make_dry_run("run", tmp_path)
+    installs = [line for line in run.splitlines() if "pip install" in line and "--upgrade pip" not in line]
+    assert installs == [f"{tmp_path / 'venv'}/bin/python -m pip install --quiet -e '.[s3]'"]
+    test = _make_dry_run("test", tmp_path)
+    assert "-e '.[test]'" in test
+    assert "hadolint Dockerfile" in test
+    assert "fetch-promtool" in test
+
+
+def test_the_dockerfile_builds_from_a_chosen_base_as_a_non_root_user() -> None:
+    text = (REPO / "Dockerfile").read_text()
+    assert text.count("FROM ${BASE}") == 2  # build and runtime stages share the base
+    assert "ARG BASE=python:3." in text
+    runtime = text.rsplit("FROM ${BASE}", 1)[1]
+    assert "USER 10001:10001" in runtime
+    assert 'ENTRYPOINT ["tierd"]' in runtime
+    assert "COPY --from=build /opt/tierd /opt/tierd" in runtime
+    assert "pip install" not in runtime  # nothing is installed at the runtime stage
+    ignore = (REPO / ".dockerignore").read_text().splitlines()
+    assert ignore[ignore.index("*") :][:1] == ["*"]  # an allowlist: data and venvs never enter the context
