@@ -276,7 +276,8 @@ def exported_metrics(tmp_path_factory: pytest.TempPathFactory) -> set[str]:
     with running(TierdConfig.from_dict(service_config(root))) as r:
         c = r.client
         c.post("/v1/topics/t/messages", json={"body": "aGk=", "keys": ["k"], "queue_id": 0})
-        c.post("/v1/admin/tier", json={})
+        r.wait_ready()
+        assert c.post("/v1/admin/tier", json={}).json() == {"committed": 1}
         c.get("/v1/topics/t/queues/0/messages", params={"policy": "FORCE"})
         c.get("/v1/topics/t/keys/k")
         text = c.get("/metrics").text
@@ -427,6 +428,7 @@ def test_the_ops_listener_serves_what_the_probes_and_prometheus_ask(tmp_path: Pa
         ops = r.daemon.ops_url
         assert ops is not None
         assert httpx.get(f"{ops}/healthz").json() == {"status": "ok"}
+        r.wait_ready()
         assert httpx.get(f"{ops}/readyz").json() == {"status": "ready"}
         assert httpx.head(f"{ops}/healthz").status_code == 200
         assert "tierd_store_open 1.0" in httpx.get(f"{ops}/metrics").text

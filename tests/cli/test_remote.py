@@ -69,7 +69,7 @@ def daemon(tmp_path: Path) -> Iterator[tuple[Path, TierdProcess]]:
     cfg = _config(tmp_path)
     proc = TierdProcess(cfg, env={"TIERD_SERVER__TOKEN": TOKEN})
     try:
-        proc.wait_for("ready:", 60)
+        proc.wait_for("cold tier ready", 60)  # tiering requests before that get 503 not_ready
         yield cfg, proc
     finally:
         proc.kill()

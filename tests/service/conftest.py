@@ -63,6 +63,14 @@ class Running:
         self.url = daemon.url
         self.client = httpx.Client(base_url=self.url, timeout=30)
 
+    def wait_ready(self, timeout: float = 60) -> None:
+        """Poll ``/readyz`` until 200: the cold tier loads in the background after the store
+        opens, and tiering requests before that are refused (503 ``not_ready``)."""
+        deadline = time.monotonic() + timeout
+        while self.client.get("/readyz").status_code != 200:
+            assert time.monotonic() < deadline, "/readyz never became 200"
+            time.sleep(0.05)  # polling interval; the deadline bounds the wait
+
     def call(self, fn: Any, *args: Any) -> Any:
         """Run a coroutine function on the daemon's loop (where the store lives)."""
         assert self.daemon.loop is not None

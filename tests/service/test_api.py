@@ -46,6 +46,7 @@ def assert_error(r: httpx.Response, status: int, code: str) -> dict[str, Any]:
 @pytest.fixture
 def svc(tmp_path: Path) -> Iterator[Running]:
     with running(TierdConfig.from_dict(service_config(tmp_path))) as r:
+        r.wait_ready()
         yield r
 
 

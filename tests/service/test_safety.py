@@ -113,6 +113,7 @@ def test_writes_need_a_json_content_type(svc: Running) -> None:
         "/v1/topics/t/messages", content=body, headers={"Content-Type": "Application/JSON; charset=utf-8"}
     )
     assert ok.status_code == 200, ok.text
+    svc.wait_ready()
     assert svc.client.post("/v1/admin/tier", json={}).status_code == 200
     assert svc.client.delete("/v1/topics").status_code == 405  # routing errors keep their status
     assert svc.client.post("/nowhere").status_code == 404
@@ -132,6 +133,7 @@ def test_the_host_header_must_name_this_server(tmp_path: Path) -> None:
 
 def test_head_health_and_the_docs_page_off_by_default(tmp_path: Path) -> None:
     with running(cfg_of(tmp_path)) as r:
+        r.wait_ready()
         head = r.client.head("/healthz")
         assert head.status_code == 200
         assert head.content == b""
@@ -210,7 +212,8 @@ def test_a_read_stops_at_the_byte_bound_but_always_returns_one_message(tmp_path:
     kib = 1024
     with running(cfg_of(tmp_path, max_read_bytes=700 * kib)) as r:
         _produce(r, [300 * kib] * 5 + [900 * kib, 10])
-        r.client.post("/v1/admin/tier", json={})
+        r.wait_ready()
+        assert r.client.post("/v1/admin/tier", json={}).json() == {"committed": 7}
         got: list[int] = []
         offset = 0
         while True:

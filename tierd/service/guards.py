@@ -56,15 +56,11 @@ class JsonOnlyMiddleware:
         return any(route.matches(scope)[0] is Match.FULL for route in self.router.routes)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if (
-            scope["type"] == "http"
-            and scope["method"] in WRITE_METHODS
-            and scope["path"] not in OPEN_PATHS
-            and self._routed(scope)
-        ):
+        if scope["type"] == "http" and scope["method"] in WRITE_METHODS and scope["path"] not in OPEN_PATHS:
             given = _header(scope, b"content-type")
             media = (given or b"").split(b";", 1)[0].strip().lower()
-            if media != b"application/json":
+            # Route matching only for the refusals: JSON writes (the produce hot path) skip it.
+            if media != b"application/json" and self._routed(scope):
                 shown = given.decode("latin-1") if given else "none"
                 err = UnsupportedMediaTypeError(
                     f"{scope['method']} requests need 'Content-Type: application/json' (got {shown}); "
