@@ -309,6 +309,7 @@ def test_alert_rules_cover_what_operators_must_know() -> None:
         "TierdWritesRefused",
         "TierdPrefixOwnedByOther",
         "TierdBackendErrors",
+        "TierdBackendUnsafe",
     } <= alerts
 
 
@@ -379,6 +380,7 @@ def test_promtool_accepts_the_rules_and_they_fire(tmp_path: Path) -> None:
                     },
                     {"series": f"tierd_tiering_enabled{{{labels}}}", "values": "1x40"},
                     {"series": f"tierd_cold_tier_ready{{{labels}}}", "values": "0x40"},
+                    {"series": f"tierd_backend_writes_refused{{{labels}}}", "values": "0 1x40"},
                 ],
                 "alert_rule_test": [
                     firing("TierdTieringLag", "20m"),
@@ -386,6 +388,7 @@ def test_promtool_accepts_the_rules_and_they_fire(tmp_path: Path) -> None:
                     firing("TierdWritesRefused", "5m", severity="critical"),
                     firing("TierdBackendErrors", "20m"),
                     firing("TierdColdTierNotReady", "10m"),
+                    firing("TierdBackendUnsafe", "2m", severity="critical"),
                     {"eval_time": "5m", "alertname": "TierdTieringLag", "exp_alerts": []},  # not yet
                 ],
             }
