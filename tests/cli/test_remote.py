@@ -84,6 +84,12 @@ READS = [
     ("query", "orders", "k-1"),
     ("segments", "ls"),
     ("segments", "ls", "--topic", "orders", "--type", "CQ"),
+    ("consume", "orders", "-q", "0", "--tags", "*", "-n", "3"),
+    ("groups", "ls"),
+    ("groups", "show", "g1"),
+    ("groups", "show", "g2"),
+    ("seek", "orders", "--time", "0"),
+    ("earliest-time", "orders"),
 ]
 
 
@@ -108,6 +114,15 @@ def test_commands_ask_the_running_daemon_and_print_what_they_print_locally(
     assert ok(cli("produce", "orders", "on queue 1", "-q", "1", env=env)).startswith("stored orders/1@0 ")
     assert ok(cli("tier", env=env)) == "committed 1 message(s) to the cold tier; 0 pending\n"
 
+    # Consumer groups through the daemon: a group read commits over HTTP (PUT), then a reset.
+    grouped = json.loads(
+        ok(cli("consume", "orders", "-q", "0", "--group", "g1", "-n", "2", "-o", "json", env=env))
+    )
+    assert [m["queue_offset"] for m in grouped["messages"]] == [0, 1]
+    ok(cli("groups", "commit", "g2", "orders", "--offset", "3", "-q", "0", env=env))
+    ok(cli("groups", "commit", "g3", "orders", "--offset", "1", "-q", "1", env=env))
+    ok(cli("groups", "reset", "g2", "orders", "--to", "earliest", env=env))
+    ok(cli("groups", "delete", "g3", env=env))
     remote = {args: ok(cli(*args, "-o", "json", env=env)) for args in READS}
     remote_text = ok(cli("queues", "ls", "orders", env=env))
     verify = cli("verify", env=env)
@@ -121,6 +136,8 @@ def test_commands_ask_the_running_daemon_and_print_what_they_print_locally(
     assert remote_text == ok(cli("queues", "ls", "orders", env=env))
     consumed = json.loads(local[READS[2]])
     assert [m["body"] for m in consumed["messages"]] == ["Zmlyc3Q=", "YQ==", "Yg==", "Yw=="]
+    groups = {g["group"]: g for g in json.loads(local[("groups", "ls")])}
+    assert set(groups) == {"g1", "g2"}  # g3 was deleted through the daemon
 
 
 def test_server_url_and_token_from_the_environment(daemon: tuple[Path, TierdProcess], tmp_path: Path) -> None:
