@@ -713,6 +713,14 @@ def _document_security(app: FastAPI) -> None:
         for path, ops in schema.get("paths", {}).items():
             for op in ops.values():
                 op["security"] = [] if path in ("/healthz", "/readyz") else [{"bearerAuth": []}, {}]
+        # Every POST may be refused for its content type (guards.JsonOnlyMiddleware), new ones too.
+        refused = {
+            "description": "A write without `Content-Type: application/json`.",
+            "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorOut"}}},
+        }
+        for ops in schema.get("paths", {}).values():
+            if "post" in ops:
+                ops["post"].setdefault("responses", {}).setdefault("415", refused)
         app.openapi_schema = schema
         return schema
 
