@@ -15,7 +15,8 @@ import pytest
 
 from tierd import BlockingMessageStore, Message, TierdConfig
 from tierd.errors import ConfigError
-from tierd.logs import JsonFormatter, RepeatFilter
+from tierd.logs import JsonFormatter
+from tierd.repeats import FailureLog
 from tierd.service.daemon import Daemon
 
 from .conftest import TierdProcess, running, service_config, toml
@@ -245,24 +246,21 @@ def test_the_python_api_takes_the_same_bound(tmp_path: Path) -> None:
 # -------------------------------------------------------------------------------------- logs
 
 
-def test_repeated_records_pass_once_per_interval_with_a_count() -> None:
+def test_a_held_back_count_is_a_json_field(caplog: pytest.LogCaptureFixture) -> None:
+    """FailureLog (tierd/repeats.py) is the one rate limiter; in JSON logs its count of the
+    failures it held back is a field of its own, not only text in the message."""
     now = [0.0]
-    f = RepeatFilter(interval=60, clock=lambda: now[0])
-
-    def record(msg: str, level: int = logging.WARNING) -> logging.LogRecord:
-        return logging.LogRecord("tierd.x", level, __file__, 1, msg, None, None)
-
-    assert f.filter(record("S3 down"))
-    assert [f.filter(record("S3 down")) for _ in range(4)] == [False] * 4
-    assert f.filter(record("another problem"))
-    assert f.filter(record("debugging", logging.INFO))
-    assert f.filter(record("debugging", logging.INFO))
+    failures = FailureLog(logging.getLogger("tierd.x"), "tiering t/0", interval=60, clock=lambda: now[0])
+    caplog.set_level(logging.WARNING, logger="tierd.x")
+    for _ in range(5):
+        failures.failed(OSError("S3 down"))
     now[0] = 61.0
-    again = record("S3 down")
-    assert f.filter(again)
-    assert again.getMessage() == "S3 down [4 more like this in the last 61 s]"
-    assert json.loads(JsonFormatter().format(again))["repeats"] == 4
-    assert not f.filter(record("S3 down"))
+    failures.failed(OSError("S3 down"))
+    first, again = (json.loads(JsonFormatter().format(r)) for r in caplog.records)
+    assert first["message"] == "tiering t/0 failed: S3 down"
+    assert "repeats" not in first
+    assert again["repeats"] == 4
+    assert again["message"] == "tiering t/0 failed: S3 down [4 more failure(s) in the last 60 s]"
 
 
 def test_json_logs_and_a_backend_outage_in_one_line_each(tmp_path: Path) -> None:
@@ -287,11 +285,13 @@ def test_json_logs_and_a_backend_outage_in_one_line_each(tmp_path: Path) -> None
             assert c.post("/v1/topics/t/messages", json={"body": "aGk=", "queue_id": 0}).status_code == 200
             assert c.post("/v1/admin/tier", json={}).json()["committed"] == 1
             s3.stop()  # the outage
-            for topic in ("t", "new"):
+            statuses = []
+            for topic in ("t", "new", "t", "new"):
                 c.post(f"/v1/topics/{topic}/messages", json={"body": "aGk=", "queue_id": 0})
-                c.post("/v1/admin/tier", json={})
+                statuses.append(c.post("/v1/admin/tier", json={}).status_code)
             c.close()
-            tierd.wait_for("writing bucket manifests failed", 90)  # was a 126-line traceback
+            assert statuses == [502] * 4
+            tierd.wait_for("tiering maintenance failed", 90)  # upkeep: was a 126-line traceback
             assert tierd.terminate() == 0
         finally:
             tierd.kill()
@@ -303,4 +303,11 @@ def test_json_logs_and_a_backend_outage_in_one_line_each(tmp_path: Path) -> None
     failures = [r for r in records if r["level"] in ("WARNING", "ERROR")]
     assert failures, lines
     assert not [r for r in records if "exception" in r or "Traceback" in r["message"]], failures
+    # An outage fails every round and every request alike: each kind is said once a minute, and
+    # a repeat carries the count of the failures held back since.
+    answered = [r for r in failures if r["message"].startswith("a request (502 backend_error) failed")]
+    assert 1 <= len(answered) < len(statuses), answered
+    for kind in ("a request (502", "dispatch round failed", "tiering maintenance failed"):
+        said = [r for r in failures if r["message"].startswith(kind)]
+        assert all(r.get("repeats", 0) > 0 for r in said[1:]), said
     assert any("stopped cleanly" in r["message"] for r in records)

@@ -27,6 +27,7 @@ from tierd.errors import (
     StoreClosedError,
     TierdError,
 )
+from tierd.repeats import FailureLog
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
@@ -34,6 +35,9 @@ if TYPE_CHECKING:
     from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 log = logging.getLogger(__name__)
+#: Server-side failures answered to clients, one failure log per error code: an S3 outage fails
+#: every read alike, and the log says so once a minute with a count, not once per request.
+_SERVER_ERRORS: dict[str, FailureLog] = {}
 
 
 class UnauthorizedError(TierdError, PermissionError):
@@ -116,8 +120,12 @@ def tierd_error_response(exc: TierdError) -> JSONResponse:
 
 async def _on_tierd_error(_: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, TierdError)
-    if exc.http_status >= 500:
-        log.warning("%s %s: %s", exc.code, exc.http_status, exc.message)
+    if exc.http_status >= 500:  # one line per kind, then once a minute with a count
+        failures = _SERVER_ERRORS.get(exc.code)
+        if failures is None:
+            what = f"a request ({exc.http_status} {exc.code})"
+            failures = _SERVER_ERRORS.setdefault(exc.code, FailureLog(log, what))
+        failures.failed(exc)
     return tierd_error_response(exc)
 
 

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
-from tierd.errors import CorruptionError, TierdError
+from tierd.errors import CorruptionError
 from tierd.local.codec import POS_BORN_HOST, POS_SYSFLAG, SYSFLAG_BORNHOST_V6
 from tierd.repeats import FailureLog
 
@@ -174,6 +174,7 @@ class Dispatcher:
         #: Oldest hot commitlog offset whose message is not yet committed cold.
         self.safe_offset = 0
         self._failures = FailureLog(log, "dispatch round")
+        self._failure_logs: dict[tuple[str, int], FailureLog] = {}
 
     # ------------------------------------------------------------------ loop
     async def run(self) -> None:
@@ -283,19 +284,25 @@ class Dispatcher:
             self._active.add(key)
             try:
                 made = await self._dispatch_queue(key, force, result)
-            except TierdError as e:
-                # An expected, explained condition: one line, no traceback.
-                log.error("tiering %s/%d: %s", key[0], key[1], e)
-                self._failed(key, e, result)
-                return
-            except Exception as e:
-                log.exception("tiering %s/%d failed unexpectedly", key[0], key[1])
+            except Exception as e:  # one line if explained, a traceback if a bug; repeats counted
+                self._queue_failures(key).failed(e, "retried with backoff")
                 self._failed(key, e, result)
                 return
             finally:
                 self._active.discard(key)
+            failures = self._failure_logs.get(key)
+            if failures is not None:
+                failures.succeeded()
             if made:
                 result.committed[key] = made
+
+    def _queue_failures(self, key: tuple[str, int]) -> FailureLog:
+        """The failure log of one queue: an outage fails every queue every round, and each queue
+        says so once per interval, with a count."""
+        failures = self._failure_logs.get(key)
+        if failures is None:
+            failures = self._failure_logs[key] = FailureLog(log, f"tiering {key[0]}/{key[1]}")
+        return failures
 
     def _failed(self, key: tuple[str, int], err: BaseException, result: RoundResult) -> None:
         result.failed[key] = err
