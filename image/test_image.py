@@ -178,7 +178,11 @@ def _exercise(box: Container) -> None:
     assert "stored 2 messages in orders" in put.stdout
     tier = box.exec("tierd", "--output", "json", "tier")
     assert tier.returncode == 0, tier.stderr
-    assert json.loads(tier.stdout) == {"committed": 22, "pending": 0}
+    assert json.loads(tier.stdout) == {
+        "committed": 22,
+        "pending": 0,
+        "queues": [{"topic": "orders", "queue_id": 0, "committed": 22, "pending": 0}],
+    }
     expected = [b"http-%d" % i for i in range(20)] + [b"cli-1", b"cli-2"]
     assert _read_all_cold(box, "orders", 0) == expected
     ls = box.exec("tierd", "--output", "json", "segments", "ls", "--topic", "orders")

@@ -84,6 +84,7 @@ def test_an_s3_outage_keeps_the_pod_ready_and_shows_in_status_and_metrics(
             assert body["tiering"]["ready"] is False
             assert "cannot connect to the S3 endpoint" in body["tiering"]["start_error"]["message"]
             assert body["tiering"]["errors"]
+            assert body["tiering"]["backend"]["capabilities"] is None  # not probed yet
             assert metric(c, "tierd_backend_reachable") == 0.0
             assert metric(c, "tierd_cold_metadata_loaded") == 1.0
             # The cold tier has not loaded: a retriable 503 at once, naming the backend's error.
@@ -97,6 +98,11 @@ def test_an_s3_outage_keeps_the_pod_ready_and_shows_in_status_and_metrics(
             assert done.json()["committed"] == 1
             after = status(c)["tiering"]
             assert after["backend"]["reachable"] is True
+            # The S3 capability probe's verdict, as the write policy it chose (moto: full S3).
+            capabilities = after["backend"]["capabilities"]
+            assert capabilities["driver"] == "s3"
+            assert capabilities["conditional_create"] is True
+            assert capabilities["policy"]["mode"] == "multi-writer"
             assert after["last_commit"] is not None
             assert after["lag"] == {"messages": 0, "seconds": 0.0}
             assert after["ownership"]["owned_by_this_store"] is True

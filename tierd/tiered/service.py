@@ -478,6 +478,7 @@ class TieringService:
                 "calls": h.calls,
                 "failures": h.failures,
                 "timeouts": h.timeouts,
+                "capabilities": dict(report) if (report := self.root.capability_report()) else None,
             },
             "ownership": {
                 "prefix": prefix_url(self.root.url, self.cfg.tiered.cluster, self.cfg.tiered.broker),
