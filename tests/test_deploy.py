@@ -43,7 +43,6 @@ SIDECAR_PODS = ["base", "statefulset", "overlays/aws", "overlays/minio", "overla
 K8S_VERSIONS = ["1.29.0", "1.37.0"]
 VERSION = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
 #: Metric names the rules use that another change adds (reconciled when it lands).
-PENDING_METRICS = {"tierd_prefix_owned_by_other"}
 #: Series Prometheus itself adds to every target.
 PROMETHEUS_METRICS = {"up"}
 
@@ -277,7 +276,7 @@ def exported_metrics(tmp_path_factory: pytest.TempPathFactory) -> set[str]:
         c = r.client
         c.post("/v1/topics/t/messages", json={"body": "aGk=", "keys": ["k"], "queue_id": 0})
         r.wait_ready()
-        assert c.post("/v1/admin/tier", json={}).json() == {"committed": 1}
+        assert c.post("/v1/admin/tier", json={}).json()["committed"] == 1
         c.get("/v1/topics/t/queues/0/messages", params={"policy": "FORCE"})
         c.get("/v1/topics/t/keys/k")
         text = c.get("/metrics").text
@@ -310,11 +309,12 @@ def test_alert_rules_cover_what_operators_must_know() -> None:
         "TierdPrefixOwnedByOther",
         "TierdBackendErrors",
         "TierdBackendUnsafe",
+        "TierdBackendUnreachable",
     } <= alerts
 
 
 def test_rules_and_dashboard_use_only_exported_metrics(exported_metrics: set[str]) -> None:
-    known = exported_metrics | PENDING_METRICS | PROMETHEUS_METRICS
+    known = exported_metrics | PROMETHEUS_METRICS
     exprs = [r["expr"] for g in _rules()["groups"] for r in g["rules"]]
     dashboard = json.loads((K8S / "monitoring" / "grafana-dashboard.json").read_text())
     exprs += [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
@@ -381,6 +381,8 @@ def test_promtool_accepts_the_rules_and_they_fire(tmp_path: Path) -> None:
                     {"series": f"tierd_tiering_enabled{{{labels}}}", "values": "1x40"},
                     {"series": f"tierd_cold_tier_ready{{{labels}}}", "values": "0x40"},
                     {"series": f"tierd_backend_writes_refused{{{labels}}}", "values": "0 1x40"},
+                    {"series": f"tierd_prefix_owned{{{labels}}}", "values": "0 0 0 1x40"},
+                    {"series": f"tierd_backend_reachable{{{labels}}}", "values": "1 0x40"},
                 ],
                 "alert_rule_test": [
                     firing("TierdTieringLag", "20m"),
@@ -389,6 +391,8 @@ def test_promtool_accepts_the_rules_and_they_fire(tmp_path: Path) -> None:
                     firing("TierdBackendErrors", "20m"),
                     firing("TierdColdTierNotReady", "10m"),
                     firing("TierdBackendUnsafe", "2m", severity="critical"),
+                    firing("TierdPrefixOwnedByOther", "3m", severity="critical"),
+                    firing("TierdBackendUnreachable", "10m"),
                     {"eval_time": "5m", "alertname": "TierdTieringLag", "exp_alerts": []},  # not yet
                 ],
             }
