@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from typer.testing import CliRunner
 
+from tierd import BlockingMessageStore, TierdConfig
 from tierd.cli import app
 
 if TYPE_CHECKING:
@@ -220,6 +221,8 @@ def test_tier_exits_1_naming_the_owner_when_another_store_owns_the_prefix(cfg: P
     other = tmp_path / "other"
     other.mkdir()
     other_cfg = _config(other, f'[backend]\nurl = "{tmp_path / "cold"}"\n')  # the same prefix
+    with BlockingMessageStore.open(TierdConfig.load(other_cfg)):  # a store (tier never makes one)
+        pass
     res = tierd(other_cfg, "tier", code=1)
     assert res.stderr.startswith("tierd: error: cold-tier prefix ")
     assert " is owned by store " in res.stderr

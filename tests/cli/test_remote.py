@@ -110,9 +110,15 @@ def test_commands_ask_the_running_daemon_and_print_what_they_print_locally(
     piped = ok(cli("produce", "orders", "-q", "0", "-o", "json", stdin="a\n\nb\nc\n", env=env))
     assert [r["queue_offset"] for r in json.loads(piped)] == [1, 2, 3]
     tiered = json.loads(ok(cli("tier", "--output=json", env=env)))
-    assert tiered == {"committed": 4, "pending": 0}
+    assert tiered == {
+        "committed": 4,
+        "pending": 0,
+        "queues": [{"topic": "orders", "queue_id": 0, "committed": 4, "pending": 0}],
+    }
     assert ok(cli("produce", "orders", "on queue 1", "-q", "1", env=env)).startswith("stored orders/1@0 ")
-    assert ok(cli("tier", env=env)) == "committed 1 message(s) to the cold tier; 0 pending\n"
+    shown = ok(cli("tier", env=env))  # the same per-queue table as locally, then the total
+    assert shown.endswith("committed 1 message(s) to the cold tier; 0 pending\n")
+    assert [c.strip() for c in shown.splitlines()[2].split("│")] == ["orders", "1", "1", "0"]
 
     # Consumer groups through the daemon: a group read commits over HTTP (PUT), then a reset.
     grouped = json.loads(

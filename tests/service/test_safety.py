@@ -214,7 +214,7 @@ def test_a_read_stops_at_the_byte_bound_but_always_returns_one_message(tmp_path:
     with running(cfg_of(tmp_path, max_read_bytes=700 * kib)) as r:
         _produce(r, [300 * kib] * 5 + [900 * kib, 10])
         r.wait_ready()
-        assert r.client.post("/v1/admin/tier", json={}).json() == {"committed": 7}
+        assert r.client.post("/v1/admin/tier", json={}).json()["committed"] == 7
         got: list[int] = []
         offset = 0
         while True:
