@@ -17,6 +17,7 @@ import dataclasses
 import logging
 import threading
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from tierd.errors import InvalidArgumentError, StoreClosedError, TierdError
@@ -573,6 +574,15 @@ class BlockingMessageStore(_StoreCore):
     def restore(cfg: TierdConfig, progress: Progress | None = None) -> RestoreReport:
         """Rebuild an empty store directory's tiering metadata from the bucket's manifests."""
         return asyncio.run(restore_from_bucket(cfg, progress=progress))
+
+    @staticmethod
+    def lock_holder(cfg: TierdConfig) -> int | None:
+        """The pid of the process holding ``cfg``'s store directory (0 when the lock file does
+        not say), or None when none does — without opening the store: how the CLI chooses
+        between opening the directory and asking the running daemon."""
+        from tierd.local.checkpoint import StoreLock
+
+        return StoreLock.holder(Path(cfg.store.dir) / "lock")
 
     def tier_now(self) -> TierReport:
         """Commit everything pending to the cold tier now (see :meth:`MessageStore.tier_now`)."""

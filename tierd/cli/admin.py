@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import concurrent.futures
-from typing import TYPE_CHECKING, Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -20,9 +20,6 @@ from tierd.cli.app import (
 )
 from tierd.cli.remote import RemoteStore
 from tierd.tiered.registry import backend_for_url
-
-if TYPE_CHECKING:
-    from tierd.tiered.dispatcher import TierReport
 
 POLL_SECONDS = 0.2
 
@@ -61,25 +58,26 @@ def tier(ctx: typer.Context) -> None:
     # retry within the same second would only fail again, slower).
     with c.store() as store:
         if isinstance(store, RemoteStore):
-            report = store.tier_now()  # the daemon's POST /v1/admin/tier
+            report = store.tier_now()  # the daemon's POST /v1/admin/tier: the same report
         elif store.tiering is None:
             echo("tiering is disabled (tiered.enabled = false): nothing to do")
             return
         else:
             report = _tier_with_progress(store, quiet=c.json)
     if c.json:
-        emit_json(report.as_dict())
+        emit_json(report)
         return
-    if report.queues:
+    if report["queues"]:
         emit_table(
             None,
             ["topic", "queue", "committed", "pending"],
-            [[q.topic, q.queue_id, q.committed, q.pending] for q in report.queues],
+            [[q["topic"], q["queue_id"], q["committed"], q["pending"]] for q in report["queues"]],
         )
-    echo(f"committed {report.committed} message(s) to the cold tier; {report.pending} pending")
+    echo(f"committed {report['committed']} message(s) to the cold tier; {report['pending']} pending")
 
 
-def _tier_with_progress(store: BlockingMessageStore, quiet: bool) -> TierReport:
+def _tier_with_progress(store: BlockingMessageStore, quiet: bool) -> dict[str, Any]:
+    """``tier_now`` with a progress bar; its report as the daemon sends it (``as_dict``)."""
     total = _pending(store)
     with (
         progress_bar("tiering", quiet=quiet) as bar,
@@ -90,7 +88,7 @@ def _tier_with_progress(store: BlockingMessageStore, quiet: bool) -> TierReport:
         job = pool.submit(store.tier_now)
         while True:
             try:
-                return job.result(timeout=POLL_SECONDS)
+                return job.result(timeout=POLL_SECONDS).as_dict()
             except concurrent.futures.TimeoutError:
                 bar.update(task, completed=max(0, total - _pending(store)))
 

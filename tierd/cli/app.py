@@ -36,7 +36,6 @@ from typer.core import TyperGroup
 from tierd import BlockingMessageStore, TierdConfig
 from tierd.cli.remote import HttpApi, RemoteStore, loopback_url
 from tierd.errors import NotFoundError, StoreLockedError, TierdError
-from tierd.local.checkpoint import StoreLock
 from tierd.logs import setup_logging as setup_process_logging
 
 log = logging.getLogger("tierd")
@@ -144,7 +143,7 @@ class Context:
         token = cfg.server.bearer_token()
         if self.server_url:
             return RemoteStore(HttpApi(self.server_url, token))
-        holder = StoreLock.holder(Path(cfg.store.dir) / "lock")
+        holder = BlockingMessageStore.lock_holder(cfg)
         if holder is None:
             return None
         held = f"store directory {cfg.store.dir} is in use by another process" + (

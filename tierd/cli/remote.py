@@ -28,9 +28,7 @@ from typing import TYPE_CHECKING, Any
 from tierd.errors import InvalidArgumentError, NotFoundError, TierdError
 from tierd.groups import GroupInfo, QueueLag
 from tierd.inventory import QueueInfo, SegmentRow
-from tierd.local.codec import encode_properties
 from tierd.message import GetResult, GetStatus, MessageExt, PutResult, ReadPolicy
-from tierd.tiered.dispatcher import QueueTiered, TierReport
 
 if TYPE_CHECKING:
     from collections.abc import Iterator, Sequence
@@ -159,29 +157,6 @@ def _put_result(doc: dict[str, Any]) -> PutResult:
     return PutResult(doc["queue_id"], doc["queue_offset"], doc["commitlog_offset"], doc["msg_id"])
 
 
-def message_from_json(doc: dict[str, Any]) -> MessageExt:
-    """A :class:`MessageExt` from its JSON form (:meth:`MessageExt.to_json`): keys, tags and the
-    message id follow from the properties and offsets, as they do for a message read locally."""
-    return MessageExt(
-        topic=doc["topic"],
-        queue_id=doc["queue_id"],
-        queue_offset=doc["queue_offset"],
-        body=base64.b64decode(doc["body"]),
-        raw_properties=encode_properties(doc.get("properties") or {}),
-        store_timestamp=doc["store_timestamp"],
-        born_timestamp=doc["born_timestamp"],
-        born_host=doc["born_host"],
-        store_host=doc["store_host"],
-        commitlog_offset=doc["commitlog_offset"],
-        size=doc["size"],
-        flag=doc["flag"],
-        sys_flag=doc["sys_flag"],
-        reconsume_times=doc["reconsume_times"],
-        prepared_transaction_offset=doc["prepared_transaction_offset"],
-        body_crc=doc["body_crc"],
-    )
-
-
 def _path(*parts: str | int) -> str:
     return "".join("/" + urllib.parse.quote(str(p), safe="") for p in parts)
 
@@ -237,7 +212,7 @@ class RemoteStore:
         )
         return GetResult(
             GetStatus(doc["status"]),
-            tuple(message_from_json(m) for m in doc["messages"]),
+            tuple(MessageExt.from_json(m) for m in doc["messages"]),
             doc["next_offset"],
             doc["min_offset"],
             doc["max_offset"],
@@ -260,7 +235,7 @@ class RemoteStore:
             _path("v1", "topics", topic, "keys", key),
             {"max": min(max_count, MAX_QUERY), "begin": begin, "end": end},
         )
-        return [message_from_json(m) for m in doc["messages"]]
+        return [MessageExt.from_json(m) for m in doc["messages"]]
 
     def topics(self) -> dict[str, list[int]]:
         doc = self.api.call("GET", "/v1/topics")
@@ -276,11 +251,10 @@ class RemoteStore:
         doc = self.api.call("GET", "/v1/segments", {"topic": topic, "queue": queue_id, "type": type})
         return [SegmentRow(**s) for s in doc["segments"]]
 
-    def tier_now(self) -> TierReport:
-        doc = self.api.call("POST", "/v1/admin/tier")
-        return TierReport(
-            tuple(QueueTiered(q["topic"], q["queue_id"], q["committed"], q["pending"]) for q in doc["queues"])
-        )
+    def tier_now(self) -> dict[str, Any]:
+        """The daemon's ``POST /v1/admin/tier`` report: the shape of ``TierReport.as_dict()``."""
+        doc: dict[str, Any] = self.api.call("POST", "/v1/admin/tier")
+        return doc
 
     # ---------------------------------------------------------------- consumers and groups
     def offset_for_time(self, topic: str, queue_id: int, timestamp: int, boundary: str = "lower") -> int:
