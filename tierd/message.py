@@ -140,6 +140,32 @@ class MessageExt:
     def uniq_key(self) -> str | None:
         return self.properties.get(PROPERTY_UNIQ_KEY)
 
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any]) -> MessageExt:
+        """A message from its :meth:`to_json` form (what the CLI receives from a daemon): keys,
+        tags and the message id follow from the properties and offsets, as for a message read
+        from disk."""
+        from tierd.local.codec import encode_properties
+
+        return cls(
+            topic=doc["topic"],
+            queue_id=doc["queue_id"],
+            queue_offset=doc["queue_offset"],
+            body=binascii.a2b_base64(doc["body"]),
+            raw_properties=encode_properties(doc.get("properties") or {}),
+            store_timestamp=doc["store_timestamp"],
+            born_timestamp=doc["born_timestamp"],
+            born_host=doc["born_host"],
+            store_host=doc["store_host"],
+            commitlog_offset=doc["commitlog_offset"],
+            size=doc["size"],
+            flag=doc["flag"],
+            sys_flag=doc["sys_flag"],
+            reconsume_times=doc["reconsume_times"],
+            prepared_transaction_offset=doc["prepared_transaction_offset"],
+            body_crc=doc["body_crc"],
+        )
+
     def to_json(self) -> dict[str, Any]:
         """Every field, JSON-ready (body in standard base64): the one shape both the HTTP API
         and ``tierd --output json`` use for a message."""

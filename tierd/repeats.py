@@ -63,10 +63,11 @@ class FailureLog:
         tail = f"; {retry}" if retry else ""
         if held:
             tail += f" [{held} more failure(s) in the last {self.interval:.0f} s]"
+        extra = {"repeats": held} if held else None  # a field of its own in JSON logs
         if isinstance(exc, EXPECTED):
-            self.logger.error("%s failed: %s%s", self.what, str(exc) or type(exc).__name__, tail)
+            self.logger.error("%s failed: %s%s", self.what, str(exc) or type(exc).__name__, tail, extra=extra)
         else:
-            self.logger.error("%s failed%s", self.what, tail, exc_info=exc)
+            self.logger.error("%s failed%s", self.what, tail, exc_info=exc, extra=extra)
 
     def succeeded(self) -> None:
         """Record a success; log the recovery once if there were failures."""

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 from tierd.errors import InvalidArgumentError, LostMessagesError, TierdError
 from tierd.local.codec import decode_record
-from tierd.local.store import MAX_GET_COUNT
+from tierd.local.store import MAX_GET_BYTES, MAX_GET_COUNT, byte_bounded_count
 from tierd.local.validation import check_queue, check_topic
 from tierd.message import GetResult, GetStatus, MessageExt, ReadPolicy
 from tierd.tiered.fetcher import ColdFetcher
@@ -107,6 +107,7 @@ class TierRouter:
         max_count: int,
         policy: ReadPolicy,
         tags: TagFilter | None = None,
+        max_bytes: int | None = None,
     ) -> GetResult:
         check_topic(topic)
         check_queue(queue_id, self.cfg.store.max_queues)
@@ -163,17 +164,20 @@ class TierRouter:
                 )
             else:
                 self.reads["cold"] += 1
+                msgs, nxt = _byte_bounded(msgs, nxt, max_bytes)
                 status = GetStatus.FOUND if msgs else GetStatus.NO_MATCHED_MESSAGE
                 return GetResult(status, tuple(msgs), nxt, lo, hi, "cold")
         self.reads["hot"] += 1
-        r = self.hot.get(topic, queue_id, offset, max_count, tags)
+        limit = MAX_GET_BYTES if max_bytes is None else min(max_bytes, MAX_GET_BYTES)
+        r = self.hot.get(topic, queue_id, offset, max_count, tags, limit)
         if r.unreadable is not None and not cold_failed:
             left = max_count - len(r.messages)
             copy, nxt = await self._cold_copy(topic, queue_id, r.unreadable, left, tags)
             if nxt > r.unreadable:  # the cold tier has it: the read goes on there
                 source = "hot" if r.messages else "cold"
-                status = GetStatus.FOUND if r.messages or copy else GetStatus.NO_MATCHED_MESSAGE
-                return GetResult(status, (*r.messages, *copy), nxt, lo, hi, source)
+                both, nxt = _byte_bounded([*r.messages, *copy], nxt, max_bytes)
+                status = GetStatus.FOUND if both else GetStatus.NO_MATCHED_MESSAGE
+                return GetResult(status, tuple(both), nxt, lo, hi, source)
         return GetResult(r.status, r.messages, r.next_offset, lo, hi, "hot")
 
     async def _read_cold(
@@ -296,3 +300,12 @@ class TierRouter:
                     found.setdefault((msg.queue_id, msg.queue_offset), msg)
         ordered = sorted(found.values(), key=lambda m: (m.store_timestamp, m.queue_offset), reverse=True)
         return ordered[:max_count]
+
+
+def _byte_bounded(msgs: list[MessageExt], nxt: int, max_bytes: int | None) -> tuple[list[MessageExt], int]:
+    """The messages that fit in ``max_bytes`` (at least one) and where the next read starts: the
+    first message left out, or ``nxt`` when all fit."""
+    if max_bytes is None:
+        return msgs, nxt
+    keep = byte_bounded_count([m.size for m in msgs], max_bytes)
+    return (msgs, nxt) if keep == len(msgs) else (msgs[:keep], msgs[keep].queue_offset)

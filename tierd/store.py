@@ -17,6 +17,7 @@ import dataclasses
 import logging
 import threading
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from tierd.errors import InvalidArgumentError, StoreClosedError, TierdError
@@ -137,11 +138,14 @@ class _StoreCore:
         max_count: int,
         policy: ReadPolicy | str | None,
         tags: str | TagFilter | None = None,
+        max_bytes: int | None = None,
     ) -> GetResult:
         self._hot()
+        if max_bytes is not None and (not isinstance(max_bytes, int) or max_bytes < 1):
+            raise InvalidArgumentError(f"max_bytes must be a positive integer, got {max_bytes!r}")
         chosen, flt = _policy(policy, self.config.tiered.storage_level), parse_tags(tags)
         await self._cold_loaded()
-        return await self.router.get(topic, queue_id, offset, max_count, chosen, flt)
+        return await self.router.get(topic, queue_id, offset, max_count, chosen, flt, max_bytes)
 
     def _check_wait(self, wait_ms: int) -> int:
         bound = self.config.server.long_poll_max_ms
@@ -161,6 +165,7 @@ class _StoreCore:
         policy: ReadPolicy | str | None,
         tags: str | TagFilter | None,
         wait_ms: int,
+        max_bytes: int | None = None,
     ) -> GetResult:
         """A read that, when caught up, waits up to ``wait_ms`` for a matching message: woken by
         each arrival in the queue (no polling), it reads again and returns what matches; at the
@@ -174,7 +179,7 @@ class _StoreCore:
         while True:
             arrival = self.arrivals.register(key)
             try:
-                r = await self._get(topic, queue_id, offset, max_count, policy, flt)
+                r = await self._get(topic, queue_id, offset, max_count, policy, flt, max_bytes)
                 unmatched = r.status is GetStatus.NO_MATCHED_MESSAGE
                 if r.messages or not (r.status in _CAUGHT_UP or unmatched):
                     return r
@@ -381,14 +386,19 @@ class MessageStore(_StoreCore):
         *,
         tags: str | TagFilter | None = None,
         wait_ms: int = 0,
+        max_bytes: int | None = None,
     ) -> GetResult:
         """Up to ``max_count`` messages from ``offset``. ``tags``: a subscription expression
         (``"paid || refunded"``; ``"*"`` or None: every message) — other messages are skipped
         before they are read, ``next_offset`` moves past them. ``wait_ms``: when caught up,
-        wait that long (≤ ``server.long_poll_max_ms``) for a matching message (docs/reading.md)."""
+        wait that long (≤ ``server.long_poll_max_ms``) for a matching message (docs/reading.md).
+        ``max_bytes``: the read stops before the message that would take the total past it (the
+        first message always comes)."""
         if self._check_wait(wait_ms):
-            return await self._get_waiting(topic, queue_id, offset, max_count, policy, tags, wait_ms)
-        return await self._get(topic, queue_id, offset, max_count, policy, tags)
+            return await self._get_waiting(
+                topic, queue_id, offset, max_count, policy, tags, wait_ms, max_bytes
+            )
+        return await self._get(topic, queue_id, offset, max_count, policy, tags, max_bytes)
 
     async def offset_for_time(
         self, topic: str, queue_id: int, timestamp: int, boundary: str = "lower"
@@ -565,6 +575,15 @@ class BlockingMessageStore(_StoreCore):
         """Rebuild an empty store directory's tiering metadata from the bucket's manifests."""
         return asyncio.run(restore_from_bucket(cfg, progress=progress))
 
+    @staticmethod
+    def lock_holder(cfg: TierdConfig) -> int | None:
+        """The pid of the process holding ``cfg``'s store directory (0 when the lock file does
+        not say), or None when none does — without opening the store: how the CLI chooses
+        between opening the directory and asking the running daemon."""
+        from tierd.local.checkpoint import StoreLock
+
+        return StoreLock.holder(Path(cfg.store.dir) / "lock")
+
     def tier_now(self) -> TierReport:
         """Commit everything pending to the cold tier now (see :meth:`MessageStore.tier_now`)."""
         if self.tiering is None or self._loop is None:
@@ -596,11 +615,13 @@ class BlockingMessageStore(_StoreCore):
         *,
         tags: str | TagFilter | None = None,
         wait_ms: int = 0,
+        max_bytes: int | None = None,
     ) -> GetResult:
         """See :meth:`MessageStore.get` (``tags``, ``wait_ms``: the calling thread waits)."""
         if self._check_wait(wait_ms):
-            return self._run_any(self._get_waiting(topic, queue_id, offset, max_count, policy, tags, wait_ms))
-        return self._run(self._get(topic, queue_id, offset, max_count, policy, tags))
+            waiting = self._get_waiting(topic, queue_id, offset, max_count, policy, tags, wait_ms, max_bytes)
+            return self._run_any(waiting)
+        return self._run(self._get(topic, queue_id, offset, max_count, policy, tags, max_bytes))
 
     def offset_for_time(self, topic: str, queue_id: int, timestamp: int, boundary: str = "lower") -> int:
         """First offset stored at/after ``timestamp`` (``upper``: last of those stored exactly then)."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import json
+import socket
 import subprocess
 import sys
 from typing import TYPE_CHECKING, Any
@@ -12,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from typer.testing import CliRunner
 
+from tierd import BlockingMessageStore, TierdConfig
 from tierd.cli import app
 
 if TYPE_CHECKING:
@@ -219,6 +221,8 @@ def test_tier_exits_1_naming_the_owner_when_another_store_owns_the_prefix(cfg: P
     other = tmp_path / "other"
     other.mkdir()
     other_cfg = _config(other, f'[backend]\nurl = "{tmp_path / "cold"}"\n')  # the same prefix
+    with BlockingMessageStore.open(TierdConfig.load(other_cfg)):  # a store (tier never makes one)
+        pass
     res = tierd(other_cfg, "tier", code=1)
     assert res.stderr.startswith("tierd: error: cold-tier prefix ")
     assert " is owned by store " in res.stderr
@@ -251,7 +255,7 @@ def test_tier_exits_1_naming_the_queue_when_pending_messages_cannot_be_committed
         (["segments", "ls", "--type", "wal"], 1, "segment type must be one of"),
         (["consume", "orders", "--policy", "sometimes"], 2, "--policy"),
         (["consume", "orders", "-n", "0"], 2, "--max"),
-        (["produce", "orders"], 2, "give the message body"),
+        (["produce", "orders"], 2, "no message: the input holds no non-empty line"),
         (["produce", "orders", "x", "-p", "novalue"], 2, "KEY=VALUE"),
         (["produce", "rmq_sys_x", "x"], 1, "rmq_sys_"),
         (
@@ -266,6 +270,7 @@ def test_tier_exits_1_naming_the_queue_when_pending_messages_cannot_be_committed
 def test_bad_input_gets_one_clear_line_and_the_right_exit_code(
     cfg: Path, args: list[str], code: int, message: str
 ) -> None:
+    tierd(cfg, "produce", "seed", "x")  # a store exists: the errors are about the input
     res = tierd(cfg, *args, code=code)
     assert message in res.stderr
     assert "Traceback" not in res.stderr + res.stdout
@@ -326,14 +331,26 @@ def test_a_real_subprocess_round_trip(cfg: Path) -> None:
     assert (bad.returncode, bad.stderr.strip()) == (1, "tierd: error: topic 'nope' does not exist")
 
 
-def test_a_store_held_by_a_running_daemon_gets_a_hint(cfg: Path) -> None:
+def test_a_store_held_by_another_process_without_a_daemon_is_one_clear_line(cfg: Path) -> None:
+    """The directory is locked (a daemon holds it, or here a script), so the CLI asks the daemon
+    at the config's address; nothing answers there: one line naming both facts."""
     from tierd import BlockingMessageStore, TierdConfig
 
-    with BlockingMessageStore.open(TierdConfig.load(cfg)):  # stands in for `tierd serve`
+    port = _free_port()
+    cfg.write_text(cfg.read_text() + f"[server]\nport = {port}\n")
+    with BlockingMessageStore.open(TierdConfig.load(cfg)):  # holds the lock, serves nothing
         res = tierd(cfg, "topics", "ls", code=1)
+    assert f"no answer from a tierd daemon at http://127.0.0.1:{port}" in res.stderr
     assert "is in use by another process" in res.stderr
-    assert "Is `tierd serve` running on it?" in res.stderr
+    assert "--server" in res.stderr
     assert res.stderr.count("\n") == 1
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
 
 
 def test_verify_lists_a_sealed_segment_whose_checksum_no_longer_matches(tmp_path: Path) -> None:

@@ -63,6 +63,14 @@ class Running:
         self.url = daemon.url
         self.client = httpx.Client(base_url=self.url, timeout=30)
 
+    def wait_ready(self, timeout: float = 60) -> None:
+        """Poll ``/readyz`` until 200: the cold tier loads in the background after the store
+        opens, and tiering requests before that are refused (503 ``not_ready``)."""
+        deadline = time.monotonic() + timeout
+        while self.client.get("/readyz").status_code != 200:
+            assert time.monotonic() < deadline, "/readyz never became 200"
+            time.sleep(0.05)  # polling interval; the deadline bounds the wait
+
     def call(self, fn: Any, *args: Any) -> Any:
         """Run a coroutine function on the daemon's loop (where the store lives)."""
         assert self.daemon.loop is not None
@@ -148,7 +156,7 @@ class TierdProcess:
         self._cond = threading.Condition()
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
-        self.url = self.wait_for(r"listening on (http://\S+)", 60).group(1)
+        self.url = self.wait_for(r"listening on (http://[^\s\"]+)", 60).group(1)
 
     def _read(self) -> None:
         assert self.proc.stderr is not None

@@ -46,6 +46,7 @@ def assert_error(r: httpx.Response, status: int, code: str) -> dict[str, Any]:
 @pytest.fixture
 def svc(tmp_path: Path) -> Iterator[Running]:
     with running(TierdConfig.from_dict(service_config(tmp_path))) as r:
+        r.wait_ready()
         yield r
 
 
@@ -79,7 +80,7 @@ def test_produce_tier_and_read_back_from_the_cold_tier(svc: Running) -> None:
         range(put["queue_offset"] + 1, put["queue_offset"] + 6)
     )
 
-    assert c.post("/v1/admin/tier").json() == {
+    assert c.post("/v1/admin/tier", json={}).json() == {
         "committed": 6,
         "pending": 0,
         "queues": [{"topic": "orders", "queue_id": 0, "committed": 6, "pending": 0}],
@@ -247,7 +248,7 @@ def test_metrics_report_the_tiered_store_set(svc: Running) -> None:
     before = c.get("/metrics")
     assert before.headers["content-type"].startswith("text/plain")
     assert 'tierd_dispatch_lag_messages{queue_id="0",topic="m"} 10.0' in before.text  # nothing tiered yet
-    assert c.post("/v1/admin/tier").json()["committed"] == 10
+    assert c.post("/v1/admin/tier", json={}).json()["committed"] == 10
     c.get("/v1/topics/m/queues/0/messages", params={"policy": "FORCE"})
     c.get("/v1/topics/m/queues/0/messages", params={"policy": "FORCE", "offset": 5})
     text = c.get("/metrics").text
@@ -296,7 +297,7 @@ async def _readiness_and_draining(tmp_path: Path) -> None:
         assert await app.state.service.drain(1)
         body = assert_error(await c.post("/v1/topics/t/messages", json={"body": ""}), 503, "draining")
         assert "shutting down" in body["message"]
-        assert_error(await c.post("/v1/admin/tier"), 503, "draining")
+        assert_error(await c.post("/v1/admin/tier", json={}), 503, "draining")
         assert (await c.get("/readyz")).json()["detail"]["draining"] is True
         assert (await c.get("/healthz")).status_code == 200
 

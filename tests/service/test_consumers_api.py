@@ -69,7 +69,7 @@ def _follow(svc: Running, **params: Any) -> list[dict[str, Any]]:
 
 def test_tag_filters_in_both_tiers_and_bad_expressions(svc: Running) -> None:
     _produce(svc, ["paid", "Aa", "BB", None, "refunded"] * 20)
-    svc.client.post("/v1/admin/tier")
+    svc.client.post("/v1/admin/tier", json={})
     _produce(svc, ["paid", "Aa", "BB", None, "refunded"] * 20)
     for policy in ("FORCE", "DISABLE"):
         got = _follow(svc, tags="refunded || paid", policy=policy)
@@ -95,7 +95,7 @@ def test_tag_filters_in_both_tiers_and_bad_expressions(svc: Running) -> None:
 
 def test_seek_by_time_across_tiers(svc: Running) -> None:
     _produce(svc, [None] * 10, at_ms=1_000)
-    svc.client.post("/v1/admin/tier")
+    svc.client.post("/v1/admin/tier", json={})
     _produce(svc, [None] * 5, at_ms=2_000)
     _produce(svc, [None] * 5, at_ms=3_000)
     seek = svc.client.get(f"{Q}/offset", params={"timestamp": 1_500}).json()

@@ -81,7 +81,7 @@ def test_serve_over_s3_with_a_token(
         )
         assert batch.status_code == 200, batch.text
         assert batch.json()["count"] == 64
-        assert c.post("/v1/admin/tier").json() == {
+        assert c.post("/v1/admin/tier", json={}).json() == {
             "committed": 65,
             "pending": 0,
             "queues": [{"topic": "orders", "queue_id": 2, "committed": 65, "pending": 0}],

@@ -54,7 +54,7 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
     with running(TierdConfig.from_dict(service_config(root, server={"long_poll_max_ms": 100}))) as r:
         # Some data, so reads, key queries and segment listings have something to find.
         r.client.post("/v1/topics/orders/messages", json={"body": "aGVsbG8=", "keys": ["k"], "queue_id": 0})
-        r.client.post("/v1/admin/tier")
+        r.client.post("/v1/admin/tier", json={})
         yield r
     if len(SENT) == OPERATIONS:  # a full run (not a -k selection)
         assert sum(SENT.values()) >= MIN_CASES, SENT

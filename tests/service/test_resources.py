@@ -40,7 +40,7 @@ def test_many_queues_under_a_small_descriptor_limit(tmp_path: Path) -> None:
                     json={"messages": [{"body": body, "queue_id": q} for q in range(4)]},
                 )
                 assert r.status_code == 200, r.text
-            assert c.post("/v1/admin/tier").json()["committed"] == TOPICS * 4
+            assert c.post("/v1/admin/tier", json={}).json()["committed"] == TOPICS * 4
             r = c.get("/v1/topics/many-99/queues/3/messages", params={"offset": 0, "policy": "FORCE"})
             assert r.json()["source"] == "cold"
             assert base64.b64decode(r.json()["messages"][0]["body"]) == b"m99"

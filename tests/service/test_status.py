@@ -84,19 +84,25 @@ def test_an_s3_outage_keeps_the_pod_ready_and_shows_in_status_and_metrics(
             assert body["tiering"]["ready"] is False
             assert "cannot connect to the S3 endpoint" in body["tiering"]["start_error"]["message"]
             assert body["tiering"]["errors"]
+            assert body["tiering"]["backend"]["capabilities"] is None  # not probed yet
             assert metric(c, "tierd_backend_reachable") == 0.0
             assert metric(c, "tierd_cold_metadata_loaded") == 1.0
             # The cold tier has not loaded: a retriable 503 at once, naming the backend's error.
-            tier = assert_error(c.post("/v1/admin/tier"), 503, "not_ready")
+            tier = assert_error(c.post("/v1/admin/tier", json={}), 503, "not_ready")
             assert "cannot connect to the S3 endpoint" in tier["message"]
 
             proxy.resume()
             poll(lambda: status(c)["status"] == "ok", "status ok after the outage")
-            done = c.post("/v1/admin/tier")
+            done = c.post("/v1/admin/tier", json={})
             assert done.status_code == 200, done.text
             assert done.json()["committed"] == 1
             after = status(c)["tiering"]
             assert after["backend"]["reachable"] is True
+            # The S3 capability probe's verdict, as the write policy it chose (moto: full S3).
+            capabilities = after["backend"]["capabilities"]
+            assert capabilities["driver"] == "s3"
+            assert capabilities["conditional_create"] is True
+            assert capabilities["policy"]["mode"] == "multi-writer"
             assert after["last_commit"] is not None
             assert after["lag"] == {"messages": 0, "seconds": 0.0}
             assert after["ownership"]["owned_by_this_store"] is True
@@ -123,7 +129,7 @@ def test_admin_tier_is_409_prefix_owned_when_another_store_owns_the_prefix(tmp_p
         assert (
             c.post("/v1/topics/orders/messages", json={"body": b64(b"B1"), "queue_id": 0}).status_code == 200
         )
-        body = assert_error(c.post("/v1/admin/tier"), 409, "prefix_owned")
+        body = assert_error(c.post("/v1/admin/tier", json={}), 409, "prefix_owned")
         assert body["detail"]["owner_store_id"] == owner_id
         assert f"owned by store {owner_id} on host" in body["message"]
         st = status(c)
@@ -139,12 +145,12 @@ def test_admin_tier_is_502_naming_the_queue_when_the_cold_path_breaks(tmp_path: 
         c = svc.client
         batch = {"messages": [{"body": b64(b"m%d" % i), "queue_id": i % 2} for i in range(6)]}
         assert c.post("/v1/topics/orders/messages:batch", json=batch).status_code == 200
-        assert c.post("/v1/admin/tier").json()["committed"] == 6
+        assert c.post("/v1/admin/tier", json={}).json()["committed"] == 6
         assert c.post("/v1/topics/orders/messages:batch", json=batch).status_code == 200
         broken = next((tmp_path / "cold").rglob("orders/1"))
         shutil.rmtree(broken)
         broken.write_bytes(b"")
-        body = assert_error(c.post("/v1/admin/tier"), 502, "backend_error")
+        body = assert_error(c.post("/v1/admin/tier", json={}), 502, "backend_error")
         assert "tiering failed for 1 queue(s)" in body["message"]
         assert list(body["detail"]["failed"]) == ["orders/1"]
         assert body["detail"]["committed"] == 3

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import concurrent.futures
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -18,6 +18,7 @@ from tierd.cli.app import (
     progress_bar,
     store_lock_hint,
 )
+from tierd.cli.remote import RemoteStore
 from tierd.tiered.registry import backend_for_url
 
 POLL_SECONDS = 0.2
@@ -39,7 +40,7 @@ def serve(ctx: typer.Context) -> None:
     run_daemon(c.config())
 
 
-def _pending(store: BlockingMessageStore) -> int:
+def _pending(store: BlockingMessageStore | RemoteStore) -> int:
     return sum(q.pending_messages for t in store.topics() for q in store.queues(t))
 
 
@@ -56,33 +57,40 @@ def tier(ctx: typer.Context) -> None:
     # Closed without a second commit round: this command just made one (and if it failed, a
     # retry within the same second would only fail again, slower).
     with c.store() as store:
-        if store.tiering is None:
+        if isinstance(store, RemoteStore):
+            report = store.tier_now()  # the daemon's POST /v1/admin/tier: the same report
+        elif store.tiering is None:
             echo("tiering is disabled (tiered.enabled = false): nothing to do")
             return
-        total = _pending(store)
-        with (
-            progress_bar("tiering", quiet=c.json) as bar,
-            concurrent.futures.ThreadPoolExecutor(1) as pool,
-        ):
-            task = bar.tasks[0].id
-            bar.update(task, total=max(total, 1))
-            job = pool.submit(store.tier_now)
-            while True:
-                try:
-                    report = job.result(timeout=POLL_SECONDS)
-                    break
-                except concurrent.futures.TimeoutError:
-                    bar.update(task, completed=max(0, total - _pending(store)))
+        else:
+            report = _tier_with_progress(store, quiet=c.json)
     if c.json:
-        emit_json(report.as_dict())
+        emit_json(report)
         return
-    if report.queues:
+    if report["queues"]:
         emit_table(
             None,
             ["topic", "queue", "committed", "pending"],
-            [[q.topic, q.queue_id, q.committed, q.pending] for q in report.queues],
+            [[q["topic"], q["queue_id"], q["committed"], q["pending"]] for q in report["queues"]],
         )
-    echo(f"committed {report.committed} message(s) to the cold tier; {report.pending} pending")
+    echo(f"committed {report['committed']} message(s) to the cold tier; {report['pending']} pending")
+
+
+def _tier_with_progress(store: BlockingMessageStore, quiet: bool) -> dict[str, Any]:
+    """``tier_now`` with a progress bar; its report as the daemon sends it (``as_dict``)."""
+    total = _pending(store)
+    with (
+        progress_bar("tiering", quiet=quiet) as bar,
+        concurrent.futures.ThreadPoolExecutor(1) as pool,
+    ):
+        task = bar.tasks[0].id
+        bar.update(task, total=max(total, 1))
+        job = pool.submit(store.tier_now)
+        while True:
+            try:
+                return job.result(timeout=POLL_SECONDS).as_dict()
+            except concurrent.futures.TimeoutError:
+                bar.update(task, completed=max(0, total - _pending(store)))
 
 
 @app.command()
@@ -105,7 +113,7 @@ def verify(
     problem with where it is; exits 1 if any is left. Nothing is written without --repair.
     """
     c = obj(ctx)
-    cfg = c.config()
+    cfg = c.local_only("verify")
     with store_lock_hint(), progress_bar("verifying", bytes_=True, quiet=c.json) as bar:
         task = bar.tasks[0].id
 
@@ -144,7 +152,7 @@ def gc(ctx: typer.Context) -> None:
     and cold segments older than their topic's reserve time (commitlog, queue and index
     segments of a range go together)."""
     c = obj(ctx)
-    with c.store() as store:
+    with c.local_store("gc") as store:
         report = store.gc()
     if c.json:
         emit_json({"hot_files": report.hot_files, "cold_segments": report.cold_segments})

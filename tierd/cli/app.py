@@ -31,24 +31,70 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 from rich.table import Table
+from typer.core import TyperGroup
 
 from tierd import BlockingMessageStore, TierdConfig
-from tierd.errors import StoreLockedError, TierdError
+from tierd.cli.remote import HttpApi, RemoteStore, loopback_url
+from tierd.errors import NotFoundError, StoreLockedError, TierdError
+from tierd.logs import setup_logging as setup_process_logging
 
 log = logging.getLogger("tierd")
 P = ParamSpec("P")
 R = TypeVar("R")
 
+#: Global options that take a value; :class:`_GlobalOptionsGroup` accepts them after the command.
+GLOBAL_VALUE_OPTIONS = frozenset({"--config", "-c", "--output", "-o", "--log-level", "--server"})
+#: Entries whose presence makes a directory a tierd store (what ``open`` creates or ``restore`` writes).
+STORE_MARKERS = ("checkpoint", "commitlog", "consumequeue", "config")
+
+
+def hoist_global_options(args: list[str]) -> list[str]:
+    """Move global options found after the command in front of it, so that
+    ``tierd topics ls -o json`` means ``tierd -o json topics ls`` (as people type them). Stops
+    at ``--``; only the options of :data:`GLOBAL_VALUE_OPTIONS` move (no command uses their names)."""
+    head: list[str] = []
+    i = 0
+    while i < len(args) and args[i].startswith("-") and args[i] != "--":  # options before the command
+        takes_value = args[i] in GLOBAL_VALUE_OPTIONS
+        head += args[i : i + 1 + takes_value]
+        i += 1 + takes_value
+    moved: list[str] = []
+    rest: list[str] = []
+    while i < len(args):
+        arg = args[i]
+        if arg == "--":
+            rest += args[i:]
+            break
+        name = arg.split("=", 1)[0]
+        if name in GLOBAL_VALUE_OPTIONS and name.startswith("--") and "=" in arg:
+            moved.append(arg)
+        elif arg in GLOBAL_VALUE_OPTIONS and i + 1 < len(args):
+            moved += args[i : i + 2]
+            i += 1
+        else:
+            rest.append(arg)
+        i += 1
+    return head + moved + rest
+
+
+class _GlobalOptionsGroup(TyperGroup):
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        return super().parse_args(ctx, hoist_global_options(args))
+
+
 app = typer.Typer(
     name="tierd",
+    cls=_GlobalOptionsGroup,
     help=(
         "tierd: a RocketMQ-style message store with tiered storage.\n\n"
-        "Start the service with `tierd --config conf/local.toml serve`; inspect and operate a store "
-        "with the other commands (they open the store directory, so run them while the daemon is "
-        "stopped — or read a bucket directly with `segments ls --backend-url`)."
+        "Start the service with `tierd --config conf/local.toml serve`. The other commands work "
+        "on the configured store: while a daemon runs they ask it over its HTTP API (the address "
+        "comes from the config, or --server); otherwise they open the store directory themselves. "
+        "`segments ls --backend-url` reads a bucket directly. Global options may also follow the "
+        "command (`tierd topics ls -o json`)."
     ),
     no_args_is_help=True,
-    add_completion=False,
+    add_completion=True,
     pretty_exceptions_enable=False,
     rich_markup_mode=None,
 )
@@ -64,6 +110,8 @@ class Context:
     config_path: Path | None
     output: Output
     log_level: str | None
+    #: ``--server`` / ``TIERD_SERVER_URL``: always talk to this daemon.
+    server_url: str | None = None
     #: Short-lived commands log warnings and errors only unless --log-level says otherwise;
     #: ``serve`` logs at the configured level.
     quiet_logs: bool = True
@@ -79,17 +127,94 @@ class Context:
     def json(self) -> bool:
         return self.output is Output.json
 
+    @property
+    def config_source(self) -> str:
+        """Where the configuration came from, for messages that name it."""
+        return (
+            f"config {self.config_path}"
+            if self.config_path
+            else "built-in defaults (no --config/TIERD_CONFIG)"
+        )
+
+    def remote(self) -> RemoteStore | None:
+        """The running daemon to ask instead of opening the directory: the ``--server`` one, or
+        the one the config names when the store directory is locked (a daemon holds it)."""
+        cfg = self.config()
+        token = cfg.server.bearer_token()
+        if self.server_url:
+            return RemoteStore(HttpApi(self.server_url, token))
+        holder = BlockingMessageStore.lock_holder(cfg)
+        if holder is None:
+            return None
+        held = f"store directory {cfg.store.dir} is in use by another process" + (
+            f" (pid {holder})" if holder else ""
+        )
+        if cfg.server.port == 0:
+            raise StoreLockedError(
+                f"{held}, and server.port = 0 in {self.config_source} gives no address to ask it: "
+                "pass --server URL (or TIERD_SERVER_URL)",
+                path=str(cfg.store.dir),
+            )
+        url = loopback_url(cfg.server.host, cfg.server.port)
+        why = f"{held}; the address is server.host/server.port of {self.config_source}; --server overrides it"
+        return RemoteStore(HttpApi(url, token, why=why))
+
+    def require_store(self, cfg: TierdConfig) -> None:
+        """A command that only reads must not create an empty store by accident (wrong working
+        directory, wrong config): a missing store is an error naming the path and the config."""
+        root = Path(cfg.store.dir)
+        if not any((root / name).exists() for name in STORE_MARKERS):
+            raise NotFoundError(
+                f"no tierd store at {root.absolute()} (store.dir from {self.config_source}); pass the "
+                "daemon's config with --config or TIERD_CONFIG, or --server URL to ask a running daemon",
+                path=str(root),
+            )
+
     @contextmanager
-    def store(self, *, finish_tiering: bool = False) -> Iterator[BlockingMessageStore]:
-        """Open the configured store. Read-only commands close without waiting to commit pending
+    def store(
+        self, *, create: bool = False, finish_tiering: bool = False
+    ) -> Iterator[BlockingMessageStore | RemoteStore]:
+        """The configured store: the running daemon over HTTP when there is one (see
+        :meth:`remote`), else the directory opened here. Only ``create`` commands (produce) may
+        create a missing store. Read-only commands close without waiting to commit pending
         messages to the cold tier (``finish_tiering=False``); the daemon does that on its own."""
+        remote = self.remote()
+        if remote is not None:
+            yield remote
+            return
+        cfg = self.config()
+        if not create:
+            self.require_store(cfg)
         with store_lock_hint():
-            store = BlockingMessageStore.open(self.config())
+            store = BlockingMessageStore.open(cfg)
         try:
             store.wait_ready()  # commands show both tiers, so the cold one must have loaded
             yield store
         finally:
             store.close(grace=None if finish_tiering else 0.0)
+
+    def local_only(self, command: str) -> TierdConfig:
+        """For commands that need the directory itself (``verify``, ``gc``): no HTTP route does
+        their work, so with a daemon running they say so instead; a missing store is an error."""
+        remote = self.remote()
+        if remote is not None:
+            raise StoreLockedError(
+                f"`tierd {command}` works on the store directory itself, and a running daemon holds "
+                f"it ({remote.api.url}); stop the daemon, run it, start the daemon again",
+                command=command,
+            )
+        cfg = self.config()
+        self.require_store(cfg)
+        return cfg
+
+    @contextmanager
+    def local_store(self, command: str) -> Iterator[BlockingMessageStore]:
+        """The store directory opened here (see :meth:`local_only`)."""
+        self.local_only(command)
+        with self.store() as store:
+            if isinstance(store, RemoteStore):  # a daemon started in between
+                raise StoreLockedError(f"a daemon started on the store during `tierd {command}`")
+            yield store
 
 
 @contextmanager
@@ -126,6 +251,17 @@ def root(
             "-c",
             help="TOML config file, e.g. conf/local.toml (default: built-in defaults + TIERD_* env).",
             dir_okay=False,
+            envvar="TIERD_CONFIG",
+        ),
+    ] = None,
+    server: Annotated[
+        str | None,
+        typer.Option(
+            "--server",
+            help="Ask the daemon at this URL (e.g. http://127.0.0.1:8080) instead of opening the store "
+            "directory. Default: the config's server address when a daemon holds the store. The "
+            "token comes from the config (server.token, token_file) or TIERD_SERVER__TOKEN.",
+            envvar="TIERD_SERVER_URL",
         ),
     ] = None,
     output: Annotated[
@@ -143,14 +279,12 @@ def root(
         raise typer.BadParameter(
             f"must be DEBUG, INFO, WARNING or ERROR, got {log_level!r}", param_hint="--log-level"
         )
-    ctx.obj = Context(config, output, log_level)
+    ctx.obj = Context(config, output, log_level, server)
 
 
 def setup_logging(cfg: TierdConfig, override: str | None, quiet: bool = False) -> None:
     level = (override or ("WARNING" if quiet else cfg.log.level)).upper()
-    logging.basicConfig(
-        level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
-    )
+    setup_process_logging(level, cfg.log.format)
 
 
 def handle_errors(fn: Callable[P, R]) -> Callable[P, R]:

@@ -57,17 +57,26 @@ def _properties(pairs: list[str]) -> dict[str, str]:
 
 
 def _bodies(body: str | None, file: Path | None, lines: bool) -> list[bytes]:
+    """The message bodies: the BODY argument, the file, or — with neither, when stdin is not a
+    terminal — one message per line of stdin (as kcat and kafka-console-producer read)."""
     if body is not None and file is not None:
         raise typer.BadParameter("give a BODY argument or --file, not both")
     if body is not None:
         data = body.encode()
     elif file is not None:
         data = sys.stdin.buffer.read() if str(file) == "-" else file.read_bytes()
+    elif not sys.stdin.isatty():
+        data, lines = sys.stdin.buffer.read(), True
     else:
-        raise typer.BadParameter("give the message body as an argument, or --file PATH (- for stdin)")
+        raise typer.BadParameter(
+            "give the message body as an argument, --file PATH (- for stdin), or pipe lines into stdin"
+        )
     if not lines:
         return [data]
-    return [line for line in data.splitlines() if line]
+    found = [line for line in data.splitlines() if line]
+    if not found:
+        raise typer.BadParameter("no message: the input holds no non-empty line")
+    return found
 
 
 @app.command()
@@ -94,7 +103,7 @@ def produce(
     """Append messages to TOPIC and print where they landed.
 
     Examples: `tierd produce orders 'hello' -k o-1 -t paid`;
-    `seq 1000 | tierd produce orders --file - --lines`.
+    `seq 1000 | tierd produce orders` (one message per line of stdin, sent as one batch).
     """
     c = obj(ctx)
     properties = _properties(prop or [])
@@ -102,7 +111,7 @@ def produce(
         Message(topic=topic, body=b, queue_id=queue, keys=tuple(key or ()), tags=tag, properties=properties)
         for b in _bodies(body, file, lines)
     ]
-    with c.store() as store:
+    with c.store(create=True) as store:
         results = [store.put(msgs[0])] if len(msgs) == 1 else list(store.put_batch(msgs))
     if c.json:
         emit_json([dataclasses.asdict(r) for r in results])

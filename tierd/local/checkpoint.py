@@ -87,6 +87,26 @@ class StoreLock:
             os.close(self._fd)
             self._fd = -1
 
+    @staticmethod
+    def holder(path: Path) -> int | None:
+        """Whether another process holds the lock at ``path``, without taking it for long: its
+        pid (0 when the file does not say), or None when nobody holds it (or there is no file).
+        The CLI asks this to decide between opening the store and asking the daemon."""
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except OSError:
+            return None
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except BlockingIOError:
+                text = os.read(fd, 32).decode("ascii", errors="replace").strip()
+                return int(text) if text.isdigit() else 0
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            return None
+        finally:
+            os.close(fd)
+
 
 class AbortMarker:
     """``{dir}/abort`` exists exactly while the store is open."""

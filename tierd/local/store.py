@@ -63,6 +63,19 @@ log = logging.getLogger(__name__)
 #: Upper bounds of one ``get`` (documented in docs/limits.md).
 MAX_GET_COUNT = 4096
 MAX_GET_BYTES = 32 * 1024 * 1024
+
+
+def byte_bounded_count(sizes: list[int], max_bytes: int) -> int:
+    """How many of ``sizes`` (in order) fit in ``max_bytes`` — at least one, so a message larger
+    than the bound is still delivered (alone) and a reader never stalls."""
+    total = 0
+    for i, size in enumerate(sizes):
+        if i and total + size > max_bytes:
+            return i
+        total += size
+    return len(sizes)
+
+
 #: How long a read of an acknowledged-but-not-yet-dispatched offset waits for the reput thread.
 READ_YOUR_WRITES_WAIT = 5.0
 HOUSEKEEPING_INTERVAL = 1.0
@@ -454,10 +467,18 @@ class HotStore:
         return cq.max_offset if cq else 0
 
     def get(
-        self, topic: str, queue_id: int, offset: int, max_count: int, tags: TagFilter | None = None
+        self,
+        topic: str,
+        queue_id: int,
+        offset: int,
+        max_count: int,
+        tags: TagFilter | None = None,
+        max_bytes: int = MAX_GET_BYTES,
     ) -> HotGetResult:
         """Read up to ``max_count`` messages from ``offset`` with GetMessageStatus semantics
-        (docs/reading.md has the table); ``tags`` keeps only messages of those tags."""
+        (docs/reading.md has the table); ``tags`` keeps only messages of those tags. The read
+        stops before the message that would take the bytes read past ``max_bytes`` (RocketMQ's
+        ``maxTransferBytesOnMessageInDisk``; the first message always comes, whatever its size)."""
         self._check_open()
         check_topic(topic)
         check_queue(queue_id, self.cfg.max_queues)
@@ -479,16 +500,20 @@ class HotStore:
         if offset > hi:
             return HotGetResult(GetStatus.OFFSET_OVERFLOW_BADLY, (), hi, lo, hi)
         if tags is not None and not tags.matches_all:
-            return self._get_filtered(cq, offset, max_count, tags)
+            return self._get_filtered(cq, offset, max_count, tags, max_bytes)
         messages: list[MessageExt] = []
         pos = offset
         total = 0
         unreadable: int | None = None
-        while pos < hi and len(messages) < max_count and total < MAX_GET_BYTES and unreadable is None:
+        full = False
+        while pos < hi and len(messages) < max_count and not full and unreadable is None:
             units = cq.read_units(pos, min(max_count - len(messages), hi - pos))
             if not len(units):
                 break
             for phys, size in zip(units["offset"].tolist(), units["size"].tolist(), strict=True):
+                if messages and total + size > max_bytes:
+                    full = True  # the unit's size says so: the record is not even read
+                    break
                 if self.quarantine.ranges and self.quarantine.covers(phys) is not None:
                     if not messages:  # a known hole: report it, and where the queue goes on
                         end = self._hole_end(cq, pos, hi)
@@ -504,13 +529,13 @@ class HotStore:
                 pos += 1
                 messages.append(msg)
                 total += size
-                if total >= MAX_GET_BYTES:
-                    break
         if not messages:
             return HotGetResult(GetStatus.OFFSET_FOUND_NULL, (), offset, lo, hi, unreadable)
         return HotGetResult(GetStatus.FOUND, tuple(messages), pos, lo, hi, unreadable)
 
-    def _get_filtered(self, cq: ConsumeQueue, offset: int, max_count: int, tags: TagFilter) -> HotGetResult:
+    def _get_filtered(
+        self, cq: ConsumeQueue, offset: int, max_count: int, tags: TagFilter, max_bytes: int = MAX_GET_BYTES
+    ) -> HotGetResult:
         """A read that skips other tags: units are matched on their tags code with numpy (no
         record read for a miss), candidates are read and kept only when their decoded tag is
         one of ``tags`` (a hash collision is skipped). At most :data:`MAX_SCAN_UNITS` units are
@@ -521,7 +546,8 @@ class HotStore:
         unreadable: int | None = None
         total = 0
         pos = offset
-        while pos < end and len(messages) < max_count and total < MAX_GET_BYTES and unreadable is None:
+        full = False
+        while pos < end and len(messages) < max_count and not full and unreadable is None:
             units = cq.read_units(pos, end - pos)
             if not len(units):
                 break
@@ -529,6 +555,9 @@ class HotStore:
             phys, sizes = units["offset"], units["size"]
             for i in np.flatnonzero(tags.unit_mask(units["tags_code"])).tolist():
                 size = int(sizes[i])
+                if messages and total + size > max_bytes:
+                    full, stop = True, pos + i  # this candidate is the next read's first
+                    break
                 if self.quarantine.ranges and self.quarantine.covers(int(phys[i])) is not None:
                     continue  # a known hole (its tag is unknown): filtered reads step over it
                 msg = self._read_checked(int(phys[i]), size, cq.topic, cq.queue_id, pos + i)
@@ -538,7 +567,7 @@ class HotStore:
                 if tags.matches(msg):
                     messages.append(msg)
                     total += size
-                    if len(messages) >= max_count or total >= MAX_GET_BYTES:
+                    if len(messages) >= max_count:
                         stop = pos + i + 1
                         break
             pos = stop

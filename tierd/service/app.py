@@ -32,6 +32,7 @@ from tierd.service.errors import (
     error_response,
     install_error_handlers,
 )
+from tierd.service.guards import HostGuardMiddleware, HostPolicy, JsonOnlyMiddleware
 from tierd.service.metrics import HttpMetricsMiddleware, ServiceMetrics
 from tierd.service.schemas import (
     MAX_GET,
@@ -228,16 +229,18 @@ def _errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
         409: "Another store owns the cold tier's bucket prefix (`prefix_owned`).",
         413: "Message or request body too large.",
         422: "Request does not match the schema.",
+        415: "A write without `Content-Type: application/json` (browsers cannot send that cross-site).",
+        421: "The `Host` header names another server (DNS-rebinding guard; see `server.allowed_hosts`).",
         500: "Unexpected server error (details only in the server log).",
         502: "The cold-tier backend failed (or could not commit what was pending).",
         503: "Not ready (store opening, cold tier unreachable) or draining for shutdown.",
         507: "Hot store full: writes refused until space frees.",
     }
-    return {s: {"model": ErrorOut, "description": meaning[s]} for s in sorted({401, 500, *statuses})}
+    return {s: {"model": ErrorOut, "description": meaning[s]} for s in sorted({401, 421, 500, *statuses})}
 
 
 router = APIRouter()
-WRITE_ERRORS = _errors(400, 413, 422, 503, 507)
+WRITE_ERRORS = _errors(400, 413, 415, 422, 503, 507)
 READ_ERRORS = _errors(400, 422, 502, 503)
 
 
@@ -339,7 +342,10 @@ async def consume(
     GetMessageStatus) and `next_offset` where to continue. `source` is the tier that served it."""
     store = svc.store()
     wait = 0 if svc.draining else wait_ms
-    return GetOut.of(await store.get(topic, queue, offset, max, policy, tags=tags, wait_ms=wait))
+    limit = svc.cfg.server.max_read_bytes
+    return GetOut.of(
+        await store.get(topic, queue, offset, max, policy, tags=tags, wait_ms=wait, max_bytes=limit)
+    )
 
 
 @router.get(
@@ -557,7 +563,7 @@ async def segments(
     response_model=TierOut,
     tags=["admin"],
     summary="Commit everything pending to the cold tier now",
-    responses=_errors(409, 502, 503),
+    responses=_errors(409, 415, 502, 503),
 )
 async def tier(svc: Svc) -> TierOut:
     """Dispatch and commit every queue now instead of waiting for `dispatch_interval`; returns
@@ -599,12 +605,14 @@ async def metrics(svc: Svc) -> Response:
     return Response(svc.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
 
+@router.head("/healthz", include_in_schema=False)
 @router.get("/healthz", response_model=StatusOut, tags=["ops"], summary="Liveness")
 async def healthz() -> StatusOut:
     """200 while the process serves HTTP (even during recovery or draining). Never needs a token."""
     return StatusOut(status="ok")
 
 
+@router.head("/readyz", include_in_schema=False)
 @router.get(
     "/readyz",
     response_model=StatusOut,
@@ -635,7 +643,9 @@ backend. Bodies travel as base64 in JSON. Every error is JSON
 `{"error": code, "message": ..., "detail": {...}}` — never a stack trace.
 
 When `server.token` is set, every route except `/healthz` and `/readyz` needs
-`Authorization: Bearer <token>` (401 `unauthorized` otherwise). Limits: see docs/http.md.
+`Authorization: Bearer <token>` (401 `unauthorized` otherwise). Writes (every POST) need
+`Content-Type: application/json` (415 otherwise) and the `Host` header must name this server
+(421 otherwise): browsers cannot drive the API. Limits: see docs/http.md.
 """
 
 
@@ -655,6 +665,8 @@ def create_app(cfg: TierdConfig, store: MessageStore | Callable[[], MessageStore
         version="0.1.0",
         description=DESCRIPTION,
         redoc_url=None,
+        # The interactive page loads its scripts from a CDN: off unless asked for (server.api_docs).
+        docs_url="/docs" if cfg.server.api_docs else None,
         openapi_tags=[
             {"name": "produce", "description": "Append messages to the hot store."},
             {"name": "consume", "description": "Read by queue offset or by key, across both tiers."},
@@ -670,7 +682,9 @@ def create_app(cfg: TierdConfig, store: MessageStore | Callable[[], MessageStore
     # Starlette wraps in reverse order of adding: the last added runs first (outermost).
     app.add_middleware(CatchAllMiddleware)
     app.add_middleware(BodyLimitMiddleware, limit=request_limit(cfg.store.max_message_size))
-    app.add_middleware(BearerAuthMiddleware, token=cfg.server.token)
+    app.add_middleware(JsonOnlyMiddleware, router=app.router)
+    app.add_middleware(BearerAuthMiddleware, token=cfg.server.bearer_token())
+    app.add_middleware(HostGuardMiddleware, policy=HostPolicy(cfg.server.host, cfg.server.allowed_hosts))
     app.add_middleware(HttpMetricsMiddleware, metrics=svc.metrics)
     _document_security(app)
     return app
@@ -699,6 +713,14 @@ def _document_security(app: FastAPI) -> None:
         for path, ops in schema.get("paths", {}).items():
             for op in ops.values():
                 op["security"] = [] if path in ("/healthz", "/readyz") else [{"bearerAuth": []}, {}]
+        # Every POST may be refused for its content type (guards.JsonOnlyMiddleware), new ones too.
+        refused = {
+            "description": "A write without `Content-Type: application/json`.",
+            "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorOut"}}},
+        }
+        for ops in schema.get("paths", {}).values():
+            if "post" in ops:
+                ops["post"].setdefault("responses", {}).setdefault("415", refused)
         app.openapi_schema = schema
         return schema
 

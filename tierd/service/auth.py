@@ -29,7 +29,7 @@ OPEN_PATHS = frozenset({"/healthz", "/readyz"})
 class BearerAuthMiddleware:
     def __init__(self, app: ASGIApp, token: str | None) -> None:
         self.app = app
-        self.expected = f"Bearer {token}".encode() if token else None
+        self.expected = token.encode() if token else None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if self.expected is None or scope["type"] != "http" or scope["path"] in OPEN_PATHS:
@@ -40,8 +40,17 @@ class BearerAuthMiddleware:
             if name == b"authorization":
                 given = value
                 break
-        if not hmac.compare_digest(given, self.expected):
-            reason = "missing Authorization header" if not given else "wrong bearer token"
+        # The scheme is case-insensitive (RFC 9110 §11.1): "bearer x" and "BEARER x" are fine.
+        scheme, _, credentials = given.strip().partition(b" ")
+        is_bearer = scheme.lower() == b"bearer"
+        if not (is_bearer and hmac.compare_digest(credentials.strip(), self.expected)):
+            reason = (
+                "missing Authorization header"
+                if not given
+                else "wrong bearer token"
+                if is_bearer
+                else "the Authorization scheme must be Bearer"
+            )
             err = UnauthorizedError(
                 f"{reason}: this server requires 'Authorization: Bearer <server.token>'",
                 scheme="Bearer",

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import logging
 import signal
 import socket
@@ -37,6 +38,8 @@ import uvicorn
 
 from tierd.errors import ConfigError, TierdError
 from tierd.service.app import create_app
+from tierd.service.ops import create_ops_app
+from tierd.service.protocol import bounded_protocol
 from tierd.store import MessageStore
 
 if TYPE_CHECKING:
@@ -72,7 +75,7 @@ class _Server(uvicorn.Server):
         self.listening.set()
 
 
-def bind(host: str, port: int) -> socket.socket:
+def bind(host: str, port: int, setting: str = "server.") -> socket.socket:
     """A listening TCP socket on ``host:port``, or a :class:`~tierd.errors.ConfigError` naming both.
 
     The socket is made with an explicit ``IPPROTO_TCP``: asyncio only sets ``TCP_NODELAY`` on
@@ -93,11 +96,29 @@ def bind(host: str, port: int) -> socket.socket:
             raise
     except OSError as e:
         raise ConfigError(
-            f"cannot listen on {host}:{port} (server.host, server.port): {e.strerror or e}",
+            f"cannot listen on {host}:{port} ({setting}host, {setting}port): {e.strerror or e}",
             host=host,
             port=port,
         ) from e
     return sock
+
+
+def check_exposure(cfg: TierdConfig, sock: socket.socket) -> None:
+    """Refuse to serve the data API beyond this machine without a token: a non-loopback bind
+    (a wildcard ``0.0.0.0`` included) needs ``server.token``/``token_file``, unless
+    ``server.allow_unauthenticated`` says something else authenticates."""
+    address = sock.getsockname()[0]
+    if ipaddress.ip_address(address.split("%", 1)[0]).is_loopback:
+        return
+    if cfg.server.bearer_token() is not None or cfg.server.allow_unauthenticated:
+        return
+    raise ConfigError(
+        f"server.host = {cfg.server.host!r} is reachable from other machines and no token is set: "
+        "set server.token (TIERD_SERVER__TOKEN) or server.token_file, bind 127.0.0.1 (the ops "
+        "listener, server.ops_host, serves probes and metrics beyond loopback), or set "
+        "server.allow_unauthenticated = true if something in front authenticates",
+        host=cfg.server.host,
+    )
 
 
 def url_of(sock: socket.socket) -> str:
@@ -115,6 +136,9 @@ class Daemon:
         self.url: str | None = None
         self.app: FastAPI = create_app(cfg, lambda: self.store)
         self.service: Service = self.app.state.service
+        #: The ops listener's app (health, readiness, metrics), when ``server.ops_host`` is set.
+        self.ops_app: FastAPI | None = None if cfg.server.ops_host is None else create_ops_app(self.service)
+        self.ops_url: str | None = None
         self._stop = asyncio.Event()
         self.loop: asyncio.AbstractEventLoop | None = None
 
@@ -133,20 +157,28 @@ class Daemon:
     async def run(self, on_ready: Callable[[Daemon], None] | None = None) -> None:
         self.loop = asyncio.get_running_loop()
         sock = bind(self.cfg.server.host, self.cfg.server.port)
+        try:
+            check_exposure(self.cfg, sock)
+            ops_sock = None
+            if self.ops_app is not None:
+                ops_sock = bind(self.cfg.server.ops_host or "", self.cfg.server.ops_port, "server.ops_")
+        except BaseException:
+            sock.close()
+            raise
         self.url = url_of(sock)
-        server = _Server(
-            uvicorn.Config(
-                self.app,
-                lifespan="off",  # the store's lifecycle is ours, not the app's
-                log_config=None,  # keep the process's logging as the CLI set it up
-                access_log=False,
-                timeout_graceful_shutdown=HTTP_STOP_TIMEOUT,
-                server_header=False,
-            )
-        )
+        server = _Server(self._uvicorn_config(self.app))
         http = asyncio.create_task(server.serve(sockets=[sock]), name="tierd-http")
+        ops: _Server | None = None
+        ops_http: asyncio.Task[None] | None = None
+        if self.ops_app is not None and ops_sock is not None:
+            self.ops_url = url_of(ops_sock)
+            ops = _Server(self._uvicorn_config(self.ops_app))
+            ops_http = asyncio.create_task(ops.serve(sockets=[ops_sock]), name="tierd-ops-http")
         try:
             await _first(server.listening.wait(), http)
+            if ops is not None and ops_http is not None:
+                await _first(ops.listening.wait(), ops_http)
+                log.info("ops listener (health, readiness, metrics) on %s", self.ops_url)
             log.info("listening on %s", self.url)
             log.info("opening store at %s (recovering if needed)", self.cfg.store.dir)
             # Writes are served at once; reads wait for the cold tier themselves (bounded).
@@ -170,7 +202,24 @@ class Daemon:
                 await http
             if self.store is not None and not self.store.hot.closed:
                 await self.store.close()
+            if ops is not None and ops_http is not None:  # last: probes see "draining" to the end
+                ops.should_exit = True
+                with contextlib.suppress(Exception):
+                    await ops_http
         log.info("stopped cleanly")
+
+    def _uvicorn_config(self, app: FastAPI) -> uvicorn.Config:
+        server = self.cfg.server
+        return uvicorn.Config(
+            app,
+            lifespan="off",  # the store's lifecycle is ours, not the app's
+            log_config=None,  # keep the process's logging as the CLI set it up
+            access_log=False,
+            timeout_graceful_shutdown=HTTP_STOP_TIMEOUT,
+            server_header=False,
+            http=bounded_protocol(server.max_header_bytes, server.header_timeout),
+            limit_concurrency=server.max_connections,
+        )
 
     async def _shutdown(self, store: MessageStore, server: _Server, http: asyncio.Task[None]) -> None:
         grace = self.cfg.server.shutdown_grace

@@ -20,7 +20,14 @@ from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse
 
-from tierd.errors import MessageTooLargeError, NotReadyError, StoreClosedError, TierdError
+from tierd.errors import (
+    InvalidArgumentError,
+    MessageTooLargeError,
+    NotReadyError,
+    StoreClosedError,
+    TierdError,
+)
+from tierd.repeats import FailureLog
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
@@ -28,6 +35,9 @@ if TYPE_CHECKING:
     from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 log = logging.getLogger(__name__)
+#: Server-side failures answered to clients, one failure log per error code: an S3 outage fails
+#: every read alike, and the log says so once a minute with a count, not once per request.
+_SERVER_ERRORS: dict[str, FailureLog] = {}
 
 
 class UnauthorizedError(TierdError, PermissionError):
@@ -49,6 +59,23 @@ class RequestTooLargeError(MessageTooLargeError):
 
     code = "request_too_large"
     http_status = 413
+
+
+class UnsupportedMediaTypeError(InvalidArgumentError):
+    """A request that changes something without ``Content-Type: application/json``. Browsers send
+    such requests cross-site without asking (forms, ``fetch`` in no-cors mode); requiring the
+    JSON type makes them ask first (CORS preflight), which tierd never grants."""
+
+    code = "unsupported_media_type"
+    http_status = 415
+
+
+class InvalidHostError(InvalidArgumentError):
+    """The ``Host`` header names an address this server is not bound to (DNS rebinding: a web
+    page whose name now resolves to 127.0.0.1 must not reach a loopback daemon)."""
+
+    code = "invalid_host"
+    http_status = 421
 
 
 #: Codes for HTTP statuses Starlette raises itself (routing), so they keep the common shape.
@@ -93,8 +120,12 @@ def tierd_error_response(exc: TierdError) -> JSONResponse:
 
 async def _on_tierd_error(_: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, TierdError)
-    if exc.http_status >= 500:
-        log.warning("%s %s: %s", exc.code, exc.http_status, exc.message)
+    if exc.http_status >= 500:  # one line per kind, then once a minute with a count
+        failures = _SERVER_ERRORS.get(exc.code)
+        if failures is None:
+            what = f"a request ({exc.http_status} {exc.code})"
+            failures = _SERVER_ERRORS.setdefault(exc.code, FailureLog(log, what))
+        failures.failed(exc)
     return tierd_error_response(exc)
 
 

@@ -315,6 +315,11 @@ class BackendOut(_Model):
     calls: int
     failures: int
     timeouts: int
+    capabilities: dict[str, Any] | None = Field(
+        description="The driver's capability check (S3: the probe's verdict per feature and the "
+        "write policy it chose, see drivers.md); None before the first check or for drivers "
+        "without one."
+    )
 
 
 class LagOut(_Model):

@@ -25,8 +25,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
-from tierd.errors import CorruptionError, TierdError
+from tierd.errors import CorruptionError
 from tierd.local.codec import POS_BORN_HOST, POS_SYSFLAG, SYSFLAG_BORNHOST_V6
+from tierd.repeats import FailureLog
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
@@ -172,6 +173,8 @@ class Dispatcher:
         self._stopping = False
         #: Oldest hot commitlog offset whose message is not yet committed cold.
         self.safe_offset = 0
+        self._failures = FailureLog(log, "dispatch round")
+        self._failure_logs: dict[tuple[str, int], FailureLog] = {}
 
     # ------------------------------------------------------------------ loop
     async def run(self) -> None:
@@ -186,10 +189,9 @@ class Dispatcher:
                 await self.dispatch_round()
                 if self.after_round is not None:
                     await self.after_round()
-            except TierdError as e:  # explained already (ownership, backend): one line
-                log.error("dispatch round stopped: %s; the next round retries", e)
-            except Exception:
-                log.exception("dispatch round failed; the next round retries")
+                self._failures.succeeded()
+            except Exception as e:  # one line for an explained failure; repeats counted
+                self._failures.failed(e, "the next round retries")
 
     def trigger(self) -> None:
         self._wake.set()
@@ -282,19 +284,25 @@ class Dispatcher:
             self._active.add(key)
             try:
                 made = await self._dispatch_queue(key, force, result)
-            except TierdError as e:
-                # An expected, explained condition: one line, no traceback.
-                log.error("tiering %s/%d: %s", key[0], key[1], e)
-                self._failed(key, e, result)
-                return
-            except Exception as e:
-                log.exception("tiering %s/%d failed unexpectedly", key[0], key[1])
+            except Exception as e:  # one line if explained, a traceback if a bug; repeats counted
+                self._queue_failures(key).failed(e, "retried with backoff")
                 self._failed(key, e, result)
                 return
             finally:
                 self._active.discard(key)
+            failures = self._failure_logs.get(key)
+            if failures is not None:
+                failures.succeeded()
             if made:
                 result.committed[key] = made
+
+    def _queue_failures(self, key: tuple[str, int]) -> FailureLog:
+        """The failure log of one queue: an outage fails every queue every round, and each queue
+        says so once per interval, with a count."""
+        failures = self._failure_logs.get(key)
+        if failures is None:
+            failures = self._failure_logs[key] = FailureLog(log, f"tiering {key[0]}/{key[1]}")
+        return failures
 
     def _failed(self, key: tuple[str, int], err: BaseException, result: RoundResult) -> None:
         result.failed[key] = err

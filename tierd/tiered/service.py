@@ -32,6 +32,7 @@ from tierd.errors import (
     TierdError,
     UnsafeBackendError,
 )
+from tierd.repeats import FailureLog
 from tierd.tiered.dispatcher import Dispatcher, QueueTiered, RoundResult, TierReport
 from tierd.tiered.flatstore import FlatFileStore
 from tierd.tiered.guard import BackendHealth, GuardedRoot
@@ -116,6 +117,8 @@ class TieringService:
         self.dispatcher.on_committed.append(self._index_batch)
         self.dispatcher.on_failure = lambda key, err: self.health.note(f"commit {key[0]}/{key[1]}", err)
         self._manifest_lock = asyncio.Lock()
+        self._manifest_failures = FailureLog(log, "writing bucket manifests")
+        self._maintenance_failures = FailureLog(log, "tiering maintenance")
         #: Set once the cold tier is usable: metadata loaded, prefix claimed, flat files reconciled.
         self.ready = asyncio.Event()
         #: True once the local tiering metadata was read (the pod can serve local clients).
@@ -283,11 +286,11 @@ class TieringService:
                 if time.monotonic() >= next_retention:
                     next_retention = time.monotonic() + RETENTION_INTERVAL
                     await self.apply_retention()
-            except TierdError as e:  # explained (ownership, backend): one line
-                self.health.note("maintenance", e)
-                log.error("tiering maintenance stopped: %s; retrying next interval", e)
-            except Exception:
-                log.exception("tiering maintenance failed; retrying next interval")
+                self._maintenance_failures.succeeded()
+            except Exception as e:  # one line for an explained failure; repeats counted
+                if isinstance(e, TierdError):
+                    self.health.note("maintenance", e)
+                self._maintenance_failures.failed(e, "retrying next interval")
 
     def _index_batch(self, batch: CommittedBatch) -> None:
         """Dispatcher hand-off: committed (readable) messages go into the cold key index."""
@@ -409,11 +412,11 @@ class TieringService:
         try:
             async with self._manifest_lock:
                 await self.manifests.write_changed()
-        except TierdError as e:  # explained (ownership, backend): one line, rewritten next time
-            self.health.note("manifests", e)
-            log.error("writing bucket manifests failed: %s; retrying at the next interval", e)
-        except Exception:  # manifests are rewritten next time; data is safe without them
-            log.exception("writing bucket manifests failed; retrying at the next interval")
+            self._manifest_failures.succeeded()
+        except Exception as e:  # manifests are rewritten next time; data is safe without them
+            if isinstance(e, TierdError):
+                self.health.note("manifests", e)
+            self._manifest_failures.failed(e, "retrying at the next interval")
 
     async def close(self, grace: float = 30.0) -> None:
         """Stop the loop, try to commit what is pending within ``grace`` seconds, save metadata."""
@@ -432,10 +435,8 @@ class TieringService:
                 log.warning(
                     "closing with tiering unfinished after %.0f s; it resumes at the next start", grace
                 )
-            except TierdError as e:
-                log.warning("final tiering round stopped: %s; it resumes at the next start", e)
-            except Exception:
-                log.exception("final tiering round failed; it resumes at the next start")
+            except Exception as e:  # one line for an explained failure
+                FailureLog(log, "final tiering round").failed(e, "it resumes at the next start")
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -477,6 +478,7 @@ class TieringService:
                 "calls": h.calls,
                 "failures": h.failures,
                 "timeouts": h.timeouts,
+                "capabilities": dict(report) if (report := self.root.capability_report()) else None,
             },
             "ownership": {
                 "prefix": prefix_url(self.root.url, self.cfg.tiered.cluster, self.cfg.tiered.broker),
