@@ -45,6 +45,8 @@ if TYPE_CHECKING:
     from tierd.tiered.fetcher import CacheStats
 
 MAX_TIMESTAMP = 2**63 - 1
+#: Seconds tier_now / gc / verify wait for the hot store to index what was written before them.
+DISPATCH_WAIT = 30.0
 T = TypeVar("T")
 S = TypeVar("S", bound="_StoreCore")
 Boundary = Literal["lower", "upper"]
@@ -313,7 +315,7 @@ class _StoreCore:
 
     async def _gc(self) -> GcReport:
         hot = self._hot()
-        hot.wait_dispatched(30)
+        await asyncio.to_thread(hot.require_dispatched, DISPATCH_WAIT, "gc")
         files = await asyncio.to_thread(hot.apply_retention)
         segments = 0
         if self.tiering is not None:
@@ -323,7 +325,7 @@ class _StoreCore:
 
     async def _verify(self, progress: VerifyProgress | None, repair: bool) -> VerifyReport:
         hot = self._hot()
-        hot.wait_dispatched(30)
+        await asyncio.to_thread(hot.require_dispatched, DISPATCH_WAIT, "verify")
         if self.tiering is not None:
             await self.tiering.wait_ready()
         return await verify(hot, self.tiering, progress, repair=repair)
@@ -473,10 +475,12 @@ class MessageStore(_StoreCore):
         """Commit everything pending to the cold tier now. Returns what each queue committed
         (``.committed`` is the total); raises when pending messages could not be committed
         (:class:`~tierd.errors.BackendError`, naming each queue and the backend's error) or the
-        bucket prefix belongs to another store (:class:`~tierd.errors.PrefixOwnedError`)."""
+        bucket prefix belongs to another store (:class:`~tierd.errors.PrefixOwnedError`), and
+        :class:`~tierd.errors.NotReadyError` when the hot store has not indexed what was written
+        before the call within ``DISPATCH_WAIT`` seconds (it would tier only part of it)."""
         if self.tiering is None:
             return TierReport()
-        await asyncio.to_thread(self._hot().wait_dispatched, 30)
+        await asyncio.to_thread(self._hot().require_dispatched, DISPATCH_WAIT, "tier_now")
         n = await self.tiering.tier_now()
         await self._upload_offsets()
         return n
@@ -578,7 +582,7 @@ class BlockingMessageStore(_StoreCore):
         """Commit everything pending to the cold tier now (see :meth:`MessageStore.tier_now`)."""
         if self.tiering is None or self._loop is None:
             return TierReport()
-        self._hot().wait_dispatched(30)
+        self._hot().require_dispatched(DISPATCH_WAIT, "tier_now")
         n = self._loop.run(self.tiering.tier_now())
         self._loop.run(self._upload_offsets())
         return n

@@ -243,3 +243,45 @@ def test_failing_queues_are_one_rate_limited_line_per_round_not_one_per_queue(
         ]
         assert not [r for r in lines if r.exc_info]
         assert len([r for r in caplog.records if r.levelno == logging.DEBUG]) >= 3 * 150  # the detail
+
+
+def test_tier_now_fails_when_the_hot_store_cannot_index_what_was_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """tier_now waits a bounded time for the hot store's dispatch; past it, NotReadyError naming
+    the cause — not a success that tiered only part of what was written. Both facades."""
+    import asyncio
+
+    import tierd.store
+    from tierd import MessageStore
+    from tierd.errors import NotReadyError
+
+    monkeypatch.setattr(tierd.store, "DISPATCH_WAIT", 0.2)
+
+    def broken(topic: str, queue_id: int) -> Any:
+        raise OSError(f"consume queue {topic}/{queue_id} unwritable")
+
+    cfg = cold_config(tmp_path)
+    with BlockingMessageStore.open(cfg) as store:
+        store.wait_ready(60)
+        working = store.hot.reput.queue_for
+        store.hot.reput.queue_for = broken
+        _produce(store, 4)
+        with pytest.raises(
+            NotReadyError, match=r"tier_now: .* dispatch keeps failing: consume queue t/\d unwritable"
+        ):
+            store.tier_now()
+        store.hot.reput.queue_for = working
+        assert store.tier_now().committed == 4
+
+    async def main() -> None:
+        async with MessageStore.open(cfg) as store:
+            working = store.hot.reput.queue_for
+            store.hot.reput.queue_for = broken
+            await store.put(Message(topic="t", body=b"x", queue_id=0))
+            with pytest.raises(NotReadyError, match=r"tier_now: .* dispatch keeps failing"):
+                await store.tier_now()
+            store.hot.reput.queue_for = working
+            assert (await store.tier_now()).committed == 1
+
+    asyncio.run(main())
