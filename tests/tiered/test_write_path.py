@@ -311,3 +311,30 @@ def test_disk_nearly_full_and_tiering_behind_refuses_writes_until_tiered(tmp_pat
         full = False
         hot.apply_retention()
         store.put(Message(topic="d", body=b"accepted"))
+
+
+def test_saving_over_a_corrupt_main_file_keeps_the_good_backup(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from tierd.tiered.metadata import TieredMetadata, TopicMeta
+
+    def meta(n: int) -> TieredMetadata:
+        return TieredMetadata(cluster="c", broker="b", topics=(TopicMeta(name=f"t{n}", id=n),))
+
+    MetadataStore(tmp_path).save(meta(1))
+    MetadataStore(tmp_path).save(meta(2))  # main: 2, backup: 1
+    store = MetadataStore(tmp_path)
+    store.path.write_text('{"format-version": 1, "clu')  # torn / rotten
+    store.save(meta(3))
+    assert "does not parse; keeping the backup" in caplog.text
+    assert store.path.exists()
+    assert store.corrupt.read_text().startswith('{"format-version": 1, "clu')
+    store.path.write_text("rotten again")
+    loaded = MetadataStore(tmp_path).load()  # falls back to the backup: the last good one before
+    assert loaded is not None
+    assert loaded.topics[0].name == "t1"
+    MetadataStore(tmp_path).save(meta(4))
+    store.save(meta(5))  # the main file is its own write: rotated as usual
+    assert MetadataStore(tmp_path).load() == meta(5)
+    store.path.write_text("rotten")
+    assert MetadataStore(tmp_path).load() == meta(4)
