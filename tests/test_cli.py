@@ -92,6 +92,24 @@ def test_store_in_use_is_reported_without_a_traceback(tmp_path: Path) -> None:
     assert "Traceback" not in proc.stderr
 
 
+def test_a_start_up_error_is_printed_once(tmp_path: Path) -> None:
+    """The cold tier refuses to start (metadata gone, the bucket holds this broker's data): the
+    store logs it and the command fails with it — the operator reads it once."""
+    cfg_path = _config(tmp_path)
+    with BlockingMessageStore.open(TierdConfig.load(cfg_path, env={})) as store:
+        store.put(Message(topic="orders", body=b"tiered"))
+        store.tier_now()
+    for f in (tmp_path / "hot" / "config").glob("tieredStoreMetadata.json*"):
+        f.unlink()
+    proc = subprocess.run(
+        [*TIERD, "--config", str(cfg_path), "tier"], capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 1
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("tierd: error: the cold tier cannot start: no tiering metadata")
+
+
 def test_usage_errors_exit_2_and_help_teaches() -> None:
     assert subprocess.run([*TIERD, "bogus"], capture_output=True, timeout=60).returncode == 2
     helptext = subprocess.run([*TIERD, "--help"], capture_output=True, text=True, timeout=60).stdout

@@ -10,10 +10,13 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, Literal, get_args
 
-from tierd.errors import InvalidArgumentError, NotFoundError
+from tierd.errors import CorruptionError, InvalidArgumentError, NotFoundError, SegmentNotFoundError
 from tierd.tiered.manifest import (
+    BrokerManifest,
+    IndexManifest,
     ManifestSegment,
     build_queue_manifest,
+    index_manifest_path,
     read_broker_manifest,
     read_queue_manifest,
 )
@@ -207,6 +210,24 @@ async def bucket_segments(
     if topic is None and queue_id is None and kind in (None, "INDEX"):
         rows += [
             _index_row(cluster, broker, s.base_offset, s.size, s.min_store_timestamp, s.max_store_timestamp)
-            for s in bm.index_segments
+            for s in await _index_segments(root, cluster, broker, bm)
         ]
     return rows
+
+
+async def _index_segments(
+    root: DriverRoot, cluster: str, broker: str, bm: BrokerManifest
+) -> tuple[ManifestSegment, ...]:
+    """The uploaded INDEX segments: the index manifest lists them (the broker manifest's
+    ``index_segments`` is kept for readers of older buckets)."""
+    try:
+        raw = await root.get_object(index_manifest_path(cluster, broker))
+    except SegmentNotFoundError:
+        return bm.index_segments
+    try:
+        return IndexManifest.model_validate_json(raw).segments
+    except ValueError as e:
+        raise CorruptionError(
+            f"index manifest {index_manifest_path(cluster, broker)} is not valid: {e}",
+            path=index_manifest_path(cluster, broker),
+        ) from e

@@ -13,6 +13,7 @@ alone (a consumer told ``OFFSET_TOO_SMALL`` by a half-loaded store would skip th
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import threading
@@ -37,7 +38,7 @@ from tierd.verify import Progress as VerifyProgress
 from tierd.verify import VerifyReport, verify, verify_store
 
 if TYPE_CHECKING:
-    from collections.abc import Coroutine, Generator, Sequence
+    from collections.abc import Callable, Coroutine, Generator, Sequence
     from types import TracebackType
 
     from tierd.config import TierdConfig
@@ -45,7 +46,10 @@ if TYPE_CHECKING:
     from tierd.tiered.fetcher import CacheStats
 
 MAX_TIMESTAMP = 2**63 - 1
+#: Seconds tier_now / gc / verify wait for the hot store to index what was written before them.
+DISPATCH_WAIT = 30.0
 T = TypeVar("T")
+S = TypeVar("S", bound="_StoreCore")
 Boundary = Literal["lower", "upper"]
 log = logging.getLogger(__name__)
 #: Statuses after which a long poll waits: the read is caught up (nothing to return yet).
@@ -316,7 +320,7 @@ class _StoreCore:
 
     async def _gc(self) -> GcReport:
         hot = self._hot()
-        hot.wait_dispatched(30)
+        await asyncio.to_thread(hot.require_dispatched, DISPATCH_WAIT, "gc")
         files = await asyncio.to_thread(hot.apply_retention)
         segments = 0
         if self.tiering is not None:
@@ -326,7 +330,7 @@ class _StoreCore:
 
     async def _verify(self, progress: VerifyProgress | None, repair: bool) -> VerifyReport:
         hot = self._hot()
-        hot.wait_dispatched(30)
+        await asyncio.to_thread(hot.require_dispatched, DISPATCH_WAIT, "verify")
         if self.tiering is not None:
             await self.tiering.wait_ready()
         return await verify(hot, self.tiering, progress, repair=repair)
@@ -481,10 +485,12 @@ class MessageStore(_StoreCore):
         """Commit everything pending to the cold tier now. Returns what each queue committed
         (``.committed`` is the total); raises when pending messages could not be committed
         (:class:`~tierd.errors.BackendError`, naming each queue and the backend's error) or the
-        bucket prefix belongs to another store (:class:`~tierd.errors.PrefixOwnedError`)."""
+        bucket prefix belongs to another store (:class:`~tierd.errors.PrefixOwnedError`), and
+        :class:`~tierd.errors.NotReadyError` when the hot store has not indexed what was written
+        before the call within ``DISPATCH_WAIT`` seconds (it would tier only part of it)."""
         if self.tiering is None:
             return TierReport()
-        await asyncio.to_thread(self._hot().wait_dispatched, 30)
+        await asyncio.to_thread(self._hot().require_dispatched, DISPATCH_WAIT, "tier_now")
         n = await self.tiering.tier_now()
         await self._upload_offsets()
         return n
@@ -517,13 +523,17 @@ class _Opener:
         self._store: MessageStore | None = None
 
     async def _open(self) -> MessageStore:
-        self._store = store = await _open_async(MessageStore, self._cfg)
-        store._start_consumers()
+        cfg = self._cfg
+        self._store = store = await _open_async(cfg, lambda hot, tiering: MessageStore(cfg, hot, tiering))
         if store.tiering is not None and self._ready_timeout > 0:
             try:
                 await store.tiering.wait_ready(self._ready_timeout)
             except TierdError as e:  # writes work without it; reads report it themselves
                 log.warning("store open; %s", e)
+            except BaseException:  # cancelled while waiting: the caller never gets the store
+                self._store = None
+                await store.close(grace=0)
+                raise
         return store
 
     def __await__(self) -> Generator[object, None, MessageStore]:
@@ -558,17 +568,20 @@ class BlockingMessageStore(_StoreCore):
 
     @classmethod
     def open(cls, cfg: TierdConfig) -> BlockingMessageStore:
+        """Open (recovering after a crash). A failure on the way closes what was opened."""
         if not cfg.tiered.enabled:
-            return cls(cfg, HotStore.open(cfg.store))
+            hot = HotStore.open(cfg.store)
+            try:
+                return cls(cfg, hot)
+            except BaseException:
+                hot.close()
+                raise
         loop = _LoopThread()
         try:
-            inner = loop.run(_open_async(MessageStore, cfg))
+            return loop.run(_open_async(cfg, lambda hot, tiering: cls(cfg, hot, tiering, loop)))
         except BaseException:
             loop.stop()
             raise
-        store = cls(cfg, inner.hot, inner.tiering, loop)
-        loop.run(_started(store))
-        return store
 
     @staticmethod
     def restore(cfg: TierdConfig, progress: Progress | None = None) -> RestoreReport:
@@ -588,7 +601,7 @@ class BlockingMessageStore(_StoreCore):
         """Commit everything pending to the cold tier now (see :meth:`MessageStore.tier_now`)."""
         if self.tiering is None or self._loop is None:
             return TierReport()
-        self._hot().wait_dispatched(30)
+        self._hot().require_dispatched(DISPATCH_WAIT, "tier_now")
         n = self._loop.run(self.tiering.tier_now())
         self._loop.run(self._upload_offsets())
         return n
@@ -734,21 +747,50 @@ class BlockingMessageStore(_StoreCore):
         self.close()
 
 
-async def _open_async(cls: type[MessageStore], cfg: TierdConfig) -> MessageStore:
-    hot = await asyncio.to_thread(HotStore.open, cfg.store)
-    tiering = None
-    if cfg.tiered.enabled:
-        try:
+async def _open_async(cfg: TierdConfig, make: Callable[[HotStore, TieringService | None], S]) -> S:
+    """Open the hot store, start the cold tier, build the facade with ``make`` (which reads the
+    consumer offsets) and start its upkeep — on the loop the store will run on.
+
+    A failure or a cancellation on the way closes everything opened so far before it propagates
+    — the hot store (its lock, files and threads), the cold tier's tasks and backend sessions —
+    so a store that failed to open leaves nothing running and can be opened again at once."""
+    hot = await _open_hot(cfg)
+    tiering: TieringService | None = None
+    try:
+        if cfg.tiered.enabled:
             tiering = TieringService(cfg, hot)
             await tiering.start()
-        except BaseException:
-            await asyncio.to_thread(hot.close)
-            raise
-    return cls(cfg, hot, tiering)
-
-
-async def _started(store: _StoreCore) -> None:
+        store = make(hot, tiering)
+    except BaseException:
+        # Shielded: a second cancellation must not cut the clean-up short.
+        await asyncio.shield(_close_opened(hot, tiering))
+        raise
     store._start_consumers()
+    return store
+
+
+async def _open_hot(cfg: TierdConfig) -> HotStore:
+    """:meth:`HotStore.open` in a worker thread. The thread cannot be stopped: cancelled while it
+    runs, this waits for it and closes the store it opened, then lets the cancellation through."""
+    opening = asyncio.ensure_future(asyncio.to_thread(HotStore.open, cfg.store))
+    try:
+        return await asyncio.shield(opening)
+    except asyncio.CancelledError:
+        with contextlib.suppress(Exception):
+            hot = await opening
+            await asyncio.to_thread(hot.close)
+        raise
+
+
+async def _close_opened(hot: HotStore, tiering: TieringService | None) -> None:
+    """Undo a partial open: stop the cold tier (no final commit) and close the hot store."""
+    try:
+        if tiering is not None:
+            await tiering.close(grace=0)
+    except Exception as e:  # the hot store must close whatever the cold tier did
+        log.warning("closing the cold tier of a store that failed to open: %s", e)
+    finally:
+        await asyncio.to_thread(hot.close)
 
 
 class _LoopThread:

@@ -741,7 +741,7 @@ async def verify_store(
         raise NotFoundError(f"no store at {store_dir} (store.dir)", path=str(store_dir))
     hot = await asyncio.to_thread(HotStore.open, cfg.store)
     try:
-        await asyncio.to_thread(hot.wait_dispatched, 30)
+        await asyncio.to_thread(hot.require_dispatched, 30, "verify")
         report = VerifyReport()
         if not cfg.tiered.enabled:
             return await _run(hot, None, report, progress, repair)

@@ -210,3 +210,78 @@ def test_a_conflicting_write_makes_tier_now_fail_and_is_never_adopted(tmp_path: 
                 store.tier_now()
         assert segment.read_bytes() == committed + foreign  # not one byte of ours after theirs
         assert _cold(store, 0) == [b"m0000", b"m0001"]
+
+
+def test_failing_queues_are_one_rate_limited_line_per_round_not_one_per_queue(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from tierd.tiered.flatmessage import FlatMessageFile
+
+    from .conftest import run
+
+    async def down(self: FlatMessageFile) -> list[Any]:
+        raise BackendError(f"{self.topic}/{self.queue_id}: backend down")
+
+    with BlockingMessageStore.open(cold_config(tmp_path)) as store:
+        store.wait_ready(60)
+        assert store.tiering is not None
+        dispatcher = store.tiering.dispatcher
+        _produce(store, 300, queues=150)
+        assert store.hot.wait_dispatched(60)
+        monkeypatch.setattr(FlatMessageFile, "commit", down)
+        monkeypatch.setattr(FlatMessageFile, "commit_commitlog", down)
+        with caplog.at_level(logging.DEBUG, logger="tierd.tiered.dispatcher"):
+            for _ in range(3):
+                assert len(run(store, dispatcher.tier_now()).failed) == 150
+            monkeypatch.undo()
+            assert sum(run(store, dispatcher.tier_now()).committed.values()) == 300
+        lines = [r for r in caplog.records if r.levelno >= logging.WARNING]
+        assert [r.getMessage() for r in lines] == [
+            "tiering failed: t/0: backend down; 150 queue(s) failed this round (t/0, t/1, t/2, t/3, t/4, "
+            "and 145 more; shown: t/0); their messages stay in the hot store and are retried with backoff",
+            "tiering recovered after 3 failure(s)",
+        ]
+        assert not [r for r in lines if r.exc_info]
+        assert len([r for r in caplog.records if r.levelno == logging.DEBUG]) >= 3 * 150  # the detail
+
+
+def test_tier_now_fails_when_the_hot_store_cannot_index_what_was_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """tier_now waits a bounded time for the hot store's dispatch; past it, NotReadyError naming
+    the cause — not a success that tiered only part of what was written. Both facades."""
+    import asyncio
+
+    import tierd.store
+    from tierd import MessageStore
+    from tierd.errors import NotReadyError
+
+    monkeypatch.setattr(tierd.store, "DISPATCH_WAIT", 0.2)
+
+    def broken(topic: str, queue_id: int) -> Any:
+        raise OSError(f"consume queue {topic}/{queue_id} unwritable")
+
+    cfg = cold_config(tmp_path)
+    with BlockingMessageStore.open(cfg) as store:
+        store.wait_ready(60)
+        working = store.hot.reput.queue_for
+        store.hot.reput.queue_for = broken
+        _produce(store, 4)
+        with pytest.raises(
+            NotReadyError, match=r"tier_now: .* dispatch keeps failing: consume queue t/\d unwritable"
+        ):
+            store.tier_now()
+        store.hot.reput.queue_for = working
+        assert store.tier_now().committed == 4
+
+    async def main() -> None:
+        async with MessageStore.open(cfg) as store:
+            working = store.hot.reput.queue_for
+            store.hot.reput.queue_for = broken
+            await store.put(Message(topic="t", body=b"x", queue_id=0))
+            with pytest.raises(NotReadyError, match=r"tier_now: .* dispatch keeps failing"):
+                await store.tier_now()
+            store.hot.reput.queue_for = working
+            assert (await store.tier_now()).committed == 1
+
+    asyncio.run(main())

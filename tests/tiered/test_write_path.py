@@ -311,3 +311,59 @@ def test_disk_nearly_full_and_tiering_behind_refuses_writes_until_tiered(tmp_pat
         full = False
         hot.apply_retention()
         store.put(Message(topic="d", body=b"accepted"))
+
+
+def test_saving_over_a_corrupt_main_file_keeps_the_good_backup(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from tierd.tiered.metadata import TieredMetadata, TopicMeta
+
+    def meta(n: int) -> TieredMetadata:
+        return TieredMetadata(cluster="c", broker="b", topics=(TopicMeta(name=f"t{n}", id=n),))
+
+    MetadataStore(tmp_path).save(meta(1))
+    MetadataStore(tmp_path).save(meta(2))  # main: 2, backup: 1
+    store = MetadataStore(tmp_path)
+    store.path.write_text('{"format-version": 1, "clu')  # torn / rotten
+    store.save(meta(3))
+    assert "does not parse; keeping the backup" in caplog.text
+    assert store.path.exists()
+    assert store.corrupt.read_text().startswith('{"format-version": 1, "clu')
+    store.path.write_text("rotten again")
+    loaded = MetadataStore(tmp_path).load()  # falls back to the backup: the last good one before
+    assert loaded is not None
+    assert loaded.topics[0].name == "t1"
+    MetadataStore(tmp_path).save(meta(4))
+    store.save(meta(5))  # the main file is its own write: rotated as usual
+    assert MetadataStore(tmp_path).load() == meta(5)
+    store.path.write_text("rotten")
+    assert MetadataStore(tmp_path).load() == meta(4)
+
+
+def test_an_old_commitlog_segment_is_rolled_and_sealed_once_big_enough(tmp_path: Path) -> None:
+    """tiered.rolling_interval / rolling_min_size (RocketMQ's commitLogRollingInterval and
+    MinimumSize): a quiet queue's segment is rolled by age, not only when full."""
+    cfg = cold_config(tmp_path, rolling_interval=1.0, rolling_min_size=3_000)
+    with BlockingMessageStore.open(cfg) as store:
+        store.wait_ready(60)
+        assert store.tiering is not None
+
+        def put_and_tier(n: int) -> list[Any]:
+            store.put_batch([Message(topic="r", body=b"b" * 1000, queue_id=0)] * n)
+            store.tier_now()
+            ff = store.tiering.flat.get("r", 0)  # type: ignore[union-attr]
+            assert ff is not None
+            return ff.commitlog.infos()
+
+        (first,) = put_and_tier(2)
+        ff = store.tiering.flat.get("r", 0)
+        assert ff is not None
+        ff.commitlog._created[first.base_offset] -= 3_600_000  # an hour old, ~2 kB: too small
+        assert len(put_and_tier(1)) == 1
+        rolled, new = put_and_tier(1)  # now over 3,000 bytes and old: rolled before the append
+        assert rolled.sealed
+        assert rolled.crc32c is not None
+        assert not new.sealed
+        assert new.base_offset == rolled.base_offset + rolled.size
+        assert len(put_and_tier(3)) == 2  # the new segment is young: no roll
+        assert [decode_record(raw).body for _, raw in cold_records(store, "r", 0)] == [b"b" * 1000] * 7

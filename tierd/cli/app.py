@@ -285,6 +285,43 @@ def root(
 def setup_logging(cfg: TierdConfig, override: str | None, quiet: bool = False) -> None:
     level = (override or ("WARNING" if quiet else cfg.log.level)).upper()
     setup_process_logging(level, cfg.log.format)
+    if quiet:  # a short-lived command: its own error line says what an ERROR record would
+        _held_errors.active = True
+        for handler in logging.getLogger().handlers:
+            if _held_errors not in handler.filters:
+                handler.addFilter(_held_errors)
+
+
+class _HeldErrors(logging.Filter):
+    """ERROR records of a short-lived command, held until it ends: one that only restates the
+    error the command then fails with (the cold tier's start-up failure, logged by the store
+    and raised by the command) is dropped — the command's ``tierd: error:`` line says it once;
+    the others are written out then, before that line."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.held: list[tuple[logging.Handler, logging.LogRecord]] = []
+        #: Holding (from the command's logging set-up until it ends); then records pass.
+        self.active = False
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not self.active or record.levelno < logging.ERROR:
+            return True
+        handler = next(h for h in logging.getLogger().handlers if self in h.filters)
+        self.held.append((handler, record))
+        return False
+
+    def release(self, error: BaseException | None) -> None:
+        said = [str(x) for x in (error, error.__cause__ if error is not None else None) if x is not None]
+        held, self.held = self.held, []
+        self.active = False
+        for handler, record in held:
+            text = record.getMessage()
+            if not any(len(s) >= 20 and s in text for s in said):
+                handler.handle(record)
+
+
+_held_errors = _HeldErrors()
 
 
 def handle_errors(fn: Callable[P, R]) -> Callable[P, R]:
@@ -293,10 +330,16 @@ def handle_errors(fn: Callable[P, R]) -> Callable[P, R]:
     @functools.wraps(fn)
     def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
         try:
-            return fn(*args, **kwargs)
+            out = fn(*args, **kwargs)
         except TierdError as e:
+            _held_errors.release(e)
             typer.echo(f"tierd: error: {e}", err=True)
             raise typer.Exit(1) from None
+        except BaseException:
+            _held_errors.release(None)
+            raise
+        _held_errors.release(None)
+        return out
 
     return wrapper
 

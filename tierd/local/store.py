@@ -30,6 +30,7 @@ from tierd.errors import (
     CorruptionError,
     CorruptRecordError,
     InvalidArgumentError,
+    NotReadyError,
     StoreClosedError,
     StoreFullError,
 )
@@ -770,6 +771,24 @@ class HotStore:
     def wait_dispatched(self, timeout: float | None = None) -> bool:
         """Block until everything appended so far is in the consume queues and index."""
         return self.reput.wait_dispatched(self.commitlog.max_offset, timeout)
+
+    def require_dispatched(self, timeout: float, what: str) -> None:
+        """:meth:`wait_dispatched` for callers that must not go on without it (``tier_now``
+        would tier only part of what was written and call it done): NotReadyError naming
+        ``what`` and the dispatch thread's last error once ``timeout`` seconds have passed."""
+        if self.wait_dispatched(timeout):
+            return
+        err = self.reput.last_error
+        behind = self.commitlog.max_offset - self.reput.dispatched_offset
+        raise NotReadyError(
+            f"{what}: the hot store has not added the last {behind} commitlog bytes to its consume "
+            f"queues and index within {timeout:g} s"
+            + (f" — dispatch keeps failing: {err}" if err is not None else " — dispatch is behind"),
+            what=what,
+            timeout=timeout,
+            behind_bytes=behind,
+            retry_after=5,
+        )
 
     def listen_dispatched(self, listener: Callable[[list[tuple[str, int]]], None]) -> None:
         """Call ``listener`` with the (topic, queue) keys of every dispatched batch, once its

@@ -374,8 +374,10 @@ def split_ranges(
         for qo, req in zip(cuts, reqs, strict=True):
             flat, size = _unit(units[k])
             k += 1
+            if size == 0:  # a hole (messages lost before tiering): no record starts here
+                continue
             pos = flat - r.base_offset
-            if size <= 0 or pos < r.start or pos >= r.promised_end:
+            if size < 0 or pos < r.start or pos >= r.promised_end:
                 raise CorruptionError(
                     f"{url}/{req[0]}: consume-queue unit of queue offset {qo} points at flat "
                     f"offset {flat} (size {size}), outside commitlog range {r.path} "

@@ -58,6 +58,8 @@ __all__ = ["TierdStreamReader", "data_loss"]
 log = logging.getLogger(__name__)
 #: Offsets as Spark checkpoints them.
 Offsets = dict[str, int]
+#: The store time a search gives a hole that no record follows yet (any time is at or before it).
+_LATEST = 2**63 - 1
 #: Bytes of a record header that hold its store timestamp, whatever the born host's size.
 _TS_HEADER = POS_BORN_HOST + 20 + 8
 
@@ -247,20 +249,34 @@ def _resolve_json(queues: Sequence[Queue], per_queue: dict[str, dict[int, int]] 
 
 def _store_times(storage: ColdStorage, probes: Sequence[tuple[Queue, int]]) -> list[int]:
     """Store timestamp (ms) of the record at each (queue, offset): its consume-queue unit, then
-    the head of the record (two batched reads)."""
-    pos = record_positions(storage, probes)
-    heads: list[tuple[str, int, int]] = []
-    for (q, qo), flat in zip(probes, pos, strict=True):
-        if flat is None:
+    the head of the record (two batched reads).
+
+    A hole — a unit of size 0, for a message lost before it was tiered — has no record of its
+    own: it takes the time of the record its unit points at (the next one), or the latest time
+    possible when none follows it yet. Either way the search may answer the hole's offset, and
+    a read from there simply starts at the next record."""
+    units: list[tuple[str, int, int]] = []
+    for q, qo in probes:
+        req = q.unit_request(qo)
+        if req is None:
             raise CorruptionError(f"queue {q.key}: no consume-queue unit for offset {qo}", queue=q.key)
-        seg = next(s for s in reversed(q.commitlogs()) if s.base_offset <= flat)
+        units.append(req)
+    heads: list[tuple[str, int, int]] = []
+    out = [_LATEST] * len(probes)
+    at_head: list[int] = []  # index into out of each head read
+    for i, ((q, _qo), raw) in enumerate(zip(probes, storage.read_units(units), strict=True)):
+        flat, size = int.from_bytes(raw[:8], "big", signed=True), int.from_bytes(raw[8:12], "big")
+        segs = q.commitlogs()
+        if size == 0 and (not segs or flat >= segs[-1].base_offset + segs[-1].size):
+            continue  # a hole at the end of what is stored: no later record yet
+        seg = next(s for s in reversed(segs) if s.base_offset <= flat)
         at = flat - seg.base_offset
         heads.append((q.path(FileType.COMMIT_LOG, seg.base_offset), at, at + _TS_HEADER))
-    out = []
-    for raw in storage.read_units(heads):
+        at_head.append(i)
+    for i, raw in zip(at_head, storage.read_units(heads), strict=True):
         v6 = int.from_bytes(raw[POS_SYSFLAG : POS_SYSFLAG + 4], "big") & SYSFLAG_BORNHOST_V6
         at = POS_BORN_HOST + (20 if v6 else 8)
-        out.append(int.from_bytes(raw[at : at + 8], "big", signed=True))
+        out[i] = int.from_bytes(raw[at : at + 8], "big", signed=True)
     return out
 
 

@@ -25,9 +25,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
-from tierd.errors import CorruptionError
+from tierd.errors import CorruptionError, TierdError
 from tierd.local.codec import POS_BORN_HOST, POS_SYSFLAG, SYSFLAG_BORNHOST_V6
-from tierd.repeats import FailureLog
+from tierd.repeats import EXPECTED, FailureLog
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
@@ -45,6 +45,8 @@ RETRY_CAP = 30.0
 CQ_COMMIT_EVERY = 8
 #: New queues named one by one in the log (beyond that, a count and the first few).
 NEW_QUEUES_LISTED = 8
+#: Failed queues named in a round's failure line (beyond that, a count).
+FAILED_QUEUES_LISTED = 5
 _EIGHT = np.arange(8)
 _FOUR = np.arange(4)
 
@@ -171,10 +173,11 @@ class Dispatcher:
         self._locks: dict[tuple[str, int], asyncio.Lock] = {}
         self._wake = asyncio.Event()
         self._stopping = False
+        #: Failed commits, one line per round at most, rate-limited: with 10,000 queues on a
+        #: backend that is down, a line per queue was 10,000 lines per round.
+        self.failures = FailureLog(log, "tiering")
         #: Oldest hot commitlog offset whose message is not yet committed cold.
         self.safe_offset = 0
-        self._failures = FailureLog(log, "dispatch round")
-        self._failure_logs: dict[tuple[str, int], FailureLog] = {}
 
     # ------------------------------------------------------------------ loop
     async def run(self) -> None:
@@ -189,9 +192,8 @@ class Dispatcher:
                 await self.dispatch_round()
                 if self.after_round is not None:
                     await self.after_round()
-                self._failures.succeeded()
-            except Exception as e:  # one line for an explained failure; repeats counted
-                self._failures.failed(e, "the next round retries")
+            except Exception as e:  # ownership, backend (one line); a bug (a traceback) — rate-limited
+                self.failures.failed(e, "the round stopped; the next round retries")
 
     def trigger(self) -> None:
         self._wake.set()
@@ -224,7 +226,26 @@ class Dispatcher:
             raise
         self.stats.rounds += 1
         self._update_safe_offset()
+        self._log_round(result)
         return result
+
+    def _log_round(self, result: RoundResult) -> None:
+        """One line for a round's failed queues (rate-limited by :attr:`failures`, the detail of
+        each at DEBUG); once none is failing any more, one line saying so."""
+        if not result.failed:
+            if not self._retry_at:  # no queue waiting to retry a failed commit
+                self.failures.succeeded()
+            return
+        keys = sorted(result.failed)
+        # A bug (not an expected kind) is the one shown: its traceback is logged.
+        first = next((k for k in keys if not isinstance(result.failed[k], EXPECTED)), keys[0])
+        named = ", ".join(f"{t}/{q}" for t, q in keys[:FAILED_QUEUES_LISTED])
+        more = f", and {len(keys) - FAILED_QUEUES_LISTED} more" if len(keys) > FAILED_QUEUES_LISTED else ""
+        self.failures.failed(
+            result.failed[first],
+            f"{len(keys)} queue(s) failed this round ({named}{more}; shown: {first[0]}/{first[1]}); "
+            "their messages stay in the hot store and are retried with backoff",
+        )
 
     async def _create_new_queues(self) -> None:
         """Flat files for every hot queue seen for the first time, with one metadata write."""
@@ -284,25 +305,16 @@ class Dispatcher:
             self._active.add(key)
             try:
                 made = await self._dispatch_queue(key, force, result)
-            except Exception as e:  # one line if explained, a traceback if a bug; repeats counted
-                self._queue_failures(key).failed(e, "retried with backoff")
+            except Exception as e:  # summed up once per round (_log_round)
+                log.debug(
+                    "tiering %s/%d failed: %s", key[0], key[1], e, exc_info=not isinstance(e, TierdError)
+                )
                 self._failed(key, e, result)
                 return
             finally:
                 self._active.discard(key)
-            failures = self._failure_logs.get(key)
-            if failures is not None:
-                failures.succeeded()
             if made:
                 result.committed[key] = made
-
-    def _queue_failures(self, key: tuple[str, int]) -> FailureLog:
-        """The failure log of one queue: an outage fails every queue every round, and each queue
-        says so once per interval, with a count."""
-        failures = self._failure_logs.get(key)
-        if failures is None:
-            failures = self._failure_logs[key] = FailureLog(log, f"tiering {key[0]}/{key[1]}")
-        return failures
 
     def _failed(self, key: tuple[str, int], err: BaseException, result: RoundResult) -> None:
         result.failed[key] = err
@@ -413,7 +425,7 @@ class Dispatcher:
             delay = random.uniform(0, min(RETRY_CAP, RETRY_BASE * 2**attempts))
             self._retry_at[key] = (attempts, time.monotonic() + delay)
             self.stats.commit_failures += 1
-            log.warning(
+            log.debug(  # summed up once per round (_log_round)
                 "commit of %s/%d failed (attempt %d, retry in %.2fs): %s", key[0], key[1], attempts, delay, e
             )
             self._failed(key, e, result)

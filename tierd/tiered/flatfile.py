@@ -69,12 +69,19 @@ class FlatAppendFile:
         max_size: int,
         *,
         on_change: ChangeHook = ignore_change,
+        roll_after_ms: int | None = None,
+        roll_min_size: int = 0,
     ) -> None:
         self.root = root
         self.cluster, self.broker, self.topic, self.queue_id = cluster, broker, topic, queue_id
         self.file_type = file_type
         self.max_size = max_size
         self.on_change = on_change
+        #: Roll a segment this old (ms since created) holding at least ``roll_min_size`` bytes
+        #: before the next append (RocketMQ's commitLogRollingInterval / MinimumSize): a quiet
+        #: queue's segment gets sealed — checksummed, one object — instead of staying open for ever.
+        self.roll_after_ms = roll_after_ms
+        self.roll_min_size = roll_min_size
         self.segments: list[FileSegment] = []
         self._created: dict[int, int] = {}
         self._sealed_at: dict[int, int] = {}
@@ -257,6 +264,9 @@ class FlatAppendFile:
         full. ``first_item`` is the queue offset of the first item in ``data``. Raises if
         ``data`` cannot fit even an empty segment."""
         seg = self.segments[-1]
+        if self._old_enough_to_roll(seg):
+            await self.roll()
+            seg = self.segments[-1]
         result = seg.append(data, timestamp)
         if result is AppendResult.FILE_FULL:
             if seg.append_position == 0:
@@ -277,6 +287,12 @@ class FlatAppendFile:
         crc = self._running_crc.get(base)
         if crc is not None:
             self._running_crc[base] = google_crc32c.extend(crc, data)
+
+    def _old_enough_to_roll(self, seg: FileSegment) -> bool:
+        if self.roll_after_ms is None or seg.append_position < max(1, self.roll_min_size):
+            return False
+        created = self._created.get(seg.base_offset, 0)  # 0: not known (restored): never by age
+        return created > 0 and time.time() * 1000 - created >= self.roll_after_ms
 
     def room(self) -> int:
         """Bytes the last segment still accepts."""

@@ -68,6 +68,8 @@ class FlatMessageFile:
             FileType.COMMIT_LOG,
             cfg.commitlog_segment_size,
             on_change=on_change,
+            roll_after_ms=int(cfg.rolling_interval * 3_600_000),
+            roll_min_size=cfg.rolling_min_size,
         )
         cq_size = max(UNIT_SIZE, cfg.consumequeue_segment_size - cfg.consumequeue_segment_size % UNIT_SIZE)
         self.consumequeue = FlatAppendFile(

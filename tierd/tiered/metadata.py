@@ -116,6 +116,10 @@ class MetadataStore:
         self.dir = Path(store_dir) / "config"
         self.path = self.dir / FILE_NAME
         self.backup = self.dir / (FILE_NAME + ".bak")
+        #: Where a main file that does not parse is moved aside by :meth:`save_data`.
+        self.corrupt = self.dir / (FILE_NAME + ".corrupt")
+        #: The main file is one this object wrote (known to parse): no need to read it again.
+        self._main_written = False
 
     def load(self) -> TieredMetadata | None:
         """The newest readable metadata, or None for a store that never tiered. Falls back to
@@ -163,7 +167,8 @@ class MetadataStore:
         return out[0], out[1]
 
     def save(self, meta: TieredMetadata) -> None:
-        """Atomically replace the file; the previous version becomes ``.bak``."""
+        """Atomically replace the file; the previous version becomes ``.bak`` if it parses (a
+        corrupt one is moved to ``.corrupt`` instead, so the good ``.bak`` survives)."""
         self.save_data(meta.model_dump(mode="json", by_alias=True))
 
     def save_data(self, document: dict[str, Any]) -> None:
@@ -178,6 +183,24 @@ class MetadataStore:
             fh.flush()
             os.fsync(fh.fileno())
         if self.path.exists():
-            os.replace(self.path, self.backup)
+            if self._main_written or self._parses(self.path):
+                os.replace(self.path, self.backup)
+            else:  # rotating it would lose the good backup: keep that, move the bad file aside
+                log.error(
+                    "tiering metadata %s does not parse; keeping the backup %s, moving it to %s",
+                    self.path,
+                    self.backup,
+                    self.corrupt,
+                )
+                os.replace(self.path, self.corrupt)
         os.replace(tmp, self.path)
         fsync_dir(self.dir)
+        self._main_written = True
+
+    @staticmethod
+    def _parses(path: Path) -> bool:
+        try:
+            TieredMetadata.model_validate_json(path.read_bytes())
+        except (ValidationError, OSError):
+            return False
+        return True

@@ -28,10 +28,16 @@ from tierd.offsets import download as download_offsets
 from tierd.offsets import restore_offsets
 from tierd.tiered.flatstore import FlatFileStore
 from tierd.tiered.guard import GuardedRoot
-from tierd.tiered.manifest import ManifestSegment, read_broker_manifest, read_queue_manifest
+from tierd.tiered.manifest import (
+    IndexManifest,
+    ManifestSegment,
+    index_manifest_path,
+    read_broker_manifest,
+    read_queue_manifest,
+)
 from tierd.tiered.metadata import MetadataStore, QueueMeta, SegmentMeta, TieredMetadata, TopicMeta
 from tierd.tiered.ownership import OwnerRecord, Ownership, store_id
-from tierd.tiered.paths import INDEX_TOPIC, cluster_dir, parse_segment_name
+from tierd.tiered.paths import INDEX_TOPIC, cluster_dir, index_segment_path, parse_segment_name
 from tierd.tiered.registry import open_driver_factory
 
 if TYPE_CHECKING:
@@ -78,7 +84,8 @@ Listing = dict[tuple[str, int], dict[str, set[int]]]
 
 
 async def _list_segments(root: DriverRoot, cluster: str, broker: str) -> Listing:
-    """Every COMMIT_LOG / CONSUME_QUEUE segment under the broker's prefix, by queue."""
+    """Every COMMIT_LOG / CONSUME_QUEUE segment under the broker's prefix, by queue; the INDEX
+    segments under ``(INDEX_TOPIC, 0)``."""
     prefix = f"{cluster_dir(cluster)}/{broker}"
     found: Listing = {}
     try:
@@ -87,10 +94,10 @@ async def _list_segments(root: DriverRoot, cluster: str, broker: str) -> Listing
         return found
     for path in paths:
         parts = path[len(prefix) + 1 :].split("/")
-        if len(parts) != 4 or parts[0] == INDEX_TOPIC or not parts[1].isdigit():
+        if len(parts) != 4 or not parts[1].isdigit():
             continue
         topic, qid, kind, name = parts
-        if kind not in ("COMMIT_LOG", "CONSUME_QUEUE"):
+        if kind not in (("INDEX",) if topic == INDEX_TOPIC else ("COMMIT_LOG", "CONSUME_QUEUE")):
             continue
         try:
             base = parse_segment_name(name)
@@ -98,6 +105,36 @@ async def _list_segments(root: DriverRoot, cluster: str, broker: str) -> Listing
             continue  # not a segment of ours
         found.setdefault((topic, int(qid)), {}).setdefault(kind, set()).add(base)
     return found
+
+
+async def _index_segments(
+    root: DriverRoot, cluster: str, broker: str, on_backend: set[int]
+) -> tuple[SegmentMeta, ...]:
+    """The uploaded INDEX segments (the cold key index): those the index manifest lists, plus
+    any the bucket holds that it does not (uploaded after its last write; sized from the
+    backend). Without them the restored store would find no key tiered before the restore."""
+    listed: dict[int, SegmentMeta] = {}
+    path = index_manifest_path(cluster, broker)
+    try:
+        manifest = IndexManifest.model_validate_json(await root.get_object(path))
+    except SegmentNotFoundError:
+        manifest = None
+    except ValueError as e:  # the segments themselves are still there: take them from the listing
+        log.error("restore: index manifest %s is not valid (%s); using the bucket listing", path, e)
+        manifest = None
+    if manifest is not None:
+        for s in manifest.segments:
+            if s.base_offset in on_backend:
+                listed[s.base_offset] = _segment(s)
+            else:
+                log.warning(
+                    "restore: index segment %d is in the index manifest but not in the bucket", s.base_offset
+                )
+    for base in sorted(on_backend - set(listed)):
+        size = await root.driver(index_segment_path("", cluster, broker, base)).size()
+        log.warning("restore: index segment %d is not in the index manifest yet; adding it", base)
+        listed[base] = SegmentMeta(type="INDEX", base_offset=base, size=size, sealed=True, seal_timestamp=0)
+    return tuple(listed[b] for b in sorted(listed))
 
 
 def _with_unlisted(
@@ -141,6 +178,9 @@ async def restore(
     try:
         broker = await read_broker_manifest(root, cfg.tiered.cluster, cfg.tiered.broker)
         listing = await _list_segments(root, cfg.tiered.cluster, cfg.tiered.broker)
+        index = await _index_segments(
+            root, cfg.tiered.cluster, cfg.tiered.broker, listing.pop((INDEX_TOPIC, 0), {}).get("INDEX", set())
+        )
         topics = [TopicMeta(name=t.name, id=t.id, reserve_hours=t.reserve_hours) for t in broker.topics]
         wanted = [(t.name, qid) for t in broker.topics for qid in t.queues]
         for key in sorted(set(listing) - set(wanted)):
@@ -188,7 +228,7 @@ async def restore(
             broker=cfg.tiered.broker,
             topics=tuple(topics),
             queues=tuple(queues),
-            index=(),
+            index=index,
         )
         store_dir.mkdir(parents=True, exist_ok=True)
         # Own the prefix before writing anything (metadata included, so a lost race leaves the

@@ -209,6 +209,9 @@ class TieringService:
                 found = await bucket_data_without_metadata(self.root, self.cfg, ownership.store_id)
                 if found is not None:
                     raise metadata_missing_error(self.cfg, self.root, found)
+                # Metadata first, then the claim: stopped in between, the next start would find
+                # our owner record without metadata and refuse the prefix as someone's data.
+                await self.flat.save()
             elif meta.queues and not await self._prefix_known():
                 raise BackendError(
                     f"the cold-tier prefix {prefix_url(self.root.url, tiered.cluster, tiered.broker)} "
