@@ -13,6 +13,7 @@ plain boto3 client, sequentially, as a user's script would.
 
 from __future__ import annotations
 
+import collections
 import os
 import statistics
 from typing import TYPE_CHECKING, Any
@@ -32,6 +33,7 @@ __all__ = [
     "BODY",
     "SERVERS",
     "TOPIC",
+    "count_requests",
     "delete_prefix",
     "list_objects",
     "produce_keyed",
@@ -91,6 +93,22 @@ def produce_keyed(store: BlockingMessageStore, messages: int, queues: int) -> No
     :data:`TOPIC`, in ``put_batch`` calls of :data:`BATCH`."""
     for batch in _batches(messages, queues):
         store.put_batch(batch)
+
+
+def count_requests(store: BlockingMessageStore) -> collections.Counter[str]:
+    """S3 API calls the store's own client makes from now on, by operation (a botocore event
+    hook on the client; it costs a counter increment per request)."""
+    counter: collections.Counter[str] = collections.Counter()
+
+    def seen(model: Any, **_: Any) -> None:
+        counter[model.name] += 1
+
+    assert store.tiering is not None
+    assert store._loop is not None
+    root = store.tiering.root.inner
+    fs = store._loop.run(root.filesystem())  # type: ignore[attr-defined]
+    fs.s3.meta.events.register("before-call.s3", seen)
+    return counter
 
 
 def list_objects(server: S3Server, bucket: str, prefix: str) -> list[tuple[str, int]]:
