@@ -426,3 +426,77 @@ def test_batch_decoder_rejects_corruption() -> None:
     broken = RecordBatch(bytes(bad), np.array([0], np.int64), np.array([len(rec)], np.int64))
     with pytest.raises(CorruptRecordError, match="overruns"):
         broken.message(0)
+
+
+def _queue_records(props: list[bytes], topic: bytes = b"tq", first: int = 40) -> tuple[bytes, np.ndarray]:
+    """Records of one queue at consecutive offsets from ``first``, with raw PROPERTIES fields."""
+    magic, part = topic_field(topic)
+    records: list[bytes] = []
+    for i, raw in enumerate(props):
+        records.append(
+            encode_record(
+                body=bytes([i % 251]) * (i * 37 % 300),
+                topic_part=part,
+                magic=magic,
+                properties=raw,
+                queue_id=3,
+                flag=i,
+                queue_offset=first + i,
+                physical_offset=sum(map(len, records)),
+                sys_flag=0,
+                born_timestamp=7 + i,
+                born_host=encode_host("1.2.3.4:5"),
+                store_timestamp=9 + i,
+                store_host=STORE,
+            )
+        )
+    return b"".join(records), np.array([len(r) for r in records], np.int64)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.lists(st.dictionaries(prop_text, prop_text, max_size=3), min_size=1, max_size=30),
+    st.data(),
+)
+def test_queue_messages_equal_record_decoder(props: list[dict[str, str]], data: st.DataObject) -> None:
+    """The column-wise queue decoder returns exactly what the record decoder does, for any
+    slice of the batch."""
+    from tierd.local.codec import RecordBatch
+
+    raw, sizes = _queue_records([encode_properties(p) for p in props])
+    starts = np.cumsum(sizes) - sizes
+    batch = RecordBatch(raw, starts, sizes)
+    a = data.draw(st.integers(0, len(props) - 1))
+    b = data.draw(st.integers(a + 1, len(props)))
+    got = batch.queue_messages(a, b, "tq", 3, 40)
+    assert got == [decode_record(raw, int(starts[i]), limit=int(starts[i] + sizes[i])) for i in range(a, b)]
+
+
+@pytest.mark.parametrize(
+    "damage",
+    ["body", "props_invalid", "props_split_sequence"],
+)
+def test_queue_messages_refuse_a_batch_with_one_bad_record(damage: str) -> None:
+    """One bad record among good ones makes the column-wise decoder give up (None), so the
+    caller decodes message by message and names it. ``props_split_sequence``: record 4's
+    properties end with the first byte of "é" and record 5's start with the second — each is
+    invalid UTF-8 although the two side by side are valid, so a check of all properties at
+    once must not glue them together."""
+    from tierd.local.codec import RecordBatch
+
+    props = [b"KEYS\x01k\x02"] * 8
+    if damage == "props_invalid":
+        props[5] = b"KEYS\x01\xff\x02"
+    elif damage == "props_split_sequence":
+        props[4], props[5] = b"KEYS\x01k\xc3", b"\xa9\x01v\x02"
+    raw, sizes = _queue_records(props)
+    starts = np.cumsum(sizes) - sizes
+    data = bytearray(raw)
+    if damage == "body":
+        assert RecordBatch(raw, starts, sizes).queue_messages(0, 8, "tq", 3, 40) is not None
+        data[int(starts[5]) + codec.HEADER_V4] ^= 0x01  # the first byte of record 5's body
+    batch = RecordBatch(bytes(data), starts, sizes)
+    assert batch.queue_messages(0, 8, "tq", 3, 40) is None
+    assert batch.queue_messages(0, 4, "tq", 3, 40) is not None  # the records before them are fine
+    with pytest.raises(CorruptRecordError):
+        batch.message(5)

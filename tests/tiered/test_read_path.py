@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import gc
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from tierd import BlockingMessageStore, GetStatus, Message, MessageStore, ReadPolicy
-from tierd.tiered.fetcher import ColdFetcher
+from tierd.tiered.fetcher import GC_PAUSE_MIN, ColdFetcher, gc_paused
 
 from .conftest import cold_config, run
 
@@ -475,3 +476,31 @@ def test_a_sequential_readers_consume_queue_reads_cover_several_batches(tmp_path
         assert left_random == 0
         # SEQUENTIAL_UNIT_READ (4) batches' worth of units from 100; the batch used its part
         assert left_ahead == 100 + 50 * 4 - ahead_end > 50
+
+
+def test_gc_pause_restores_the_collector_and_respects_a_disabled_one() -> None:
+    """Cold reads pause the cyclic collector while they build messages: it is back on after
+    the pause (also when the read raises), a nested pause leaves it to the outer one, small
+    reads do not pause, and a collector the application turned off stays off."""
+
+    def read_that_fails() -> None:
+        with gc_paused(GC_PAUSE_MIN):
+            assert not gc.isenabled()
+            with gc_paused(GC_PAUSE_MIN):
+                pass
+            assert not gc.isenabled()  # the inner pause did not switch it back on
+            raise RuntimeError("a corrupt record")
+
+    assert gc.isenabled()
+    with pytest.raises(RuntimeError):
+        read_that_fails()
+    assert gc.isenabled()
+    with gc_paused(GC_PAUSE_MIN - 1):
+        assert gc.isenabled()
+    gc.disable()
+    try:
+        with gc_paused(GC_PAUSE_MIN):
+            pass
+        assert not gc.isenabled()
+    finally:
+        gc.enable()

@@ -16,6 +16,7 @@ for recovery, which must not pay for exceptions in its loop).
 from __future__ import annotations
 
 import ipaddress
+import itertools
 import struct
 from dataclasses import dataclass
 from functools import lru_cache
@@ -573,13 +574,46 @@ class RecordBatch:
             return None
         assert self._hosts is not None
         born, store = self._hosts
-        build = self._build
-        # One row tuple per record, built in C (zip) and freed as soon as its message is built.
-        rows = zip(*[c[start:stop].tolist() for c in cols], born[start:stop], store[start:stop], strict=True)
-        try:
-            return [build(row, topic) for row in rows]
-        except CorruptRecordError:
+        n = stop - start
+        (crc, _, flag, offsets, phys, sysflag, born_ts, store_ts, reconsume, prepared) = (
+            c[start:stop] for c in cols[:10]
+        )
+        body_start, body_end, _, topic_end, end = (c[start:stop] for c in cols[10:])
+        # Column by column, each step a C loop (map over slices, crc32, the constructor): a
+        # Python loop body per message cost twice as much (~1.6 µs against ~0.8 µs).
+        cut = self.data.__getitem__
+        bodies = list(map(cut, map(slice, body_start.tolist(), body_end.tolist())))
+        crcs = np.fromiter(map(crc32, bodies), np.int64, n)
+        if not np.array_equal(crcs & 0x7FFFFFFF, crc):
             return None
+        props = list(map(cut, map(slice, (topic_end + 2).tolist(), end.tolist())))
+        try:
+            # One check for all: a byte below 0x80 between them cannot complete or start a
+            # multi-byte sequence, so the whole is valid UTF-8 exactly when each part is.
+            b"\n".join(props).decode()
+        except UnicodeDecodeError:
+            return None
+        return list(
+            map(
+                MessageExt,
+                itertools.repeat(topic, n),
+                itertools.repeat(queue_id, n),
+                offsets.tolist(),
+                bodies,
+                props,
+                store_ts.tolist(),
+                born_ts.tolist(),
+                born[start:stop],
+                store[start:stop],
+                phys.tolist(),
+                (end - body_start + HEADER_V4).tolist(),
+                flag.tolist(),
+                sysflag.tolist(),
+                reconsume.tolist(),
+                prepared.tolist(),
+                crc.tolist(),
+            )
+        )
 
     def _is_queue(self, topic: str, queue_id: int, first_queue_offset: int) -> bool:
         """Whether every record belongs to ``topic``/``queue_id`` at consecutive offsets from

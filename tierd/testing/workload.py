@@ -1,0 +1,145 @@
+"""The user's workload behind the tiering and cold-read figures (``bench/tiering.py``,
+``bench/cold_read.py``; docs/performance.md P2/P3), shared so both measure the same thing.
+
+What a user does: a :class:`~tierd.BlockingMessageStore` with the **default** configuration —
+only ``store.dir`` and the ``[backend]`` section (an S3 server) are set — holding 1 KiB bodies,
+each with one key (so the hot and cold key indexes do real work), spread over a topic's queues
+with ``put_batch`` batches of 1,000.
+
+The S3 servers are the ones the tests use (:mod:`tierd.testing.s3server`): moto (Python: it
+shares the CPU with tierd) and SeaweedFS (Go). Raw baselines talk to the same server with a
+plain boto3 client, sequentially, as a user's script would.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import statistics
+from typing import TYPE_CHECKING, Any
+
+from tierd.config import TierdConfig
+from tierd.message import Message
+from tierd.testing.s3server import S3Server, start_moto, start_seaweedfs
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator, Sequence
+    from pathlib import Path
+
+    from tierd.store import BlockingMessageStore
+
+__all__ = [
+    "BATCH",
+    "BODY",
+    "SERVERS",
+    "TOPIC",
+    "count_requests",
+    "delete_prefix",
+    "list_objects",
+    "produce_keyed",
+    "spread",
+    "start_server",
+    "user_config",
+]
+
+#: Body bytes of every message, and messages per ``put_batch`` call.
+BODY = 1024
+BATCH = 1000
+TOPIC = "bench"
+SERVERS = ("moto", "seaweedfs")
+
+
+def start_server(name: str, workdir: Path) -> S3Server:
+    """Start the S3 server ``name`` (one of :data:`SERVERS`) under ``workdir``."""
+    if name == "moto":
+        return start_moto(workdir)
+    if name == "seaweedfs":
+        return start_seaweedfs(workdir)
+    raise ValueError(f"unknown S3 server {name!r}; expected one of {', '.join(SERVERS)}")
+
+
+def user_config(store_dir: Path, server: S3Server, bucket: str, prefix: str) -> TierdConfig:
+    """Default settings everywhere; only where the store lives and which bucket it tiers to."""
+    return TierdConfig.from_dict(
+        {
+            "store": {"dir": str(store_dir)},
+            "backend": {
+                "name": "s3",
+                "url": f"s3://{bucket}/{prefix}",
+                "storage_options": server.storage_options,
+            },
+        }
+    )
+
+
+def _batches(messages: int, queues: int) -> Iterator[list[Message]]:
+    # Distinct bodies cost randomness per message; slices of one random block are as good for
+    # every layer here (nothing compresses or deduplicates).
+    block = os.urandom(64 * BODY)
+    for first in range(0, messages, BATCH):
+        yield [
+            Message(
+                topic=TOPIC,
+                body=block[(i * 61) % (len(block) - BODY) :][:BODY],
+                queue_id=i % queues,
+                keys=(f"k{i}",),
+            )
+            for i in range(first, min(first + BATCH, messages))
+        ]
+
+
+def produce_keyed(store: BlockingMessageStore, messages: int, queues: int) -> None:
+    """Put ``messages`` 1 KiB messages with one key each, round robin over ``queues`` queues of
+    :data:`TOPIC`, in ``put_batch`` calls of :data:`BATCH`."""
+    for batch in _batches(messages, queues):
+        store.put_batch(batch)
+
+
+def count_requests(store: BlockingMessageStore) -> collections.Counter[str]:
+    """S3 API calls the store's own client makes from now on, by operation (a botocore event
+    hook on the client; it costs a counter increment per request)."""
+    counter: collections.Counter[str] = collections.Counter()
+
+    def seen(model: Any, **_: Any) -> None:
+        counter[model.name] += 1
+
+    assert store.tiering is not None
+    assert store._loop is not None
+    root = store.tiering.root.inner
+    fs = store._loop.run(root.filesystem())  # type: ignore[attr-defined]
+    fs.s3.meta.events.register("before-call.s3", seen)
+    return counter
+
+
+def list_objects(server: S3Server, bucket: str, prefix: str) -> list[tuple[str, int]]:
+    """(key, size) of every object under ``prefix``, in key order."""
+    client = server.boto3_client()
+    try:
+        return [
+            (str(o["Key"]), int(o["Size"]))
+            for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
+            for o in page.get("Contents", [])
+        ]
+    finally:
+        client.close()
+
+
+def delete_prefix(server: S3Server, bucket: str, prefix: str) -> None:
+    """Delete everything under ``prefix`` (moto slows down as it accumulates objects)."""
+    client = server.boto3_client()
+    try:
+        keys = [{"Key": k} for k, _ in list_objects(server, bucket, prefix)]
+        for first in range(0, len(keys), 1000):
+            client.delete_objects(Bucket=bucket, Delete={"Objects": keys[first : first + 1000]})
+    finally:
+        client.close()
+
+
+def spread(values: Sequence[float]) -> dict[str, Any]:
+    """Median, minimum, maximum and every value of a series of rounds."""
+    return {
+        "median": statistics.median(values),
+        "min": min(values),
+        "max": max(values),
+        "runs": [round(v, 3) for v in values],
+    }
