@@ -34,7 +34,7 @@ from tierd.tiered.manifest import (
 from tierd.tiered.paths import segment_path
 from tierd.tiered.segment import FileType
 
-from ..tiered.conftest import run
+from ..tiered.conftest import upload_index
 
 if TYPE_CHECKING:
     from collections.abc import Iterator, Sequence
@@ -120,17 +120,6 @@ def produce(
         if index_after is not None and index_after >= len(batches):
             upload_index(store)
     return Produced(out)
-
-
-def upload_index(store: BlockingMessageStore) -> None:
-    """Seal the writable cold index file and upload it now (it would wait ``max_file_age``)."""
-    assert store.tiering is not None
-    index = store.tiering.index
-    age, index.max_file_age_ms = index.max_file_age_ms, 0
-    try:
-        run(store, index.maintain())
-    finally:
-        index.max_file_age_ms = age
 
 
 def messages(start: int, n: int, *, size: int = 150) -> list[Message]:

@@ -30,8 +30,8 @@ from tierd.spark.source import SPARK_SCHEMA, plan_partitions, read_partition, se
 from tierd.spark.storage import open_storage
 from tierd.spark.stream import TierdStreamReader, offsets_for_time
 
-from ..tiered.conftest import cold_config
-from .conftest import Produced, messages, upload_index
+from ..tiered.conftest import cold_config, upload_index
+from .conftest import Produced, messages
 
 if TYPE_CHECKING:
     from pathlib import Path

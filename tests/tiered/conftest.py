@@ -56,3 +56,14 @@ def run(store: BlockingMessageStore, coro: Coroutine[Any, Any, T]) -> T:
     """Run a coroutine on the store's tiering loop (where flat files live)."""
     assert store._loop is not None
     return asyncio.run_coroutine_threadsafe(coro, store._loop.loop).result(60)
+
+
+def upload_index(store: BlockingMessageStore) -> None:
+    """Seal the writable cold index file and upload it now (it would wait ``max_file_age``)."""
+    assert store.tiering is not None
+    index = store.tiering.index
+    age, index.max_file_age_ms = index.max_file_age_ms, 0
+    try:
+        run(store, index.maintain())
+    finally:
+        index.max_file_age_ms = age

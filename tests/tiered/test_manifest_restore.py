@@ -20,7 +20,7 @@ from tierd.tiered.manifest import BrokerManifest, QueueManifest, broker_manifest
 from tierd.tiered.metadata import MetadataStore
 from tierd.tiered.registry import open_driver_factory
 
-from .conftest import cold_config, run
+from .conftest import cold_config, run, upload_index
 from .test_write_path import cold_records
 
 if TYPE_CHECKING:
@@ -174,17 +174,6 @@ def test_restore_finds_segments_and_queues_committed_after_the_last_manifest_wri
         assert store.get("orders", 1, r.queue_offset, 1).messages[0].body == b"after-restore"
 
 
-def _upload_index(store: BlockingMessageStore) -> None:
-    """Seal the writable cold index file and upload it now (it would wait ``max_file_age``)."""
-    assert store.tiering is not None
-    index = store.tiering.index
-    age, index.max_file_age_ms = index.max_file_age_ms, 0
-    try:
-        run(store, index.maintain())
-    finally:
-        index.max_file_age_ms = age
-
-
 def test_restore_brings_back_the_cold_key_index(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Keys tiered before the restore are found through the restored cold index — also those of
     an index segment uploaded after the index manifest's last write."""
@@ -192,11 +181,11 @@ def test_restore_brings_back_the_cold_key_index(tmp_path: Path, monkeypatch: pyt
     cfg_a = cold_config(tmp_path / "a", backend=bucket, **SMALL)
     with BlockingMessageStore.open(cfg_a) as store:
         _produce_and_tier(store, 0, 150)
-        _upload_index(store)
+        upload_index(store)
         _produce_and_tier(store, 150, 150)
         assert store.tiering is not None
         monkeypatch.setattr(store.tiering.index, "_write_manifest", _no_manifest)
-        _upload_index(store)
+        upload_index(store)
         uploaded = [i.base_offset for i in store.tiering.index.uploaded_infos()]
         assert len(uploaded) == 2
     monkeypatch.undo()
