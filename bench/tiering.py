@@ -21,23 +21,19 @@ Usage: ``python bench/tiering.py [--mib 256] [--queues 16] [--repeat 3] [--serve
 
 from __future__ import annotations
 
-import argparse
 import gc
-import json
 import os
 import statistics
 import sys
-import tempfile
 import time
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tierd import BlockingMessageStore
 from tierd.testing.s3server import S3Server, create_bucket
 from tierd.testing.workload import (
     BODY,
-    SERVERS,
     TOPIC,
+    bench_main,
     count_requests,
     delete_prefix,
     produce_keyed,
@@ -45,6 +41,10 @@ from tierd.testing.workload import (
     start_server,
     user_config,
 )
+
+if TYPE_CHECKING:
+    import argparse
+    from pathlib import Path
 
 MiB = 1024 * 1024
 OBJECT = 4 * MiB
@@ -140,29 +140,13 @@ def run_server(name: str, args: argparse.Namespace, tmp: Path) -> dict[str, Any]
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--mib", type=int, default=256, help="MiB of 1 KiB bodies to tier (default 256)")
-    parser.add_argument("--queues", type=int, default=16, help="queues they are spread over (default 16)")
-    parser.add_argument("--repeat", type=int, default=3, help="interleaved rounds per server (default 3)")
-    parser.add_argument("--server", choices=[*SERVERS, "both"], default="both", help="S3 server(s)")
-    args = parser.parse_args(argv)
-    names = SERVERS if args.server == "both" else (args.server,)
-    with tempfile.TemporaryDirectory(prefix="tierd-bench-", dir=os.environ.get("TIERD_BENCH_DIR")) as tmp:
-        results = {name: run_server(name, args, Path(tmp)) for name in names}
-    out = {
-        "figure": "P2",
-        "what": "BlockingMessageStore.tier_now() vs boto3 PutObject of 4 MiB objects, same bytes",
-        "mib": args.mib,
-        "queues": args.queues,
-        "message_body_bytes": BODY,
-        "keys_per_message": 1,
-        "repeat": args.repeat,
-        "servers": results,
-        "meets_target": all(r["meets_target"] for r in results.values()),
-    }
-    json.dump(out, sys.stdout, indent=2)
-    sys.stdout.write("\n")
-    return 0
+    return bench_main(
+        argv,
+        doc=__doc__,
+        figure="P2",
+        what="BlockingMessageStore.tier_now() vs boto3 PutObject of 4 MiB objects, same bytes",
+        run_server=run_server,
+    )
 
 
 if __name__ == "__main__":

@@ -13,9 +13,14 @@ plain boto3 client, sequentially, as a user's script would.
 
 from __future__ import annotations
 
+import argparse
 import collections
+import json
 import os
 import statistics
+import sys
+import tempfile
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tierd.config import TierdConfig
@@ -23,8 +28,7 @@ from tierd.message import Message
 from tierd.testing.s3server import S3Server, start_moto, start_seaweedfs
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator, Sequence
-    from pathlib import Path
+    from collections.abc import Callable, Iterator, Sequence
 
     from tierd.store import BlockingMessageStore
 
@@ -33,6 +37,7 @@ __all__ = [
     "BODY",
     "SERVERS",
     "TOPIC",
+    "bench_main",
     "count_requests",
     "delete_prefix",
     "list_objects",
@@ -143,3 +148,39 @@ def spread(values: Sequence[float]) -> dict[str, Any]:
         "max": max(values),
         "runs": [round(v, 3) for v in values],
     }
+
+
+def bench_main(
+    argv: list[str] | None,
+    *,
+    doc: str | None,
+    figure: str,
+    what: str,
+    run_server: Callable[[str, argparse.Namespace, Path], dict[str, Any]],
+) -> int:
+    """The command line both scripts share: parse the workload's options, run ``run_server`` on
+    each chosen S3 server in one scratch directory (``TIERD_BENCH_DIR`` picks where), print the
+    figure's JSON."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0] if doc else None)
+    parser.add_argument("--mib", type=int, default=256, help="MiB of 1 KiB bodies (default 256)")
+    parser.add_argument("--queues", type=int, default=16, help="queues they are spread over (default 16)")
+    parser.add_argument("--repeat", type=int, default=3, help="interleaved rounds per server (default 3)")
+    parser.add_argument("--server", choices=[*SERVERS, "both"], default="both", help="S3 server(s)")
+    args = parser.parse_args(argv)
+    names = SERVERS if args.server == "both" else (args.server,)
+    with tempfile.TemporaryDirectory(prefix="tierd-bench-", dir=os.environ.get("TIERD_BENCH_DIR")) as tmp:
+        results = {name: run_server(name, args, Path(tmp)) for name in names}
+    out = {
+        "figure": figure,
+        "what": what,
+        "mib": args.mib,
+        "queues": args.queues,
+        "message_body_bytes": BODY,
+        "keys_per_message": 1,
+        "repeat": args.repeat,
+        "servers": results,
+        "meets_target": all(r["meets_target"] for r in results.values()),
+    }
+    json.dump(out, sys.stdout, indent=2)
+    sys.stdout.write("\n")
+    return 0
