@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import io
+import logging
 import os
 import select
 import signal
@@ -108,6 +110,29 @@ def test_a_start_up_error_is_printed_once(tmp_path: Path) -> None:
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1, proc.stderr
     assert lines[0].startswith("tierd: error: the cold tier cannot start: no tiering metadata")
+
+
+def test_held_error_lines_reach_every_handler_once(tmp_path: Path) -> None:
+    """An embedding process with two log handlers of its own: a held ERROR line that the
+    command's error does not restate is written once to each of them when the command ends."""
+    from tierd.cli.app import _held_errors, setup_logging
+
+    root = logging.getLogger()
+    streams = [io.StringIO(), io.StringIO()]
+    handlers = [logging.StreamHandler(s) for s in streams]
+    saved_handlers, saved_level = root.handlers[:], root.level
+    root.handlers[:] = handlers
+    try:
+        setup_logging(TierdConfig.load(_config(tmp_path), env={}), None, quiet=True)
+        logging.getLogger("tierd.test").error("the disk under the hot store is failing")
+        assert [s.getvalue() for s in streams] == ["", ""]  # held while the command runs
+        _held_errors.release(None)
+    finally:
+        root.handlers[:] = saved_handlers
+        root.setLevel(saved_level)
+        for h in handlers:
+            h.removeFilter(_held_errors)
+    assert [s.getvalue() for s in streams] == ["the disk under the hot store is failing\n"] * 2
 
 
 def test_usage_errors_exit_2_and_help_teaches() -> None:

@@ -300,25 +300,28 @@ class _HeldErrors(logging.Filter):
 
     def __init__(self) -> None:
         super().__init__()
-        self.held: list[tuple[logging.Handler, logging.LogRecord]] = []
+        self.held: list[logging.LogRecord] = []
         #: Holding (from the command's logging set-up until it ends); then records pass.
         self.active = False
 
     def filter(self, record: logging.LogRecord) -> bool:
         if not self.active or record.levelno < logging.ERROR:
             return True
-        handler = next(h for h in logging.getLogger().handlers if self in h.filters)
-        self.held.append((handler, record))
+        # Every handler carrying this filter asks about the same record: hold it once.
+        if not self.held or self.held[-1] is not record:
+            self.held.append(record)
         return False
 
     def release(self, error: BaseException | None) -> None:
         said = [str(x) for x in (error, error.__cause__ if error is not None else None) if x is not None]
         held, self.held = self.held, []
         self.active = False
-        for handler, record in held:
+        handlers = [h for h in logging.getLogger().handlers if self in h.filters]
+        for record in held:
             text = record.getMessage()
             if not any(len(s) >= 20 and s in text for s in said):
-                handler.handle(record)
+                for handler in handlers:
+                    handler.handle(record)
 
 
 _held_errors = _HeldErrors()
