@@ -62,9 +62,6 @@ PRIVATE_ALLOWED = {
     ("tierd.tiered.manifest", "tierd.tiered.metadata._Model"): "issue 18 item 3 (one segment record)",
     ("tierd.tiered.ownership", "tierd.tiered.metadata._Model"): "issue 18 item 3 (one segment record)",
     ("tierd.verify", "tierd.tiered.flatstore._segment_info"): "issue 18 item 3 (one segment record)",
-    # Test support shared by the S3 server starters; not named by issue 18.
-    ("tierd.testing.localstack", "tierd.testing.s3server._log_tail"): "test support (not in issue 18)",
-    ("tierd.testing.localstack", "tierd.testing.s3server._terminate"): "test support (not in issue 18)",
 }
 
 

@@ -36,7 +36,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from tierd.testing.s3server import REGION, S3Server, ServerStartError, _log_tail, _terminate, free_port
+from tierd.testing.s3server import REGION, S3Server, ServerStartError, free_port, log_tail, terminate
 
 __all__ = [
     "MIN_PYTHON",
@@ -154,7 +154,7 @@ def ensure_venv(venv: Path | None = None, *, timeout: float = 900.0) -> Path:
                     subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, timeout=left, check=True)
                 except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as e:
                     raise LocalStackUnavailable(
-                        f"installing LocalStack into {venv} failed ({e}):\n{_log_tail(log)}"
+                        f"installing LocalStack into {venv} failed ({e}):\n{log_tail(log)}"
                     ) from e
         stamp.write_text(wanted)
         return python
@@ -216,8 +216,8 @@ def start_localstack(
         delay = 0.05
         while not _healthy(health):
             if proc.poll() is not None or time.monotonic() > deadline:
-                _terminate(proc)
-                last = ServerStartError(f"localstack did not become healthy at {health}:\n{_log_tail(log)}")
+                terminate(proc)
+                last = ServerStartError(f"localstack did not become healthy at {health}:\n{log_tail(log)}")
                 break
             time.sleep(delay)
             delay = min(delay * 1.5, 0.25)

@@ -33,7 +33,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["S3Server", "ServerStartError", "free_port", "start_moto", "start_seaweedfs"]
+__all__ = [
+    "S3Server",
+    "ServerStartError",
+    "free_port",
+    "log_tail",
+    "start_moto",
+    "start_seaweedfs",
+    "terminate",
+]
 
 #: Region every test server is addressed with (moto and SeaweedFS accept any).
 REGION = "us-east-1"
@@ -156,7 +164,8 @@ def _free_pair(offset: int, host: str = "127.0.0.1", tries: int = 50) -> tuple[i
     raise ServerStartError(f"no free port pair {offset} apart found")
 
 
-def _log_tail(path: Path, limit: int = 4000) -> str:
+def log_tail(path: Path, limit: int = 4000) -> str:
+    """The end of a server's log file, for a start-up error ("<no log>" if it cannot be read)."""
     try:
         return path.read_text(errors="replace")[-limit:]
     except OSError:
@@ -168,7 +177,7 @@ def _wait_http(proc: subprocess.Popen[bytes], url: str, deadline: float, log: Pa
     delay = 0.02
     while True:
         if proc.poll() is not None:
-            raise ServerStartError(f"{name} exited with {proc.returncode} during start-up:\n{_log_tail(log)}")
+            raise ServerStartError(f"{name} exited with {proc.returncode} during start-up:\n{log_tail(log)}")
         try:
             with urllib.request.urlopen(url, timeout=2):
                 return
@@ -177,12 +186,13 @@ def _wait_http(proc: subprocess.Popen[bytes], url: str, deadline: float, log: Pa
         except OSError:
             pass
         if time.monotonic() > deadline:
-            raise ServerStartError(f"{name} did not answer at {url} in time:\n{_log_tail(log)}")
+            raise ServerStartError(f"{name} did not answer at {url} in time:\n{log_tail(log)}")
         time.sleep(delay)
         delay = min(delay * 1.5, 0.25)
 
 
-def _terminate(proc: subprocess.Popen[bytes]) -> None:
+def terminate(proc: subprocess.Popen[bytes]) -> None:
+    """Stop a server process: SIGTERM, then SIGKILL if it lingers."""
     if proc.poll() is None:
         proc.terminate()
         try:
@@ -228,7 +238,7 @@ def start_moto(workdir: Path, *, timeout: float = 30.0, attempts: int = 3) -> S3
         try:
             _wait_http(proc, endpoint + "/moto-api/", time.monotonic() + timeout, log, "moto")
         except ServerStartError as e:
-            _terminate(proc)
+            terminate(proc)
             last = e
             continue
         return S3Server("moto", endpoint, "testing", "testing", workdir, proc)
@@ -255,7 +265,7 @@ def _wait_s3_auth(server: S3Server, deadline: float, log: Path) -> None:
         delay = 0.05
         while True:
             if not server.alive():
-                raise ServerStartError(f"seaweedfs exited during start-up:\n{_log_tail(log)}")
+                raise ServerStartError(f"seaweedfs exited during start-up:\n{log_tail(log)}")
             try:
                 client.list_buckets()
             except (BotoCoreError, ClientError):
@@ -263,7 +273,7 @@ def _wait_s3_auth(server: S3Server, deadline: float, log: Path) -> None:
             else:
                 return
             if time.monotonic() > deadline:
-                raise ServerStartError(f"seaweedfs S3 did not accept credentials in time:\n{_log_tail(log)}")
+                raise ServerStartError(f"seaweedfs S3 did not accept credentials in time:\n{log_tail(log)}")
             time.sleep(delay)
             delay = min(delay * 1.5, 0.25)
     finally:
