@@ -18,7 +18,6 @@ ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
 WORKDIR /src
 COPY pyproject.toml README.md pyspark_tierd.py ./
 COPY tierd ./tierd
-COPY backends ./backends
 # The wheel is built from the sources above (PEP 517, setuptools); the virtualenv's own pip and
 # setuptools go once tierd is installed: the runtime needs neither.
 RUN python3 -m venv /opt/tierd \

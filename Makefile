@@ -34,8 +34,8 @@ run: $(RUN_STAMP)
 	$(BIN)/tierd --config conf/local.toml serve
 
 lint: $(TEST_STAMP)
-	$(BIN)/ruff check tierd backends tests bench examples image pyspark_tierd.py
-	$(BIN)/ruff format --check tierd backends tests bench examples image pyspark_tierd.py
+	$(BIN)/ruff check tierd tests bench examples image pyspark_tierd.py
+	$(BIN)/ruff format --check tierd tests bench examples image pyspark_tierd.py
 	$(BIN)/hadolint Dockerfile
 
 typecheck: $(TEST_STAMP)

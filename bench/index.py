@@ -45,7 +45,7 @@ from typing import Any
 import mmh3
 import numpy as np
 
-from backends.memory import MemoryRoot, drop_namespace
+from tierd.drivers.memory import MemoryRoot, drop_namespace
 from tierd.testing.clock import ManualClock
 from tierd.testing.faults import FaultyRoot
 from tierd.tiered.index import ColdIndexService, FileStatus, compact, compacted_slots

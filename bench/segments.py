@@ -29,9 +29,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from backends.s3 import S3Root
+from tierd.drivers.s3 import S3Root
+from tierd.drivers.segment import FileSegment, FileType
 from tierd.testing.s3server import S3Server, create_bucket, start_moto
-from tierd.tiered.segment import FileSegment, FileType
 
 MiB = 1024 * 1024
 

@@ -1,6 +1,6 @@
 """The layer rules of ``docs/design.md``, enforced on the source.
 
-Every ``import`` and ``from … import`` in ``tierd/`` and ``backends/`` — at module level, inside
+Every ``import`` and ``from … import`` in ``tierd/`` — at module level, inside
 functions and under ``TYPE_CHECKING`` alike (a type is knowledge of a layer too) — is parsed with
 :mod:`ast` into a module graph, and each rule is checked against it. Where today's tree still
 breaks a rule, the edge sits in an allow-list below next to the issue item that removes it, so the
@@ -21,10 +21,10 @@ if TYPE_CHECKING:
     from collections.abc import Collection
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("tierd", "backends")
+PACKAGES = ("tierd",)
 
 # The driver contract: what a third-party driver imports (docs/drivers.md).
-CONTRACT = {"tierd.tiered.segment", "tierd.tiered.paths"}
+CONTRACT = {"tierd.drivers.segment", "tierd.drivers.paths"}
 ERRORS = "tierd.errors"
 # The facade and the modules only it (and the access layers) use.
 FACADE = {"tierd.store", "tierd.router", "tierd.groups", "tierd.inventory", "tierd.verify", "tierd.longpoll"}
@@ -42,7 +42,7 @@ SPARK_FORBIDDEN = FACADE | {
     "tierd.tiered.service",
 }
 # Offline CLI commands (inspect a bucket, parse a backend URL) open a cold root without a store.
-CLI_COLD_ALLOWED = {"tierd.tiered.registry", "tierd.tiered.guard", *CONTRACT}
+CLI_COLD_ALLOWED = {"tierd.tiered.roots", "tierd.tiered.guard", *CONTRACT}
 
 # Known violations: (importer, imported) → the issue item that removes the edge.
 ALLOWED = {
@@ -97,7 +97,7 @@ def _imports(name: str, path: Path) -> set[tuple[str, str]]:
 
 
 def _graph() -> dict[str, set[str]]:
-    """Module → the tierd/backends modules it imports (``from pkg import sub`` counts as ``pkg.sub``)."""
+    """Module → the tierd modules it imports (``from pkg import sub`` counts as ``pkg.sub``)."""
     graph: dict[str, set[str]] = {}
     for name, path in SOURCES.items():
         targets = set()
@@ -134,13 +134,13 @@ def _violations() -> set[tuple[str, str]]:
     bad: set[tuple[str, str]] = set()
     for importer, targets in GRAPH.items():
         for target in targets:
-            if _under(importer, "backends"):
+            if _under(importer, "tierd.drivers"):
                 # Drivers: only the contract, the errors and their own package.
-                if not (target in CONTRACT or target == ERRORS or _under(target, "backends")):
+                if not (target == ERRORS or _under(target, "tierd.drivers")):
                     bad.add((importer, target))
             elif _under(importer, "tierd.local"):
                 # The hot store knows nothing of the cold tier nor of anything above it.
-                if _under(target, "tierd.tiered", "backends", *ACCESS) or target in FACADE:
+                if _under(target, "tierd.tiered", "tierd.drivers", *ACCESS) or target in FACADE:
                     bad.add((importer, target))
             elif _under(importer, "tierd.tiered"):
                 # The tiering layer never calls up into the facade or the access layers.
@@ -148,12 +148,12 @@ def _violations() -> set[tuple[str, str]]:
                     bad.add((importer, target))
             elif _under(importer, "tierd.service"):
                 # HTTP is thin: it reaches the store through the facade only.
-                if _under(target, "tierd.local", "tierd.tiered", "backends"):
+                if _under(target, "tierd.local", "tierd.tiered", "tierd.drivers"):
                     bad.add((importer, target))
             elif _under(importer, "tierd.cli"):
                 # The CLI too; offline bucket commands may open a cold root, nothing more.
-                if _under(target, "tierd.local", "backends") or (
-                    _under(target, "tierd.tiered") and target not in CLI_COLD_ALLOWED
+                if _under(target, "tierd.local") or (
+                    _under(target, "tierd.tiered", "tierd.drivers") and target not in CLI_COLD_ALLOWED
                 ):
                     bad.add((importer, target))
             elif importer in FACADE and _under(target, *ACCESS):
@@ -163,8 +163,8 @@ def _violations() -> set[tuple[str, str]]:
 
 def test_the_source_tree_is_parsed() -> None:
     # Guards the rules below against passing vacuously on an empty or misparsed graph.
-    assert {"tierd.store", "tierd.local.store", "tierd.tiered.segment", "backends.s3"} <= set(GRAPH)
-    assert "tierd.tiered.segment" in GRAPH["backends.posix"]
+    assert {"tierd.store", "tierd.local.store", "tierd.drivers.segment", "tierd.drivers.s3"} <= set(GRAPH)
+    assert "tierd.drivers.segment" in GRAPH["tierd.drivers.posix"]
     assert "tierd.local.store" in GRAPH["tierd.store"]  # a function-level or TYPE_CHECKING import counts
 
 
@@ -187,7 +187,7 @@ def test_the_driver_contract_reaches_only_the_errors() -> None:
 def test_the_hot_store_knows_nothing_of_the_cold_tier() -> None:
     # Transitive: no chain of imports from tierd/local/ ends in the cold tier.
     for module in (m for m in GRAPH if _under(m, "tierd.local")):
-        cold = {m for m in _closure(module) if _under(m, "tierd.tiered", "backends")}
+        cold = {m for m in _closure(module) if _under(m, "tierd.tiered", "tierd.drivers")}
         assert not cold, f"{module} reaches {sorted(cold)}"
 
 
@@ -203,7 +203,7 @@ def test_private_names_stay_in_their_package() -> None:
     # its own package.
     found = set()
     for name, path in SOURCES.items():
-        own_package = name.rsplit(".", 1)[0]
+        own_package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
         for module, imported in _imports(name, path):
             if imported.startswith("_") and not imported.startswith("__"):
                 found.add((name, f"{module}.{imported}"))
@@ -222,14 +222,14 @@ def _loaded_after(statement: str) -> set[str]:
 
 @pytest.mark.parametrize("heavy", ["numpy", "pydantic", "mmh3", "tierd.store", "tierd.config"])
 def test_importing_the_driver_contract_loads_only_the_contract(heavy: str) -> None:
-    loaded = _loaded_after("import tierd.tiered.segment, tierd.tiered.paths")
+    loaded = _loaded_after("import tierd.drivers.segment, tierd.drivers.paths")
     assert heavy not in loaded
-    assert {m for m in loaded if _under(m, "tierd", "backends")} == {
+    assert {m for m in loaded if _under(m, "tierd")} == {
         "tierd",
         "tierd.errors",
-        "tierd.tiered",
-        "tierd.tiered.paths",
-        "tierd.tiered.segment",
+        "tierd.drivers",
+        "tierd.drivers.paths",
+        "tierd.drivers.segment",
     }
 
 

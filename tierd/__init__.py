@@ -5,7 +5,7 @@ Public API (stable names)::
     from tierd import MessageStore, BlockingMessageStore, Message, TierdConfig, ReadPolicy, GetStatus
 
 The names are loaded on first use (module ``__getattr__``), not when the package is imported:
-a third-party segment driver imports ``tierd.tiered.segment`` — the driver contract — and must
+a third-party segment driver imports ``tierd.drivers.segment`` — the driver contract — and must
 get exactly that and ``tierd.errors``, not the facade with numpy, pydantic and mmh3 behind it
 (``tests/test_layers.py`` checks this).
 """

@@ -208,7 +208,7 @@ class ConcurrentCommitError(TierdError, RuntimeError):
 
 
 class ObjectExistsError(TierdError, FileExistsError):
-    """A conditional create (:meth:`~tierd.tiered.segment.DriverRoot.create_object`) found an
+    """A conditional create (:meth:`~tierd.drivers.segment.DriverRoot.create_object`) found an
     object already stored at the path: another writer created it first."""
 
     code = "object_exists"

@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, Literal, get_args
 
+from tierd.drivers.paths import index_segment_path, segment_path
+from tierd.drivers.segment import FileType
 from tierd.errors import CorruptionError, InvalidArgumentError, NotFoundError, SegmentNotFoundError
 from tierd.tiered.manifest import (
     BrokerManifest,
@@ -20,12 +22,10 @@ from tierd.tiered.manifest import (
     read_broker_manifest,
     read_queue_manifest,
 )
-from tierd.tiered.paths import index_segment_path, segment_path
-from tierd.tiered.segment import FileType
 
 if TYPE_CHECKING:
+    from tierd.drivers.segment import DriverRoot
     from tierd.local.store import HotStore
-    from tierd.tiered.segment import DriverRoot
     from tierd.tiered.service import TieringService
 
 SegmentKind = Literal["COMMIT_LOG", "CONSUME_QUEUE", "INDEX"]

@@ -32,15 +32,15 @@ from typing import TYPE_CHECKING, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from tierd.drivers.paths import cluster_dir
 from tierd.errors import CorruptionError, InvalidGroupError, SegmentNotFoundError
 from tierd.local.mapped_file import fsync_dir
 from tierd.local.validation import TOPIC_PATTERN
-from tierd.tiered.paths import cluster_dir
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
-    from tierd.tiered.segment import DriverRoot
+    from tierd.drivers.segment import DriverRoot
 
 log = logging.getLogger(__name__)
 

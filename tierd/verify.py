@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from tierd.drivers.paths import cluster_dir, index_segment_path
 from tierd.errors import NotFoundError, PrefixOwnedError, TierdError
 from tierd.local.codec import BLANK, INVALID, VALID, parse_record_view, scan_record
 from tierd.local.consumequeue import UNIT_SIZE
@@ -67,15 +68,14 @@ from tierd.tiered.manifest import (
 )
 from tierd.tiered.metadata import MetadataStore, TieredMetadata
 from tierd.tiered.ownership import OWNER_DIR, Ownership, current_owner, prefix_url, store_id
-from tierd.tiered.paths import cluster_dir, index_segment_path
-from tierd.tiered.registry import open_driver_factory
+from tierd.tiered.roots import open_driver_factory
 
 if TYPE_CHECKING:
     from tierd.config import TierdConfig
+    from tierd.drivers.segment import DriverRoot
     from tierd.local.commitlog import CommitLog
     from tierd.local.quarantine import Quarantine
     from tierd.tiered.flatfile import FlatAppendFile
-    from tierd.tiered.segment import DriverRoot
     from tierd.tiered.service import TieringService
 
 log = logging.getLogger(__name__)

@@ -22,6 +22,8 @@ import pytest
 from fsspec.core import url_to_fs
 
 from tierd import BlockingMessageStore, Message, TierdConfig
+from tierd.drivers.paths import segment_path
+from tierd.drivers.segment import FileType
 from tierd.local.codec import encode_host, encode_properties, encode_record, tags_code, topic_field
 from tierd.tiered.manifest import (
     BrokerManifest,
@@ -31,8 +33,6 @@ from tierd.tiered.manifest import (
     broker_manifest_path,
     queue_manifest_path,
 )
-from tierd.tiered.paths import segment_path
-from tierd.tiered.segment import FileType
 
 from ..tiered.conftest import upload_index
 

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from pyspark.sql import functions as F
 
+from tierd.drivers.paths import index_segment_path
 from tierd.spark import sparse
 from tierd.spark.filters import Constraints
 from tierd.spark.options import ReadOptions
@@ -25,7 +26,6 @@ from tierd.spark.source import SPARK_SCHEMA, plan_partitions, read_partition, se
 from tierd.spark.storage import ColdStorage, open_storage
 from tierd.testing.s3server import create_bucket
 from tierd.tiered.manifest import IndexManifest, index_manifest_path
-from tierd.tiered.paths import index_segment_path
 
 from ..tiered.conftest import cold_config
 from .conftest import Produced, messages, produce

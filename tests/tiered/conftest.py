@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import pytest
 
-from backends.memory import MemoryRoot, drop_namespace
 from tierd import BlockingMessageStore, TierdConfig
+from tierd.drivers.memory import MemoryRoot, drop_namespace
 
 if TYPE_CHECKING:
     from collections.abc import Coroutine, Iterator

@@ -27,7 +27,7 @@ from tierd.errors import BackendError
 from tierd.local.codec import decode_record
 from tierd.testing.faults import Fault, FaultPlan, FaultyRoot
 from tierd.tiered.metadata import MetadataStore
-from tierd.tiered.registry import open_driver_factory
+from tierd.tiered.roots import open_driver_factory
 
 from .conftest import cold_config, run
 from .test_write_path import cold_records
@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from tierd.config import BackendConfig
-    from tierd.tiered.segment import DriverRoot
+    from tierd.drivers.segment import DriverRoot
 
 REPO = Path(__file__).resolve().parents[2]
 TRIALS = int(os.environ.get("TIERD_TIERING_CRASH_TRIALS", "10"))

@@ -33,7 +33,7 @@ from tierd.local.store import HotStore
 from tierd.store import _LoopThread
 from tierd.testing.faults import Fault, FaultPlan, FaultyRoot
 from tierd.testing.s3server import create_bucket
-from tierd.tiered.registry import open_driver_factory
+from tierd.tiered.roots import open_driver_factory
 from tierd.tiered.service import TieringService
 
 from .conftest import cold_config, run
@@ -42,11 +42,11 @@ if TYPE_CHECKING:
     from pathlib import Path
 
     from tierd.config import TierdConfig
+    from tierd.drivers.segment import DriverRoot
     from tierd.testing.faults import Call
     from tierd.testing.s3server import S3Server
     from tierd.tiered.flatfile import FlatAppendFile
     from tierd.tiered.flatmessage import CommittedBatch
-    from tierd.tiered.segment import DriverRoot
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -9,15 +9,15 @@ from typing import TYPE_CHECKING
 import pytest
 
 import tierd.tiered.guard as guard_module
+from tierd.drivers.segment import ByteRange
 from tierd.errors import BackendError, PrefixOwnedError, SegmentNotFoundError
 from tierd.testing.faults import FaultPlan, FaultyRoot
 from tierd.tiered.guard import GuardedRoot
-from tierd.tiered.segment import ByteRange
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
 
-    from backends.memory import MemoryRoot
+    from tierd.drivers.memory import MemoryRoot
 
 
 def test_a_hung_write_fails_within_the_timeout_and_marks_the_backend_unreachable(mem: MemoryRoot) -> None:

@@ -27,8 +27,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from backends.memory import MemoryRoot, StoredSegment, drop_namespace, namespace
-from backends.posix import PosixRoot
+from tierd.drivers.memory import MemoryRoot, StoredSegment, drop_namespace, namespace
+from tierd.drivers.paths import segment_name
+from tierd.drivers.posix import PosixRoot
+from tierd.drivers.segment import FileType
 from tierd.errors import CorruptionError, StoreClosedError
 from tierd.local.codec import (
     MAGIC_V2,
@@ -51,14 +53,12 @@ from tierd.tiered.index import (
     hash_keys,
 )
 from tierd.tiered.index import service as index_service
-from tierd.tiered.paths import segment_name
-from tierd.tiered.segment import FileType
 
 if TYPE_CHECKING:
     from collections.abc import Coroutine, Iterator
 
+    from tierd.drivers.segment import DriverRoot
     from tierd.tiered.flatfile import SegmentInfo
-    from tierd.tiered.segment import DriverRoot
 
 T = TypeVar("T")
 HEADER = struct.Struct(">Iqqii")

@@ -26,9 +26,9 @@ from .test_index import BROKER, CLUSTER, HOUR, T0, Clock, Meta, arun, make_servi
 if TYPE_CHECKING:
     from pathlib import Path
 
-    from backends.memory import MemoryRoot
+    from tierd.drivers.memory import MemoryRoot
+    from tierd.drivers.segment import DriverRoot
     from tierd.tiered.index import ColdIndexService
-    from tierd.tiered.segment import DriverRoot
 
 
 def qbatch(queue_id: int, first_offset: int, keys: list[str | None], ts: int = T0) -> CommittedBatch:

@@ -18,7 +18,7 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from backends.memory import MemoryRoot
+from tierd.drivers.memory import MemoryRoot
 from tierd.testing.clock import ManualClock
 from tierd.tiered.index import ColdIndexService, FileStatus, compact
 from tierd.tiered.index import compaction as index_module

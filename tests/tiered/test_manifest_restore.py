@@ -18,7 +18,7 @@ from tierd.inventory import bucket_segments
 from tierd.local.codec import decode_record
 from tierd.tiered.manifest import BrokerManifest, QueueManifest, broker_manifest_path, queue_manifest_path
 from tierd.tiered.metadata import MetadataStore
-from tierd.tiered.registry import open_driver_factory
+from tierd.tiered.roots import open_driver_factory
 
 from .conftest import cold_config, run, upload_index
 from .test_write_path import cold_records
@@ -77,7 +77,7 @@ def test_manifests_describe_every_queue_and_sealed_checksums_match(tmp_path: Pat
 
 
 def google_hash(offset: int) -> str:
-    from tierd.tiered.paths import get_hash
+    from tierd.drivers.paths import get_hash
 
     return get_hash(str(offset))
 

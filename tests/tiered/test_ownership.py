@@ -14,13 +14,13 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 import tierd.tiered.ownership as ownership_module
-from backends.memory import MemoryRoot, drop_namespace
 from tierd import BlockingMessageStore, Message, ReadPolicy
+from tierd.drivers.memory import MemoryRoot, drop_namespace
 from tierd.errors import BackendError, PrefixOwnedError
 from tierd.testing.faults import FaultPlan, FaultyRoot
 from tierd.testing.s3server import create_bucket
 from tierd.tiered.ownership import Ownership, current_owner, list_epochs, owner_dir
-from tierd.tiered.registry import open_driver_factory
+from tierd.tiered.roots import open_driver_factory
 
 from .conftest import cold_config, run
 from .test_faults import open_with_root

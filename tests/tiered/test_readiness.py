@@ -25,7 +25,7 @@ from tierd.cli import app
 from tierd.errors import NotReadyError
 from tierd.service.app import create_app
 from tierd.testing.faults import FaultPlan, FaultyRoot
-from tierd.tiered.registry import open_driver_factory
+from tierd.tiered.roots import open_driver_factory
 
 from .conftest import cold_config
 
@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from pathlib import Path
 
     from tierd.config import BackendConfig, TierdConfig
-    from tierd.tiered.segment import DriverRoot
+    from tierd.drivers.segment import DriverRoot
 
 SMALL: dict[str, Any] = {"commitlog_segment_size": 8_000, "consumequeue_segment_size": 400}
 QUEUES = 3

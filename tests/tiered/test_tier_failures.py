@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from collections.abc import Iterator
     from pathlib import Path
 
-    from backends.memory import MemoryRoot
+    from tierd.drivers.memory import MemoryRoot
     from tierd.testing.s3server import S3Server
 
 #: One botocore attempt per request (s3fs still retries a few times, ~2 s): the outage tests

@@ -19,7 +19,7 @@ from tierd.cli.app import (
     store_lock_hint,
 )
 from tierd.cli.remote import RemoteStore
-from tierd.tiered.registry import backend_for_url
+from tierd.tiered.roots import backend_for_url
 
 POLL_SECONDS = 0.2
 

@@ -13,7 +13,7 @@ from tierd.cli.app import app, echo, emit_json, emit_table, handle_errors, obj
 from tierd.config import BackendConfig
 from tierd.inventory import SegmentKind, SegmentRow, bucket_segments, check_kind
 from tierd.tiered.guard import GuardedRoot
-from tierd.tiered.registry import backend_for_url, open_driver_factory
+from tierd.tiered.roots import backend_for_url, open_driver_factory
 
 topics_app = typer.Typer(help="Topics of the store (both tiers).", no_args_is_help=True)
 queues_app = typer.Typer(help="Queues of a topic with their offsets in each tier.", no_args_is_help=True)

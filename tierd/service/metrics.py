@@ -4,7 +4,7 @@ Three sources, chosen so that no hot path grows a metrics call it did not alread
 
 * **HTTP latency** — measured by :class:`HttpMetricsMiddleware` around every request.
 * **Backend latency and bytes** — :meth:`ServiceMetrics.observe_backend`, installed as the
-  :attr:`~tierd.tiered.segment.DriverRoot.observer` of the store's cold-tier root; FileSegment
+  :attr:`~tierd.drivers.segment.DriverRoot.observer` of the store's cold-tier root; FileSegment
   reports each driver call there.
 * **Everything else** (dispatch lag, dispatched messages, cache hits, storage size, fallbacks,
   index counters) — :class:`StoreCollector` reads the counters the store keeps anyway
@@ -77,7 +77,7 @@ class ServiceMetrics:
         self.registry.register(StoreCollector(store, draining))
 
     def observe_backend(self, operation: str, seconds: float, nbytes: int, ok: bool) -> None:
-        """The :data:`~tierd.tiered.segment.BackendObserver` installed on the cold-tier root."""
+        """The :data:`~tierd.drivers.segment.BackendObserver` installed on the cold-tier root."""
         self.backend_latency.labels(operation, "true" if ok else "false").observe(seconds)
         if ok and operation == "write":
             self.upload_bytes.observe(nbytes)

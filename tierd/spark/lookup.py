@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 
 from pydantic import ValidationError
 
+from tierd.drivers.paths import index_segment_path
 from tierd.errors import CorruptionError, SegmentNotFoundError
 from tierd.local.index import index_key, key_hash
 from tierd.spark.plan import Queue, clip_ranges, record_positions, sort_ranges, split_ranges
@@ -36,7 +37,6 @@ from tierd.spark.sparse import coalesce, span_ranges
 from tierd.tiered.index.format import SLOT_SIZE
 from tierd.tiered.index.reading import segment_slots, slot_extent, slot_hits, slot_position
 from tierd.tiered.manifest import IndexManifest, index_manifest_path
-from tierd.tiered.paths import index_segment_path
 
 if TYPE_CHECKING:
     from collections.abc import Sequence

@@ -31,6 +31,8 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
+from tierd.drivers.paths import cluster_dir, get_hash, segment_path
+from tierd.drivers.segment import FileType
 from tierd.errors import CorruptionError, NotFoundError, SegmentNotFoundError
 from tierd.local.consumequeue import UNIT_SIZE
 from tierd.tiered.manifest import (
@@ -40,8 +42,6 @@ from tierd.tiered.manifest import (
     broker_manifest_path,
     queue_manifest_path,
 )
-from tierd.tiered.paths import cluster_dir, get_hash, segment_path
-from tierd.tiered.segment import FileType
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Sequence

@@ -4,8 +4,8 @@ Why not the async segment drivers: a Spark task is one short synchronous functio
 process that holds nothing but the bucket URL and the storage options. fsspec's sync API (s3fs
 runs its own I/O thread) fits that shape; an event loop per task and the drivers' write-side
 machinery would not. What *is* shared with the drivers is the layout knowledge: paths come
-from :mod:`tierd.tiered.paths` / :mod:`tierd.tiered.manifest`, and the chunk scheme of open
-segments on object stores (FORMATS §2.3) is validated by :meth:`backends.Layout.build`,
+from :mod:`tierd.drivers.paths` / :mod:`tierd.tiered.manifest`, and the chunk scheme of open
+segments on object stores (FORMATS §2.3) is validated by :meth:`tierd.drivers.Layout.build`,
 so a gap or an overlap between chunks is reported exactly as the drivers report it.
 
 Instances are made inside ``partitions()``/``read()`` and never pickled; the plain data needed to
@@ -22,7 +22,7 @@ import threading
 from typing import TYPE_CHECKING, Any, Final
 from urllib.parse import urlsplit
 
-from backends import CHUNK_DIR_SUFFIX, Layout, Listing, ObjectInfo
+from tierd.drivers import CHUNK_DIR_SUFFIX, Layout, Listing, ObjectInfo
 from tierd.errors import (
     BackendError,
     CorruptionError,

@@ -37,11 +37,11 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 
+from tierd.drivers.segment import FileType
 from tierd.errors import CorruptionError, NotFoundError
 from tierd.local.codec import POS_BORN_HOST, POS_SYSFLAG, SYSFLAG_BORNHOST_V6
 from tierd.spark.filters import Constraints
 from tierd.spark.plan import clip_ranges, load_queues, record_positions, sort_ranges, split_ranges
-from tierd.tiered.segment import FileType
 
 if TYPE_CHECKING:
     from collections.abc import Iterator, Sequence

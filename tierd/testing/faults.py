@@ -1,5 +1,5 @@
-"""A fault-injecting wrapper around any :class:`~tierd.tiered.segment.SegmentDriver` and the
-whole-object API of its :class:`~tierd.tiered.segment.DriverRoot`.
+"""A fault-injecting wrapper around any :class:`~tierd.drivers.segment.SegmentDriver` and the
+whole-object API of its :class:`~tierd.drivers.segment.DriverRoot`.
 
 Tests use it to prove what the layers above do when a backend misbehaves — and, because it
 records every call with its outcome, to assert *what happened* (how many writes, at which
@@ -31,14 +31,14 @@ import random
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
-from tierd.errors import BackendError
-from tierd.tiered.segment import (
+from tierd.drivers.segment import (
     ByteRange,
     DriverRoot,
     SegmentDriver,
     validate_object_prefix,
     validate_segment_path,
 )
+from tierd.errors import BackendError
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Mapping

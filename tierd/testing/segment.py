@@ -47,6 +47,16 @@ from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 import pytest
 
+from tierd.drivers.paths import cluster_dir, segment_path
+from tierd.drivers.segment import (
+    MAX_POSITION,
+    AppendResult,
+    ByteRange,
+    DriverRoot,
+    FileSegment,
+    FileType,
+    SegmentDriver,
+)
 from tierd.errors import (
     ConcurrentCommitError,
     CorruptionError,
@@ -60,16 +70,6 @@ from tierd.errors import (
     UnsupportedOperationError,
 )
 from tierd.testing.faults import Fault, FaultPlan, FaultyRoot, InjectedFault
-from tierd.tiered.paths import cluster_dir, segment_path
-from tierd.tiered.segment import (
-    MAX_POSITION,
-    AppendResult,
-    ByteRange,
-    DriverRoot,
-    FileSegment,
-    FileType,
-    SegmentDriver,
-)
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Coroutine
@@ -157,7 +157,7 @@ _BAD_PREFIXES = ["/", "/abs", "a/../b", "a//b", "a//", "./a", "a\\b", ".."]
 
 
 class ObjectApiTests(DriverSuite):
-    """The whole-object API of :class:`~tierd.tiered.segment.DriverRoot` (``put_object``,
+    """The whole-object API of :class:`~tierd.drivers.segment.DriverRoot` (``put_object``,
     ``get_object``, ``delete_object``, ``list_objects``): the bucket manifests of the cold tier.
 
     Inherited by :class:`SegmentDriverTests`, so every driver's test file runs it; it uses the
@@ -519,7 +519,7 @@ class ObjectApiTests(DriverSuite):
 
 
 class SegmentDriverTests(ObjectApiTests):
-    """The shared behaviours of every :class:`~tierd.tiered.segment.SegmentDriver` (see module
+    """The shared behaviours of every :class:`~tierd.drivers.segment.SegmentDriver` (see module
     doc), plus those of its root's whole-object API (inherited from :class:`ObjectApiTests`)."""
 
     # ================================================================== driver: basics

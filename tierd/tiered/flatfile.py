@@ -1,7 +1,7 @@
 """Flat files: one logical, append-only file of the cold tier made of ordered segments.
 
 A :class:`FlatAppendFile` is RocketMQ's FlatAppendFile: the segments of one queue's commitlog
-(or consume queue) on the backend, each a :class:`~tierd.tiered.segment.FileSegment` named by
+(or consume queue) on the backend, each a :class:`~tierd.drivers.segment.FileSegment` named by
 its base offset. Only the last segment is writable; when an append does not fit it is committed,
 sealed (S3: chunks composed into one object) and a new segment starts at the append offset, so
 a record never straddles two segments. Reads may cross one segment boundary.
@@ -21,9 +21,9 @@ from dataclasses import dataclass
 
 import google_crc32c
 
+from tierd.drivers import paths
+from tierd.drivers.segment import AppendResult, DriverRoot, FileSegment, FileType
 from tierd.errors import CorruptionError, SegmentNotFoundError, SegmentReadError
-from tierd.tiered import paths
-from tierd.tiered.segment import AppendResult, DriverRoot, FileSegment, FileType
 
 log = logging.getLogger(__name__)
 #: Bytes read per request when a segment's checksum is computed from the backend.

@@ -20,12 +20,12 @@ from typing import TYPE_CHECKING
 import numpy as np
 import numpy.typing as npt
 
+from tierd.drivers.segment import DriverRoot, FileType
 from tierd.errors import CorruptionError
 from tierd.local.codec import POS_PHYSICAL_OFFSET, POS_QUEUE_OFFSET, VALID, scan_record, tags_code
 from tierd.local.codec import decode_properties as _decode_properties
 from tierd.local.consumequeue import UNIT_SIZE, decode_units, encode_units
 from tierd.tiered.flatfile import ChangeHook, FlatAppendFile, ignore_change
-from tierd.tiered.segment import DriverRoot, FileType
 
 if TYPE_CHECKING:
     from tierd.config import TieredConfig

@@ -13,10 +13,10 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING, Any
 
+from tierd.drivers.segment import DriverRoot, FileType
 from tierd.tiered.flatfile import FlatAppendFile, SegmentInfo
 from tierd.tiered.flatmessage import FlatMessageFile
 from tierd.tiered.metadata import MetadataStore, QueueMeta, SegmentMeta, TieredMetadata, TopicMeta
-from tierd.tiered.segment import DriverRoot, FileType
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Sequence

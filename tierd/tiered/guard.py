@@ -1,6 +1,6 @@
 """Every backend call the tiering daemon makes passes here: bounded, fenced and accounted for.
 
-:class:`GuardedRoot` wraps the configured :class:`~tierd.tiered.segment.DriverRoot` (and its
+:class:`GuardedRoot` wraps the configured :class:`~tierd.drivers.segment.DriverRoot` (and its
 drivers) so that three rules hold for every backend, shipped or third-party, in one place:
 
 * **Bounded.** Each call must finish within ``tiered.backend_timeout`` seconds (seals, whose
@@ -29,8 +29,8 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from tierd.drivers.segment import ByteRange, DriverRoot, SegmentDriver
 from tierd.errors import BackendError, TierdError
-from tierd.tiered.segment import ByteRange, DriverRoot, SegmentDriver
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Coroutine, Mapping

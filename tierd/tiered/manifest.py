@@ -26,19 +26,19 @@ from typing import TYPE_CHECKING, Literal, TypeVar
 
 from pydantic import Field, ValidationError
 
+from tierd.drivers.paths import cluster_dir
 from tierd.errors import CorruptionError, NotFoundError, SegmentNotFoundError
 from tierd.local.codec import POS_QUEUE_OFFSET
 from tierd.local.consumequeue import UNIT_SIZE
 from tierd.tiered.metadata import SegmentType, _Model, validation_summary
-from tierd.tiered.paths import cluster_dir
 
 if TYPE_CHECKING:
     from pathlib import Path
 
+    from tierd.drivers.segment import DriverRoot
     from tierd.tiered.flatfile import FlatAppendFile
     from tierd.tiered.flatmessage import FlatMessageFile
     from tierd.tiered.flatstore import FlatFileStore
-    from tierd.tiered.segment import DriverRoot
 
 log = logging.getLogger(__name__)
 MANIFEST_NAME = "MANIFEST.json"

@@ -5,7 +5,7 @@ and read each other's messages. So a store *claims* its prefix before it writes 
 checks the claim before every commit round and before any write that follows a stale check.
 
 **Records.** One small JSON object per *epoch*, created with
-:meth:`~tierd.tiered.segment.DriverRoot.create_object` (create-if-absent: of two claimants of
+:meth:`~tierd.drivers.segment.DriverRoot.create_object` (create-if-absent: of two claimants of
 the same epoch exactly one wins, on every backend that passes the conformance suite)::
 
     {cluster_dir}/{broker}/OWNER.d/{epoch:020d}.json
@@ -43,12 +43,12 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field, ValidationError
 
+from tierd.drivers.paths import cluster_dir
 from tierd.errors import BackendError, CorruptionError, ObjectExistsError, PrefixOwnedError
 from tierd.tiered.metadata import _Model
-from tierd.tiered.paths import cluster_dir
 
 if TYPE_CHECKING:
-    from tierd.tiered.segment import DriverRoot
+    from tierd.drivers.segment import DriverRoot
 
 log = logging.getLogger(__name__)
 #: Directory (under the broker prefix) holding one record per epoch.

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from tierd.drivers.paths import INDEX_TOPIC, cluster_dir, index_segment_path, parse_segment_name
 from tierd.errors import CorruptionError, InvalidArgumentError, NotFoundError, SegmentNotFoundError
 from tierd.local.store import HotStore
 from tierd.offsets import download as download_offsets
@@ -37,12 +38,11 @@ from tierd.tiered.manifest import (
 )
 from tierd.tiered.metadata import MetadataStore, QueueMeta, SegmentMeta, TieredMetadata, TopicMeta
 from tierd.tiered.ownership import OwnerRecord, Ownership, store_id
-from tierd.tiered.paths import INDEX_TOPIC, cluster_dir, index_segment_path, parse_segment_name
-from tierd.tiered.registry import open_driver_factory
+from tierd.tiered.roots import open_driver_factory
 
 if TYPE_CHECKING:
     from tierd.config import TierdConfig
-    from tierd.tiered.segment import DriverRoot
+    from tierd.drivers.segment import DriverRoot
 
 log = logging.getLogger(__name__)
 #: ``progress(done, total, what)`` — the CLI turns it into a progress bar.

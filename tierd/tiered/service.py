@@ -40,14 +40,14 @@ from tierd.tiered.index import ColdIndexService
 from tierd.tiered.manifest import ManifestWriter, broker_manifest_path
 from tierd.tiered.metadata import MetadataStore
 from tierd.tiered.ownership import Ownership, current_owner, owner_dir, prefix_url, store_id
-from tierd.tiered.registry import open_driver_factory
+from tierd.tiered.roots import open_driver_factory
 
 if TYPE_CHECKING:
     from tierd.config import TierdConfig
+    from tierd.drivers.segment import DriverRoot
     from tierd.local.store import HotStore
     from tierd.tiered.flatmessage import CommittedBatch
     from tierd.tiered.metadata import TieredMetadata
-    from tierd.tiered.segment import DriverRoot
 
 log = logging.getLogger(__name__)
 START_RETRY_CAP = 30.0

@@ -51,6 +51,8 @@ import google_crc32c
 import numpy as np
 import numpy.typing as npt
 
+from tierd.drivers import paths
+from tierd.drivers.segment import AppendResult, ByteRange, FileSegment, FileType
 from tierd.errors import (
     CorruptionError,
     InvalidArgumentError,
@@ -60,7 +62,6 @@ from tierd.errors import (
     StoreClosedError,
 )
 from tierd.local.index import index_key, key_hash, torn_at_creation
-from tierd.tiered import paths
 from tierd.tiered.flatfile import SegmentInfo
 from tierd.tiered.index.compaction import CompactedIndex, compact
 from tierd.tiered.index.format import (
@@ -78,13 +79,12 @@ from tierd.tiered.index.results import FileStatus, IndexFileInfo, IndexHit, Inde
 from tierd.tiered.index.uploaded import UploadedFile
 from tierd.tiered.index.writable import LocalFile
 from tierd.tiered.manifest import IndexCoverage, IndexManifest, ManifestSegment, index_manifest_path
-from tierd.tiered.segment import AppendResult, ByteRange, FileSegment, FileType
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
+    from tierd.drivers.segment import DriverRoot, SegmentDriver
     from tierd.tiered.flatmessage import CommittedBatch
-    from tierd.tiered.segment import DriverRoot, SegmentDriver
 
 __all__ = [
     "DEFAULT_MAX_FILE_AGE_MS",

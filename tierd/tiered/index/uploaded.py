@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from tierd.drivers.segment import ByteRange
 from tierd.tiered.index.format import HEADER_SIZE, SLOT_SIZE
 from tierd.tiered.index.reading import MAX_SLOT_READ, slot_extent, slot_hits, slot_position
 from tierd.tiered.index.results import FileStatus, IndexFileInfo, IndexHit, IndexStats
-from tierd.tiered.segment import ByteRange
 
 if TYPE_CHECKING:
+    from tierd.drivers.segment import SegmentDriver
     from tierd.tiered.flatfile import SegmentInfo
-    from tierd.tiered.segment import SegmentDriver
 
 __all__ = ["UploadedFile"]
 

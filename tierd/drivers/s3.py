@@ -1,7 +1,7 @@
 """``s3`` driver: segments on Amazon S3 or any S3-compatible server, via s3fs/aiobotocore.
 
 S3 objects cannot be appended to, so an open segment is a run of immutable chunk objects and
-sealing composes them into one object (the scheme and its safety rules: ``backends/_chunks.py``
+sealing composes them into one object (the scheme and its safety rules: ``tierd/drivers/_chunks.py``
 and FORMATS §2.3). What is S3-specific lives here:
 
 * **Conditional PUTs.** Each chunk is written ``If-None-Match: *`` (replacing the empty create
@@ -54,7 +54,7 @@ from botocore.exceptions import (
     PartialCredentialsError,
 )
 
-from backends._chunks import (
+from tierd.drivers._chunks import (
     VERIFY_PIECE,
     Chunk,
     ChunkConflictError,
@@ -66,8 +66,9 @@ from backends._chunks import (
     chunk_key,
     crc32c,
 )
-from backends._objects import listed_paths
-from backends.s3probe import S3Capabilities, WritePolicy, cached_probe, decide
+from tierd.drivers._objects import listed_paths
+from tierd.drivers.s3probe import S3Capabilities, WritePolicy, cached_probe, decide
+from tierd.drivers.segment import DriverRoot, validate_object_prefix, validate_segment_path
 from tierd.errors import (
     BackendError,
     CorruptionError,
@@ -78,7 +79,6 @@ from tierd.errors import (
     UnsafeBackendError,
     UnsupportedOperationError,
 )
-from tierd.tiered.segment import DriverRoot, validate_object_prefix, validate_segment_path
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Mapping, Sequence
@@ -344,7 +344,7 @@ class S3Root(DriverRoot):
         self.policy = None
 
     async def check_capabilities(self) -> dict[str, Any]:
-        """Probe the server once (cached per endpoint and bucket, see :mod:`backends.s3probe`),
+        """Probe the server once (cached per endpoint and bucket, see :mod:`tierd.drivers.s3probe`),
         decide the write policy and apply it; every mutating driver call awaits this first.
 
         Raises :class:`~tierd.errors.UnsafeBackendError` — every time, without I/O after the

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from fsspec.core import url_to_fs
 from fsspec.implementations.local import LocalFileSystem
 
-from backends._chunks import (
+from tierd.drivers._chunks import (
     VERIFY_PIECE,
     Chunk,
     ChunkedDriver,
@@ -42,7 +42,8 @@ from backends._chunks import (
     chunk_key,
     crc32c,
 )
-from backends._objects import create_file_exclusively, listed_paths, temp_name, write_file_atomically
+from tierd.drivers._objects import create_file_exclusively, listed_paths, temp_name, write_file_atomically
+from tierd.drivers.segment import DriverRoot, validate_object_prefix, validate_segment_path
 from tierd.errors import (
     BackendError,
     CorruptionError,
@@ -51,7 +52,6 @@ from tierd.errors import (
     TierdError,
     UnsupportedOperationError,
 )
-from tierd.tiered.segment import DriverRoot, validate_object_prefix, validate_segment_path
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable, Mapping, Sequence

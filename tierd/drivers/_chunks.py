@@ -34,7 +34,8 @@ from typing import TYPE_CHECKING
 
 import google_crc32c
 
-from backends._objects import CHUNK_DIR
+from tierd.drivers._objects import CHUNK_DIR
+from tierd.drivers.segment import ByteRange, DriverRoot, SegmentDriver, check_readable, stored_overlap
 from tierd.errors import (
     BackendError,
     CorruptionError,
@@ -43,7 +44,6 @@ from tierd.errors import (
     SegmentReadError,
     SegmentSealedError,
 )
-from tierd.tiered.segment import ByteRange, DriverRoot, SegmentDriver, check_readable, stored_overlap
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Sequence

@@ -6,8 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tierd.errors import InvalidArgumentError
-from tierd.tiered.paths import (
+from tierd.drivers.paths import (
     cluster_dir,
     get_hash,
     index_segment_path,
@@ -16,7 +15,8 @@ from tierd.tiered.paths import (
     segment_name,
     segment_path,
 )
-from tierd.tiered.segment import FileType
+from tierd.drivers.segment import FileType
+from tierd.errors import InvalidArgumentError
 
 
 def test_rocketmq_hash_vectors() -> None:

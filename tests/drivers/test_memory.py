@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from backends.memory import MemoryDriver, StoredSegment, drop_namespace, namespace
+from tierd.drivers.memory import MemoryDriver, StoredSegment, drop_namespace, namespace
 from tierd.testing.segment import SegmentDriverTests
 
 if TYPE_CHECKING:

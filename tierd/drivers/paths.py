@@ -13,8 +13,8 @@ from __future__ import annotations
 import hashlib
 import re
 
+from tierd.drivers.segment import FileType
 from tierd.errors import InvalidArgumentError
-from tierd.tiered.segment import FileType
 
 __all__ = [
     "INDEX_QUEUE_ID",

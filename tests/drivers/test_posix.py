@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from backends._objects import TEMP_MARKER
-from backends.posix import PosixDriver, PosixRoot
+from tierd.drivers._objects import TEMP_MARKER
+from tierd.drivers.posix import PosixDriver, PosixRoot
 from tierd.errors import BackendError
 from tierd.testing.segment import SegmentDriverTests
 

@@ -14,8 +14,8 @@ import re
 import uuid
 from typing import TYPE_CHECKING
 
+from tierd.drivers.segment import validate_segment_path
 from tierd.errors import InvalidArgumentError
-from tierd.tiered.segment import validate_segment_path
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -36,7 +36,7 @@ __all__ = [
 #: Marker in the names of temporary files written by atomic object puts.
 TEMP_MARKER = ".tierd-tmp-"
 _TEMP_NAME = re.compile(re.escape(TEMP_MARKER) + r"[0-9a-f]{32}\Z")
-#: Suffix of the directory-like prefix holding a segment's chunks (``backends._chunks``).
+#: Suffix of the directory-like prefix holding a segment's chunks (``tierd.drivers._chunks``).
 CHUNK_DIR = ".chunks"
 
 

@@ -10,9 +10,9 @@ from typing import TYPE_CHECKING, Any
 import fsspec
 import pytest
 
-import backends.fsspec
-from backends._objects import TEMP_MARKER
-from backends.fsspec import FsspecDriver, FsspecRoot
+import tierd.drivers.fsspec
+from tierd.drivers._objects import TEMP_MARKER
+from tierd.drivers.fsspec import FsspecDriver, FsspecRoot
 from tierd.errors import BackendError, ObjectExistsError, UnsupportedOperationError
 from tierd.testing.s3server import create_bucket
 from tierd.testing.segment import SegmentDriverTests
@@ -71,7 +71,7 @@ def test_object_put_on_a_filesystem_without_atomic_pipe_moves_a_temporary(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # Pretend memory:// were such a filesystem (sftp, hdfs, ...): write a temporary, then move it.
-    monkeypatch.setattr(backends.fsspec, "ATOMIC_PIPE_PROTOCOLS", frozenset())
+    monkeypatch.setattr(tierd.drivers.fsspec, "ATOMIC_PIPE_PROTOCOLS", frozenset())
     fs = fsspec.filesystem("memory")
     base = f"/tierd-{uuid.uuid4().hex}"
     moves: list[tuple[str, str]] = []

@@ -14,16 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from backends._objects import listed_paths
-from tierd.errors import (
-    CorruptionError,
-    InvalidArgumentError,
-    InvalidRangeError,
-    ObjectExistsError,
-    SegmentNotFoundError,
-    SegmentSealedError,
-)
-from tierd.tiered.segment import (
+from tierd.drivers._objects import listed_paths
+from tierd.drivers.segment import (
     ByteRange,
     DriverRoot,
     SegmentDriver,
@@ -31,6 +23,14 @@ from tierd.tiered.segment import (
     stored_overlap,
     validate_object_prefix,
     validate_segment_path,
+)
+from tierd.errors import (
+    CorruptionError,
+    InvalidArgumentError,
+    InvalidRangeError,
+    ObjectExistsError,
+    SegmentNotFoundError,
+    SegmentSealedError,
 )
 
 if TYPE_CHECKING:

@@ -14,16 +14,16 @@ from typing import TYPE_CHECKING, Any, cast
 
 import pytest
 
-from backends.s3 import S3Root
-from backends.s3probe import forget_probes
 from tierd import BlockingMessageStore, Message
 from tierd.config import BackendConfig, TierdConfig
+from tierd.drivers.s3 import S3Root
+from tierd.drivers.s3probe import forget_probes
+from tierd.drivers.segment import ByteRange
 from tierd.errors import ConfigError, CorruptionError, UnsafeBackendError
 from tierd.service.metrics import ServiceMetrics
 from tierd.testing.s3proxy import PreconditionStrippingProxy
 from tierd.testing.s3server import S3Server, create_bucket
-from tierd.tiered.registry import open_driver_factory
-from tierd.tiered.segment import ByteRange
+from tierd.tiered.roots import open_driver_factory
 
 from ..tiered.conftest import cold_config
 

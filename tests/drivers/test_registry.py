@@ -7,11 +7,12 @@ import sys
 
 import pytest
 
-from backends.memory import MemoryDriver, MemoryRoot, drop_namespace
-from backends.posix import PosixDriver
 from tierd.config import BackendConfig
+from tierd.drivers.memory import MemoryDriver, MemoryRoot, drop_namespace
+from tierd.drivers.posix import PosixDriver
+from tierd.drivers.registry import installed_drivers, load_driver
 from tierd.errors import ConfigError, DriverDependencyError, DriverNotFoundError, InvalidArgumentError
-from tierd.tiered.registry import installed_drivers, load_driver, open_driver_factory
+from tierd.tiered.roots import open_driver_factory
 
 
 def test_shipped_drivers_are_registered() -> None:
@@ -34,7 +35,7 @@ def test_unknown_driver_lists_the_installed_ones() -> None:
 
 
 def test_missing_optional_dependency_gives_an_install_hint(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delitem(sys.modules, "backends.s3", raising=False)
+    monkeypatch.delitem(sys.modules, "tierd.drivers.s3", raising=False)
     monkeypatch.setitem(sys.modules, "s3fs", None)  # makes `import s3fs` raise ImportError
     with pytest.raises(DriverDependencyError) as exc:
         load_driver("s3")

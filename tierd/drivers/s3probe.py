@@ -5,7 +5,7 @@
 wrong ETag, answer 501 to ``UploadPartCopy``, or return the whole object for ``Range: bytes=0-0``.
 Each chunk carries its own CRC32C, so an overwritten chunk still verifies: a server that ignores
 preconditions can silently replace committed bytes. Hence, before the first write through an
-:class:`~backends.s3.S3Root`, :func:`probe_server` tries each behaviour tierd relies on, in a
+:class:`~tierd.drivers.s3.S3Root`, :func:`probe_server` tries each behaviour tierd relies on, in a
 scratch key under the root's prefix (names that listings hide, removed at the end):
 
 1. a create-only PUT (``If-None-Match: *``) over an existing object must be refused (412, or 409
@@ -36,12 +36,12 @@ import uuid
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
-from backends._chunks import ChunkConflictError, crc32c
-from backends._objects import TEMP_MARKER
+from tierd.drivers._chunks import ChunkConflictError, crc32c
+from tierd.drivers._objects import TEMP_MARKER
 from tierd.errors import BackendError, SegmentNotFoundError
 
 if TYPE_CHECKING:
-    from backends.s3 import S3Root
+    from tierd.drivers.s3 import S3Root
 
 __all__ = [
     "RangeBehaviour",
@@ -56,7 +56,7 @@ __all__ = [
 #: ``exact``: ranges honoured; ``whole-object``: the server ignores ``Range`` and sends everything
 #: (worked around by slicing); ``wrong``: other bytes come back (refused).
 RangeBehaviour = Literal["exact", "whole-object", "wrong"]
-#: User metadata key holding a chunk's CRC32C (mirrors ``backends.s3.CRC_META``).
+#: User metadata key holding a chunk's CRC32C (mirrors ``tierd.drivers.s3.CRC_META``).
 CRC_META = "tierd-crc32c"
 #: S3 error codes / HTTP statuses meaning "this server does not implement that", as opposed to a
 #: fault worth retrying (those propagate and nothing is cached).

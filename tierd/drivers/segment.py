@@ -1,7 +1,7 @@
 """The segment driver contract and the append/commit logic built once on top of it.
 
 A *segment* is one backend file of the cold tier: a slice of a flat commitlog, consume queue or
-index, named by its base offset (see :mod:`tierd.tiered.paths`). Two layers live here:
+index, named by its base offset (see :mod:`tierd.drivers.paths`). Two layers live here:
 
 * :class:`SegmentDriver` — the small async ABC a backend implements for ONE segment (seven
   methods, two capability flags). Its docstrings are the contract; ``tierd.testing.segment``
@@ -158,7 +158,7 @@ def stored_overlap(path: str, position: int, size: int, length: int) -> int:
 def validate_segment_path(path: str) -> str:
     """Check a driver path: relative, ``/``-separated, no empty, ``.`` or ``..`` components.
 
-    Paths are logical (see :func:`tierd.tiered.paths.segment_path`); each driver maps them under
+    Paths are logical (see :func:`tierd.drivers.paths.segment_path`); each driver maps them under
     its root. Refusing ``..`` and absolute paths keeps a segment from escaping its root.
     """
     if not isinstance(path, str) or not path:

@@ -23,12 +23,21 @@ import stat
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from backends._objects import (
+from tierd.drivers._objects import (
     create_file_exclusively,
     fsync_dir,
     listed_paths,
     make_dirs,
     write_file_atomically,
+)
+from tierd.drivers.segment import (
+    ByteRange,
+    DriverRoot,
+    SegmentDriver,
+    check_readable,
+    stored_overlap,
+    validate_object_prefix,
+    validate_segment_path,
 )
 from tierd.errors import (
     BackendError,
@@ -40,15 +49,6 @@ from tierd.errors import (
     SegmentSealedError,
     TierdError,
     UnsupportedOperationError,
-)
-from tierd.tiered.segment import (
-    ByteRange,
-    DriverRoot,
-    SegmentDriver,
-    check_readable,
-    stored_overlap,
-    validate_object_prefix,
-    validate_segment_path,
 )
 
 if TYPE_CHECKING:

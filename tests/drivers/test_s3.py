@@ -12,8 +12,9 @@ from botocore.exceptions import ClientError
 from hypothesis import given
 from hypothesis import strategies as st
 
-from backends._chunks import Chunk
-from backends.s3 import Part, S3Driver, S3Root, plan_parts
+from tierd.drivers._chunks import Chunk
+from tierd.drivers.s3 import Part, S3Driver, S3Root, plan_parts
+from tierd.drivers.segment import ByteRange
 from tierd.errors import (
     BackendError,
     CorruptionError,
@@ -25,7 +26,6 @@ from tierd.errors import (
 )
 from tierd.testing.s3server import S3Server, create_bucket, free_port
 from tierd.testing.segment import SegmentDriverTests
-from tierd.tiered.segment import ByteRange
 
 if TYPE_CHECKING:
     from collections.abc import Coroutine, Iterator
