@@ -100,7 +100,8 @@ def queue_infos(hot: HotStore, tiering: TieringService | None, topic: str) -> li
         raise NotFoundError(f"topic {topic!r} does not exist", topic=topic)
     rows = []
     for qid in sorted(hot_queues | cold_queues):
-        hmin, hmax = hot.min_offset(topic, qid), hot.max_offset(topic, qid)
+        rng = hot.acknowledged_range(topic, qid)  # never waits: the facade may be on a loop
+        hmin, hmax = (rng.min_offset, rng.max_offset) if rng is not None else (0, 0)
         ff = cold.get(topic, qid) if cold is not None else None
         cmin = ff.min_offset if ff is not None else None
         cmax = ff.max_offset if ff is not None else None

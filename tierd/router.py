@@ -13,20 +13,21 @@ starting at it reports with ``OFFSET_FOUND_NULL`` and ``next_offset`` after it.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 from typing import TYPE_CHECKING
 
 from tierd.errors import InvalidArgumentError, LostMessagesError, TierdError
 from tierd.local.codec import decode_record
-from tierd.local.store import MAX_GET_BYTES, MAX_GET_COUNT, byte_bounded_count
+from tierd.local.store import MAX_GET_BYTES, MAX_GET_COUNT, READ_YOUR_WRITES_WAIT, byte_bounded_count
 from tierd.local.validation import check_queue, check_topic
 from tierd.message import GetResult, GetStatus, MessageExt, ReadPolicy
 from tierd.tiered.fetcher import ColdFetcher
 
 if TYPE_CHECKING:
     from tierd.config import TierdConfig
-    from tierd.local.store import HotStore
+    from tierd.local.store import HotStore, QueueRange
     from tierd.subscription import TagFilter
     from tierd.tiered.flatmessage import FlatMessageFile
     from tierd.tiered.service import TieringService
@@ -55,6 +56,9 @@ class TierRouter:
         #: Reads of a corrupt hot record answered with the cold tier's copy (a metric).
         self.corrupt_served_cold = 0
         self.reads = {"hot": 0, "cold": 0}
+        #: Wait for the hot store's dispatch thread in the calling thread instead of a worker
+        #: thread: set by the blocking facade without a cold tier, which runs no event loop.
+        self.waits_in_place = False
         self._logged: dict[tuple[str, int, int], None] = {}
 
     def cold_file(self, topic: str, queue_id: int) -> FlatMessageFile | None:
@@ -64,9 +68,12 @@ class TierRouter:
         ff = t.flat.get(topic, queue_id)
         return ff if ff is not None and ff.max_offset > ff.min_offset else None
 
-    def bounds(self, topic: str, queue_id: int) -> tuple[bool, int, int]:
-        """(queue known?, min offset, max offset) over both tiers."""
-        cq = self.hot._visible_queue(topic, queue_id)
+    def bounds(self, topic: str, queue_id: int, *, readable: bool = False) -> tuple[bool, int, int]:
+        """(queue known?, min offset, max offset) over both tiers, without waiting. The hot max
+        offset counts every offset acknowledged to a producer (read-your-writes); ``readable``:
+        only what the hot store has dispatched (a read's bounds, after :meth:`_caught_up`)."""
+        hot = self.hot.queue_range if readable else self.hot.acknowledged_range
+        cq = hot(topic, queue_id)
         ff = self.cold_file(topic, queue_id)
         if cq is None and ff is None:
             return False, 0, 0
@@ -78,6 +85,24 @@ class TierRouter:
         hi = max(his)
         return True, (min(los) if los else hi), hi
 
+    async def _caught_up(self, key: tuple[str, int] | None) -> None:
+        """Read-your-writes without blocking the event loop: when offsets acknowledged in queue
+        ``key`` (None: in any queue) are not dispatched yet, wait for the hot store's dispatch
+        thread in a worker thread, at most READ_YOUR_WRITES_WAIT seconds, then NotReadyError
+        (naming the dispatch thread's error). Returns at once, not suspending, when caught up."""
+        if not self.hot.dispatch_pending(key):
+            return
+        what = "reading " + (f"{key[0]}/{key[1]}" if key is not None else "the key index")
+        if self.waits_in_place:
+            self.hot.require_dispatched(READ_YOUR_WRITES_WAIT, what)
+        else:
+            await asyncio.to_thread(self.hot.require_dispatched, READ_YOUR_WRITES_WAIT, what)
+
+    def _in_hot(self, topic: str, queue_id: int, offset: int) -> QueueRange | None:
+        """The hot queue's readable range if it holds ``offset`` now, else None."""
+        cq = self.hot.queue_range(topic, queue_id)
+        return cq if cq is not None and cq.min_offset <= offset < cq.max_offset else None
+
     def _serve_cold(self, policy: ReadPolicy, topic: str, queue_id: int, offset: int) -> bool:
         """Whether the cold tier serves a read at ``offset``. Every policy reads an offset that
         only the cold tier holds from there — DISABLE included: a hot-only answer
@@ -88,15 +113,12 @@ class TierRouter:
             return False
         if policy is ReadPolicy.FORCE:
             return True
-        cq = self.hot.queue(topic, queue_id)
-        in_hot = cq is not None and cq.min_offset <= offset < cq.max_offset
-        if not in_hot:
+        if self._in_hot(topic, queue_id, offset) is None:
             return True
-        if policy is ReadPolicy.NOT_IN_MEM and cq is not None:
-            unit = cq.read_units(offset, 1)
-            if len(unit):
-                behind = self.hot.commitlog.max_offset - int(unit["offset"][0])
-                return behind > self.hot_window_bytes
+        if policy is ReadPolicy.NOT_IN_MEM:
+            pos = self.hot.position(topic, queue_id, offset)
+            if pos is not None:
+                return self.hot.end_position - pos > self.hot_window_bytes
         return False
 
     async def get(
@@ -118,7 +140,8 @@ class TierRouter:
         max_count = min(max_count, MAX_GET_COUNT)
         if tags is not None and tags.matches_all:
             tags = None
-        known, lo, hi = self.bounds(topic, queue_id)
+        await self._caught_up((topic, queue_id))
+        known, lo, hi = self.bounds(topic, queue_id, readable=True)
         if not known:
             return GetResult(GetStatus.NO_MATCHED_LOGIC_QUEUE, (), 0, 0, 0, "hot")
         if hi == 0:
@@ -140,8 +163,7 @@ class TierRouter:
             except TierdError as e:
                 self.fallbacks += 1
                 cold_failed = True
-                cq = self.hot.queue(topic, queue_id)
-                if cq is None or not cq.min_offset <= offset < cq.max_offset:
+                if self._in_hot(topic, queue_id, offset) is None:
                     self._log_once(
                         logging.ERROR,
                         (topic, queue_id, offset),
@@ -169,7 +191,7 @@ class TierRouter:
                 return GetResult(status, tuple(msgs), nxt, lo, hi, "cold")
         self.reads["hot"] += 1
         limit = MAX_GET_BYTES if max_bytes is None else min(max_bytes, MAX_GET_BYTES)
-        r = self.hot.get(topic, queue_id, offset, max_count, tags, limit)
+        r = self.hot.get(topic, queue_id, offset, max_count, tags, limit, wait=False)
         if r.unreadable is not None and not cold_failed:
             left = max_count - len(r.messages)
             copy, nxt = await self._cold_copy(topic, queue_id, r.unreadable, left, tags)
@@ -242,8 +264,8 @@ class TierRouter:
 
     async def store_time(self, topic: str, queue_id: int, offset: int) -> int:
         """Store timestamp of the message at ``offset`` from whichever tier has it (-1: none)."""
-        ts = self.hot.store_time(topic, queue_id, offset)
-        if ts >= 0:
+        ts = self.hot.store_timestamp(topic, queue_id, offset)
+        if ts is not None:
             return ts
         ff = self.cold_file(topic, queue_id)
         if ff is None or not ff.min_offset <= offset < ff.max_offset:
@@ -251,11 +273,13 @@ class TierRouter:
         return (await self.fetcher.read(ff, offset, 1))[0].store_timestamp
 
     async def earliest_time(self, topic: str, queue_id: int) -> int:
-        return await self.store_time(topic, queue_id, self.min_offset(topic, queue_id))
+        await self._caught_up((topic, queue_id))
+        return await self.store_time(topic, queue_id, self.bounds(topic, queue_id, readable=True)[1])
 
     async def offset_for_time(self, topic: str, queue_id: int, timestamp: int, upper: bool) -> int:
         """Binary search over the merged range (cold part through cached batches)."""
-        _, lo, hi = self.bounds(topic, queue_id)
+        await self._caught_up((topic, queue_id))
+        _, lo, hi = self.bounds(topic, queue_id, readable=True)
         first, last = lo, hi
         while lo < hi:
             mid = (lo + hi) // 2
@@ -272,8 +296,10 @@ class TierRouter:
         """Messages of ``topic`` whose KEYS/UNIQ_KEY contain ``key``, stored in [begin, end], from
         both tiers, de-duplicated, newest first. Index hits (hot and cold alike) are only
         candidates: each is read back, CRC-checked and kept only if its keys really match."""
+        await self._caught_up(None)
         found: dict[tuple[int, int], MessageExt] = {
-            (m.queue_id, m.queue_offset): m for m in self.hot.query(topic, key, max_count, begin, end)
+            (m.queue_id, m.queue_offset): m
+            for m in self.hot.query(topic, key, max_count, begin, end, wait=False)
         }
         t = self.tiering
         meta = t.flat.topics.get(topic) if t is not None and t.ready.is_set() else None

@@ -565,6 +565,8 @@ class BlockingMessageStore(_StoreCore):
     ) -> None:
         super().__init__(cfg, hot, tiering)
         self._loop = loop
+        # No event loop runs reads without a cold tier (see _run): they may wait in place.
+        self.router.waits_in_place = loop is None
 
     @classmethod
     def open(cls, cfg: TierdConfig) -> BlockingMessageStore:

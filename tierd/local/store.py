@@ -144,6 +144,37 @@ class HotGetResult:
     unreadable: int | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class QueueRange:
+    """A hot queue's offsets: ``min_offset`` is its first message still on disk, ``max_offset``
+    the next offset past its last (see :meth:`HotStore.queue_range`)."""
+
+    min_offset: int
+    max_offset: int
+
+
+@dataclass(frozen=True, slots=True)
+class SourceUnits:
+    """Consume-queue units of one queue from ``offset`` on, as the tiering layer copies them
+    (:meth:`HotStore.source_units`). Either ``lost`` > 0 — the first ``lost`` messages were lost
+    to quarantined damage (there are no units: the cold tier records them as a hole) — or the
+    units of readable messages, cut before the first lost one."""
+
+    offset: int
+    lost: int
+    #: Commitlog offset of each record (pass the units to :meth:`HotStore.source_records`).
+    positions: npt.NDArray[np.int64]
+    sizes: npt.NDArray[np.int64]
+    tags_codes: npt.NDArray[np.int64]
+
+    def __len__(self) -> int:
+        return len(self.sizes)
+
+    def head(self, n: int) -> SourceUnits:
+        """The first ``n`` units."""
+        return SourceUnits(self.offset, self.lost, self.positions[:n], self.sizes[:n], self.tags_codes[:n])
+
+
 class HotStore:
     def __init__(self, cfg: StoreConfig) -> None:
         if cfg.commitlog_file_size < cfg.max_message_size + RECORD_OVERHEAD_LIMIT + 8:
@@ -475,11 +506,15 @@ class HotStore:
         max_count: int,
         tags: TagFilter | None = None,
         max_bytes: int = MAX_GET_BYTES,
+        *,
+        wait: bool = True,
     ) -> HotGetResult:
         """Read up to ``max_count`` messages from ``offset`` with GetMessageStatus semantics
         (docs/reading.md has the table); ``tags`` keeps only messages of those tags. The read
         stops before the message that would take the bytes read past ``max_bytes`` (RocketMQ's
-        ``maxTransferBytesOnMessageInDisk``; the first message always comes, whatever its size)."""
+        ``maxTransferBytesOnMessageInDisk``; the first message always comes, whatever its size).
+        ``wait``: first wait (bounded) until the queue holds every offset acknowledged so far;
+        False reads what is dispatched now (a caller on an event loop waits off it first)."""
         self._check_open()
         check_topic(topic)
         check_queue(queue_id, self.cfg.max_queues)
@@ -488,7 +523,7 @@ class HotStore:
         if not isinstance(max_count, int) or max_count < 1:
             raise InvalidArgumentError(f"max_count must be a positive integer, got {max_count!r}")
         max_count = min(max_count, MAX_GET_COUNT)
-        cq = self._visible_queue(topic, queue_id)
+        cq = self._visible_queue(topic, queue_id) if wait else self.cqs.get((topic, queue_id))
         if cq is None:
             return HotGetResult(GetStatus.NO_MATCHED_LOGIC_QUEUE, (), 0, 0, 0)
         lo, hi = cq.min_offset, cq.max_offset
@@ -631,14 +666,93 @@ class HotStore:
     def store_time(self, topic: str, queue_id: int, offset: int) -> int:
         """Store timestamp of the message at ``offset`` (-1 when the hot store lacks it or it was
         lost to damage)."""
+        ts = self.store_timestamp(topic, queue_id, offset)
+        return -1 if ts is None else ts
+
+    # ------------------------------------------------------------------ tiering source
+    # What the layers above (the tiering dispatcher, the read router, the facade) may ask of
+    # the hot store besides reads and writes: every call here answers from what is dispatched
+    # *now* and never waits — they run on an event loop. A caller that needs its own writes
+    # visible first checks :meth:`dispatch_pending` and, off its loop, :meth:`require_dispatched`.
+    def queue_keys(self) -> list[tuple[str, int]]:
+        """Every (topic, queue id) the hot store has or has acknowledged a message in, sorted
+        (a snapshot: writers and the dispatch thread add queues as messages arrive)."""
+        return sorted(set(self.cqs) | set(self.commitlog.queue_offsets))
+
+    def queue_range(self, topic: str, queue_id: int) -> QueueRange | None:
+        """The offsets the queue's consume queue holds now — what a read can serve — or None
+        for a queue the hot store does not have. Never waits for the dispatch thread."""
+        cq = self.cqs.get((topic, queue_id))
+        return QueueRange(cq.min_offset, cq.max_offset) if cq is not None else None
+
+    def acknowledged_range(self, topic: str, queue_id: int) -> QueueRange | None:
+        """Like :meth:`queue_range`, but ``max_offset`` counts every offset acknowledged to a
+        producer, dispatched or not — read-your-writes offsets without waiting. None for a
+        queue never written."""
+        cq = self.cqs.get((topic, queue_id))
+        assigned = self.commitlog.queue_offsets.get((topic, queue_id))
+        if cq is None:
+            return QueueRange(0, assigned) if assigned is not None else None
+        return QueueRange(cq.min_offset, max(cq.max_offset, assigned or 0))
+
+    def dispatch_pending(self, key: tuple[str, int] | None = None) -> bool:
+        """Whether offsets acknowledged in queue ``key`` (None: anything appended, in any queue)
+        are not in the consume queues (or the index) yet. Never waits."""
+        if key is None:
+            return self.reput.dispatched_offset < self.commitlog.max_offset
+        cq = self.cqs.get(key)
+        return self.commitlog.queue_offsets.get(key, 0) > (cq.max_offset if cq is not None else 0)
+
+    def source_units(self, topic: str, queue_id: int, offset: int, max_count: int) -> SourceUnits | None:
+        """Up to ``max_count`` units of the queue from ``offset`` (None: no such queue or
+        nothing there yet), split at quarantined damage (see :class:`SourceUnits`)."""
+        cq = self.cqs.get((topic, queue_id))
+        if cq is None:
+            return None
+        units = cq.read_units(offset, max_count)
+        if not len(units):
+            return None
+        positions = units["offset"].astype(np.int64)
+        if self.quarantine.ranges:  # messages lost to damage found in the hot commitlog
+            holes = self.quarantine.covers_many(positions)
+            if holes[0]:
+                lost = len(holes) if holes.all() else int(np.argmin(holes))
+                none = np.zeros(0, np.int64)
+                return SourceUnits(offset, lost, none, none, none)
+            if holes.any():
+                units = units[: int(np.argmax(holes))]
+                positions = positions[: len(units)]
+        return SourceUnits(
+            offset, 0, positions, units["size"].astype(np.int64), units["tags_code"].astype(np.int64)
+        )
+
+    def source_records(self, units: SourceUnits) -> bytearray:
+        """The records of ``units`` back to back, copied once into one buffer."""
+        return self.commitlog.gather(units.positions.tolist(), units.sizes.tolist())
+
+    def store_timestamp(self, topic: str, queue_id: int, offset: int) -> int | None:
+        """Store timestamp (ms) of the message at ``offset``; None when the hot store lacks it
+        (never had it, expired, or lost to damage). Reads the record's header only."""
+        phys = self.position(topic, queue_id, offset)
+        if phys is None or phys < self.commitlog.min_offset:
+            return None
+        if self.quarantine.ranges and self.quarantine.covers(phys):
+            return None
+        ts = self.commitlog.store_timestamp_at(phys)
+        return ts if ts >= 0 else None
+
+    def position(self, topic: str, queue_id: int, offset: int) -> int | None:
+        """Commitlog offset of the message at queue ``offset`` (None: not in the queue)."""
         cq = self.cqs.get((topic, queue_id))
         if cq is None or not cq.min_offset <= offset < cq.max_offset:
-            return -1
+            return None
         unit = cq.read_units(offset, 1)
-        phys = int(unit["offset"][0]) if len(unit) else -1
-        if phys < self.commitlog.min_offset or (self.quarantine.ranges and self.quarantine.covers(phys)):
-            return -1
-        return self.commitlog.store_timestamp_at(phys)
+        return int(unit["offset"][0]) if len(unit) else None
+
+    @property
+    def end_position(self) -> int:
+        """The commitlog's write position: where the next record goes."""
+        return self.commitlog.max_offset
 
     def earliest_time(self, topic: str, queue_id: int) -> int:
         cq = self._visible_queue(topic, queue_id)
@@ -665,14 +779,18 @@ class HotStore:
                 lo += 1
         return lo
 
-    def query(self, topic: str, key: str, max_count: int, begin: int, end: int) -> list[MessageExt]:
+    def query(
+        self, topic: str, key: str, max_count: int, begin: int, end: int, *, wait: bool = True
+    ) -> list[MessageExt]:
         """Messages of ``topic`` whose KEYS or UNIQ_KEY contain ``key``, newest first. Index hits
-        are verified against the record: a hash collision never yields a wrong message."""
+        are verified against the record: a hash collision never yields a wrong message.
+        ``wait``: as in :meth:`get`, for the whole index."""
         self._check_open()
         check_topic(topic)
         if not isinstance(key, str) or not key:
             raise InvalidArgumentError(f"key must be a non-empty string, got {key!r}")
-        self.reput.wait_dispatched(self.commitlog.max_offset, READ_YOUR_WRITES_WAIT)
+        if wait:
+            self.reput.wait_dispatched(self.commitlog.max_offset, READ_YOUR_WRITES_WAIT)
         out: list[MessageExt] = []
         seen: set[int] = set()
         # Index items keep whole seconds since their file's start: widen by one second, then
@@ -817,4 +935,4 @@ def _disk_usage_ratio(path: Path) -> float:
     return usage.used / usage.total if usage.total else 0.0
 
 
-__all__ = ["HotGetResult", "HotStore", "PutBatchResult", "index_key"]
+__all__ = ["HotGetResult", "HotStore", "PutBatchResult", "QueueRange", "SourceUnits", "index_key"]

@@ -217,7 +217,7 @@ class Dispatcher:
         # Only queues with something to do get a task: an idle store of 10,000 queues costs a
         # cheap offset comparison per queue per round, not 10,000 tasks and lock round trips.
         result = RoundResult()
-        queues = [key for key in sorted(self.hot.cqs) if self._has_work(key)]
+        queues = [key for key in self.hot.queue_keys() if self._has_work(key)]
         work = asyncio.gather(*(self._guarded(q, force, result) for q in queues))
         try:
             await self._watch(work, force)
@@ -250,9 +250,9 @@ class Dispatcher:
     async def _create_new_queues(self) -> None:
         """Flat files for every hot queue seen for the first time, with one metadata write."""
         new = [
-            (topic, qid, cq.min_offset)
-            for (topic, qid), cq in list(self.hot.cqs.items())
-            if self.flat.get(topic, qid) is None
+            (topic, qid, rng.min_offset)
+            for topic, qid in self.hot.queue_keys()
+            if self.flat.get(topic, qid) is None and (rng := self.hot.queue_range(topic, qid)) is not None
         ]
         if not new:
             return
@@ -269,8 +269,8 @@ class Dispatcher:
 
     def _has_work(self, key: tuple[str, int]) -> bool:
         ff = self.flat.get(*key)
-        hot_cq = self.hot.cqs.get(key)
-        if ff is None or hot_cq is None or ff.needs_commit or hot_cq.max_offset > ff.append_offset:
+        hot = self.hot.queue_range(*key)
+        if ff is None or hot is None or ff.needs_commit or hot.max_offset > ff.append_offset:
             return True
         if self.stats.behind_messages.get(key):
             self.stats.behind_messages[key] = self.stats.behind_ms[key] = 0
@@ -327,13 +327,13 @@ class Dispatcher:
         the consume queue — what makes messages readable — once at the end of the queue's round
         or every CQ_COMMIT_EVERY batches, saving a PUT per batch on object stores."""
         topic, qid = key
-        hot_cq = self.hot.queue(topic, qid)
-        if hot_cq is None:
+        hot = self.hot.queue_range(topic, qid)
+        if hot is None:
             return 0
         ff = self.flat.get(topic, qid)
         if ff is None:
-            ff = await self.flat.create(topic, qid, hot_cq.min_offset)
-            log.info("tiering %s/%d from queue offset %d", topic, qid, hot_cq.min_offset)
+            ff = await self.flat.create(topic, qid, hot.min_offset)
+            log.info("tiering %s/%d from queue offset %d", topic, qid, hot.min_offset)
         if ff.needs_commit:
             if not force and not self._retry_due(key):
                 return 0
@@ -343,9 +343,9 @@ class Dispatcher:
             committed = made
         else:
             committed = 0
-        while True:
+        while (hot := self.hot.queue_range(topic, qid)) is not None:
             cold = ff.append_offset
-            hot_max, hot_min = hot_cq.max_offset, hot_cq.min_offset
+            hot_max, hot_min = hot.max_offset, hot.min_offset
             self._record_lag(key, ff, hot_max)
             if cold < hot_min:
                 raise CorruptionError(
@@ -358,43 +358,40 @@ class Dispatcher:
             backlog = hot_max - cold
             if backlog <= 0:
                 break
-            units = hot_cq.read_units(cold, min(backlog, self.cfg.group_commit_count))
-            if not len(units):
+            units = self.hot.source_units(topic, qid, cold, min(backlog, self.cfg.group_commit_count))
+            if units is None:
                 break
-            if self.hot.quarantine.ranges:  # messages lost to damage found in the hot commitlog
-                holes = self.hot.quarantine.covers_many(units["offset"].astype(np.int64))
-                if holes[0]:
-                    k = len(holes) if holes.all() else int(np.argmin(holes))
-                    await ff.append_holes(cold, k, int(self.clock() * 1000))
-                    log.warning(
-                        "tiering %s/%d: queue offsets %d..%d were lost to damage in the hot commitlog "
-                        "(quarantined); the cold tier records them as a hole",
-                        topic,
-                        qid,
-                        cold,
-                        cold + k - 1,
-                    )
-                    continue
-                if holes.any():
-                    units = units[: int(np.argmax(holes))]
-            sizes = units["size"].astype(np.int64)
+            if units.lost:  # messages lost to damage found in the hot commitlog
+                await ff.append_holes(cold, units.lost, int(self.clock() * 1000))
+                log.warning(
+                    "tiering %s/%d: queue offsets %d..%d were lost to damage in the hot commitlog "
+                    "(quarantined); the cold tier records them as a hole",
+                    topic,
+                    qid,
+                    cold,
+                    cold + units.lost - 1,
+                )
+                continue
+            sizes = units.sizes
             due = (
                 force
                 or backlog >= self.cfg.group_commit_count
                 or int(sizes.sum()) >= self.cfg.group_commit_size
             )
             if not due:
-                first_ts = self.hot.commitlog.store_timestamp_at(int(units["offset"][0]))
-                due = self.clock() * 1000 - first_ts >= self.cfg.group_commit_timeout * 1000
+                first_ts = self.hot.store_timestamp(topic, qid, cold)
+                age_ms = self.clock() * 1000 - first_ts if first_ts is not None else None
+                due = age_ms is None or age_ms >= self.cfg.group_commit_timeout * 1000
             if not due:
                 break
             # Cut at the size threshold, but always take at least one message.
             n = max(1, int(np.searchsorted(np.cumsum(sizes), self.cfg.group_commit_size, side="right")))
-            units, sizes = units[:n], sizes[:n]
-            records = self.hot.commitlog.gather(units["offset"].tolist(), sizes.tolist())
+            units = units.head(n)
+            sizes = units.sizes
+            records = self.hot.source_records(units)
             starts = np.cumsum(sizes) - sizes
             stamps = store_timestamps(records, starts)
-            await ff.append_batch(records, sizes, cold, units["tags_code"].astype(np.int64), stamps)
+            await ff.append_batch(records, sizes, cold, units.tags_codes, stamps)
             full = ff.uncommitted_batches >= CQ_COMMIT_EVERY
             made = await self._commit(key, ff, full=full, result=result)
             if made is None:
@@ -450,20 +447,22 @@ class Dispatcher:
         behind = max(0, hot_max - ff.max_offset)
         self.stats.behind_messages[key] = behind
         if behind:
-            ts = self.hot.store_time(key[0], key[1], ff.max_offset)
-            self.stats.behind_ms[key] = max(0, int(self.clock() * 1000) - ts) if ts >= 0 else 0
+            ts = self.hot.store_timestamp(key[0], key[1], ff.max_offset)
+            self.stats.behind_ms[key] = max(0, int(self.clock() * 1000) - ts) if ts is not None else 0
         else:
             self.stats.behind_ms[key] = 0
 
     def _update_safe_offset(self) -> None:
-        safe = self.hot.commitlog.max_offset
-        for (topic, qid), hot_cq in list(self.hot.cqs.items()):
+        safe = self.hot.end_position
+        for topic, qid in self.hot.queue_keys():
+            hot = self.hot.queue_range(topic, qid)
+            if hot is None:
+                continue
             ff = self.flat.get(topic, qid)
-            first_not_cold = max(ff.max_offset, hot_cq.min_offset) if ff is not None else hot_cq.min_offset
-            if first_not_cold < hot_cq.max_offset:
-                unit = hot_cq.read_units(first_not_cold, 1)
-                if len(unit):
-                    safe = min(safe, int(unit["offset"][0]))
+            first_not_cold = max(ff.max_offset, hot.min_offset) if ff is not None else hot.min_offset
+            pos = self.hot.position(topic, qid, first_not_cold)
+            if pos is not None:
+                safe = min(safe, pos)
         self.safe_offset = safe
 
     def allows_delete(self, end_offset: int) -> bool:

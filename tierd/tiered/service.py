@@ -382,10 +382,13 @@ class TieringService:
 
     def _report(self, result: RoundResult) -> TierReport:
         queues = []
-        for key, hot_cq in sorted(self.hot.cqs.items()):
+        for key in self.hot.queue_keys():
+            hot = self.hot.queue_range(*key)
+            if hot is None:
+                continue
             ff = self.flat.get(*key)
-            cold = ff.max_offset if ff is not None and ff.initialised else hot_cq.min_offset
-            pending = max(0, hot_cq.max_offset - max(cold, hot_cq.min_offset))
+            cold = ff.max_offset if ff is not None and ff.initialised else hot.min_offset
+            pending = max(0, hot.max_offset - max(cold, hot.min_offset))
             committed = result.committed.get(key, 0)
             if committed or pending:
                 queues.append(QueueTiered(key[0], key[1], committed, pending))
@@ -457,15 +460,18 @@ class TieringService:
         ownership = self.ownership
         behind = 0
         oldest_ms: int | None = None
-        for key, hot_cq in list(self.hot.cqs.items()):
+        for key in self.hot.queue_keys():
+            hot = self.hot.queue_range(*key)
+            if hot is None:
+                continue
             ff = self.flat.get(*key)
-            cold = ff.max_offset if ff is not None and ff.initialised else hot_cq.min_offset
-            first = max(cold, hot_cq.min_offset)
-            n = max(0, hot_cq.max_offset - first)
+            cold = ff.max_offset if ff is not None and ff.initialised else hot.min_offset
+            first = max(cold, hot.min_offset)
+            n = max(0, hot.max_offset - first)
             if n:
                 behind += n
-                ts = self.hot.store_time(key[0], key[1], first)
-                if ts >= 0 and (oldest_ms is None or ts < oldest_ms):
+                ts = self.hot.store_timestamp(key[0], key[1], first)
+                if ts is not None and (oldest_ms is None or ts < oldest_ms):
                     oldest_ms = ts
         now = int(time.time() * 1000)
         owner = ownership.owner if ownership is not None else None
