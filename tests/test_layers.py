@@ -45,11 +45,7 @@ SPARK_FORBIDDEN = FACADE | {
 CLI_COLD_ALLOWED = {"tierd.tiered.roots", "tierd.tiered.guard", *CONTRACT}
 
 # Known violations: (importer, imported) → the issue item that removes the edge.
-ALLOWED = {
-    # HTTP schemas take a limit and a report type from the layers below instead of the facade.
-    ("tierd.service.schemas", "tierd.local.store"): "issue 18 item 2 (narrow seams)",
-    ("tierd.service.schemas", "tierd.tiered.dispatcher"): "issue 18 item 2 (narrow seams)",
-}
+ALLOWED: dict[tuple[str, str], str] = {}
 # Edges a Spark job follows today without needing what they lead to: manifest.py holds both the
 # bucket manifest's reader (Spark) and its writer (the daemon's FlatFileStore), and its pydantic
 # models share their base with the local metadata models.

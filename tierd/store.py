@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 from tierd.errors import InvalidArgumentError, StoreClosedError, TierdError
 from tierd.groups import ConsumerGroups, GroupInfo
 from tierd.inventory import QueueInfo, SegmentRow, check_kind, live_segments, queue_infos
-from tierd.local.store import HotStore, PutBatchResult
+from tierd.local.store import MAX_GET_COUNT, HotStore, PutBatchResult
 from tierd.longpoll import ArrivalNotifier
 from tierd.message import GetResult, GetStatus, Message, MessageExt, PutResult, ReadPolicy
 from tierd.offsets import ConsumerOffsets, check_group
@@ -38,12 +38,15 @@ from tierd.verify import Progress as VerifyProgress
 from tierd.verify import VerifyReport, verify, verify_store
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Coroutine, Generator, Sequence
+    from collections.abc import Callable, Coroutine, Generator, Mapping, Sequence
     from types import TracebackType
 
     from tierd.config import TierdConfig
+    from tierd.drivers.segment import BackendObserver
     from tierd.tiered.dispatcher import DispatchStats
     from tierd.tiered.fetcher import CacheStats
+    from tierd.tiered.guard import BackendHealth
+    from tierd.tiered.index.results import IndexStats
 
 MAX_TIMESTAMP = 2**63 - 1
 #: Seconds tier_now / gc / verify wait for the hot store to index what was written before them.
@@ -109,12 +112,93 @@ class _StoreCore:
     def stats(self) -> StoreStats:
         """The live counters behind the metrics (docs/metrics.md)."""
         cache = self.router.fetcher.cache
+        hot, router = self.hot, self.router
         return StoreStats(
             dispatch=self.tiering.dispatcher.stats if self.tiering is not None else None,
             cache=cache.stats,
             cache_bytes=cache.bytes,
             cache_batches=cache.batch_count,
+            hot=HotStats(
+                topics=len({topic for topic, _ in hot.queue_keys()}),
+                writes_refused=hot.full_reason is not None,
+                commitlog_end=hot.end_position,
+                open_queue_files=hot.queue_files.open_files,
+                queue_file_opens=hot.queue_files.opens,
+                quarantined_ranges=len(hot.quarantine.ranges),
+                lost_messages=hot.quarantine.lost_messages,
+                corrupt_reads=hot.corrupt_reads,
+            ),
+            reads=ReadStats(router.fallbacks, router.corrupt_served_cold, dict(router.reads)),
+            cold=self._cold_stats(),
         )
+
+    def _cold_stats(self) -> ColdStats | None:
+        t = self.tiering
+        if t is None:
+            return None
+        ownership = t.ownership
+        return ColdStats(
+            ready=t.ready.is_set(),
+            metadata_loaded=t.metadata_loaded,
+            start_error=t.start_error,
+            writes_refused=t.refused is not None,
+            capabilities=t.root.capability_report(),
+            health=t.health,
+            prefix_owned=ownership is not None and ownership.fenced is not None,
+            owner_epoch=ownership.epoch if ownership is not None else None,
+            index=t.index.stats,
+        )
+
+    def dispatch_lag(self) -> list[QueueLag]:
+        """Per hot queue, sorted: messages acknowledged and not yet committed to the cold tier,
+        and when the oldest of them was stored — from the live offsets, never waiting. Empty
+        without a cold tier."""
+        t = self.tiering
+        if t is None:
+            return []
+        hot, out = self.hot, []
+        for topic, qid in hot.queue_keys():
+            rng = hot.acknowledged_range(topic, qid)
+            if rng is None:
+                continue
+            ff = t.flat.get(topic, qid)
+            cold = ff.max_offset if ff is not None and ff.initialised else rng.min_offset
+            n = max(0, rng.max_offset - cold)
+            out.append(QueueLag(topic, qid, n, hot.store_timestamp(topic, qid, cold) if n else None))
+        return out
+
+    def cold_storage(self) -> ColdStorage | None:
+        """Committed cold-tier bytes and segments by file type, and the oldest cold message's
+        store time per topic (None without a cold tier)."""
+        t = self.tiering
+        if t is None:
+            return None
+        sizes = {"COMMIT_LOG": 0, "CONSUME_QUEUE": 0, "INDEX": 0}
+        counts = dict.fromkeys(sizes, 0)
+        oldest: dict[str, int] = {}
+        for (topic, _), ff in list(t.flat.files.items()):
+            for kind, flat in (("COMMIT_LOG", ff.commitlog), ("CONSUME_QUEUE", ff.consumequeue)):
+                for seg in flat.segments:
+                    sizes[kind] += seg.commit_position
+                    counts[kind] += 1
+            first = ff.commitlog.segments[0].min_timestamp if ff.commitlog.segments else None
+            if first is not None:
+                oldest[topic] = min(first, oldest.get(topic, first))
+        for info in t.index.uploaded_infos():
+            sizes["INDEX"] += info.size
+            counts["INDEX"] += 1
+        return ColdStorage(sizes, counts, oldest)
+
+    def tiering_status(self) -> dict[str, object] | None:
+        """The cold tier's health as ``GET /v1/status`` reports it (docs/http.md); None without
+        a cold tier."""
+        return self.tiering.status() if self.tiering is not None else None
+
+    def set_backend_observer(self, observer: BackendObserver) -> None:
+        """Report every cold-tier backend call to ``observer`` (the metrics' latency and size
+        histograms); nothing without a cold tier."""
+        if self.tiering is not None:
+            self.tiering.root.observer = observer
 
     def _hot(self) -> HotStore:
         if self.hot.closed:
@@ -345,6 +429,76 @@ class GcReport:
 
 
 @dataclass(frozen=True, slots=True)
+class HotStats:
+    """The hot store's part of :class:`StoreStats`."""
+
+    topics: int
+    #: The disk is too full and nothing more may be deleted: writes are refused.
+    writes_refused: bool
+    #: The commitlog's write position (bytes).
+    commitlog_end: int
+    open_queue_files: int
+    queue_file_opens: int
+    quarantined_ranges: int
+    lost_messages: int
+    corrupt_reads: int
+
+
+@dataclass(frozen=True, slots=True)
+class ReadStats:
+    """The read router's part of :class:`StoreStats`."""
+
+    #: Cold reads that failed and were served from the hot store.
+    fallbacks: int
+    #: Reads of a corrupt hot record answered with the cold tier's copy.
+    corrupt_served_cold: int
+    #: Queue reads by the tier that served them ("hot", "cold").
+    reads: dict[str, int]
+
+
+@dataclass(frozen=True, slots=True)
+class ColdStats:
+    """The cold tier's part of :class:`StoreStats` (cheap: no I/O, no per-queue walk)."""
+
+    ready: bool
+    metadata_loaded: bool
+    #: Why the cold tier has not started yet (None once ready or still trying without error).
+    start_error: Exception | None
+    #: Tiering is refused: the backend could overwrite committed data.
+    writes_refused: bool
+    #: The backend capability probe's verdict (None before it ran).
+    capabilities: Mapping[str, Any] | None
+    health: BackendHealth
+    #: Another store owns the bucket prefix: this one does not tier.
+    prefix_owned: bool
+    owner_epoch: int | None
+    index: IndexStats
+
+
+@dataclass(frozen=True, slots=True)
+class QueueLag:
+    """One queue in :meth:`MessageStore.dispatch_lag`."""
+
+    topic: str
+    queue_id: int
+    #: Messages acknowledged and not yet committed to the cold tier.
+    messages: int
+    #: Store time (ms) of the oldest of them (None when caught up or unknown).
+    oldest_ms: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class ColdStorage:
+    """What :meth:`MessageStore.cold_storage` returns."""
+
+    #: Committed bytes and segment counts by file type (COMMIT_LOG, CONSUME_QUEUE, INDEX).
+    sizes: dict[str, int]
+    segments: dict[str, int]
+    #: Per topic: store time (ms) of its oldest message in the cold tier.
+    oldest_ms: dict[str, int]
+
+
+@dataclass(frozen=True, slots=True)
 class StoreStats:
     """What :attr:`MessageStore.stats` returns: live counters, read when metrics are scraped."""
 
@@ -354,6 +508,10 @@ class StoreStats:
     cache: CacheStats
     cache_bytes: int
     cache_batches: int
+    hot: HotStats
+    reads: ReadStats
+    #: None without a cold tier.
+    cold: ColdStats | None
 
 
 class MessageStore(_StoreCore):
@@ -812,4 +970,5 @@ class _LoopThread:
         self.loop.close()
 
 
-__all__ = ["BlockingMessageStore", "MessageStore"]
+# The HTTP layer takes these from here, not from the layers below (docs/design.md, "Seams").
+__all__ = ["MAX_GET_COUNT", "BlockingMessageStore", "MessageStore", "StoreStats", "TierReport"]

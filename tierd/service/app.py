@@ -146,18 +146,16 @@ class Service:
         works (backend health is ``GET /v1/status`` and the metrics, where alerts belong)."""
         store = self._provider()
         is_open = store is not None and not store.closed
-        cold = store is None or store.tiering is None or store.tiering.metadata_loaded
+        cold_stats = store.stats.cold if is_open and store is not None else None
+        cold = cold_stats is None or cold_stats.metadata_loaded
         return {"store_open": is_open, "cold_metadata_loaded": is_open and cold, "draining": self.draining}
 
     def status(self) -> ServiceStatusOut:
         """``GET /v1/status``: backend health, ownership and lag (see :class:`ServiceStatusOut`)."""
         store = self._provider()
         is_open = store is not None and not store.closed
-        tiering = (
-            TieringStatusOut.model_validate(store.tiering.status())
-            if store is not None and is_open and store.tiering is not None
-            else None
-        )
+        report = store.tiering_status() if store is not None and is_open else None
+        tiering = TieringStatusOut.model_validate(report) if report is not None else None
         if not is_open:
             state: Literal["ok", "starting", "degraded"] = "starting"
         elif tiering is None:

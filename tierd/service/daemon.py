@@ -185,12 +185,12 @@ class Daemon:
             store = await MessageStore.open(self.cfg, ready_timeout=0)
             self.store = store
             self.service.metrics.attach(store)
-            topics = store.hot.topics()
+            stats = store.stats
             log.info(
                 "ready: %d topic(s), flush=%s, tiering %s; stop with Ctrl-C or SIGTERM",
-                len(topics),
+                stats.hot.topics,
                 self.cfg.store.flush,
-                f"to {self.cfg.backend.name} {self.cfg.backend.url}" if store.tiering is not None else "off",
+                f"to {self.cfg.backend.name} {self.cfg.backend.url}" if stats.cold is not None else "off",
             )
             if on_ready is not None:
                 on_ready(self)
@@ -200,7 +200,7 @@ class Daemon:
             server.should_exit = True
             with contextlib.suppress(Exception):
                 await http
-            if self.store is not None and not self.store.hot.closed:
+            if self.store is not None and not self.store.closed:
                 await self.store.close()
             if ops is not None and ops_http is not None:  # last: probes see "draining" to the end
                 ops.should_exit = True
@@ -227,15 +227,16 @@ class Daemon:
         log.info("draining: refusing new writes, waiting for %d in flight", self.service.writes_in_flight)
         if not await self.service.drain(DRAIN_TIMEOUT):
             log.warning("writes still in flight after %.0f s; closing anyway", DRAIN_TIMEOUT)
-        tiering = store.tiering
-        before = tiering.dispatcher.stats.messages_dispatched if tiering is not None else 0
-        if tiering is not None and not tiering.ready.is_set():
+        # The dispatcher's live counters: still readable after the store has closed.
+        dispatch = store.stats.dispatch
+        before = dispatch.messages_dispatched if dispatch is not None else 0
+        if dispatch is not None and not store.ready:
             # /readyz does not wait for the backend, so a pod may be stopped while its cold tier is
             # still starting: let it come up within the grace, so what it accepted is tiered now.
             log.info("the cold tier is still starting; waiting up to %.0f s to commit before stopping", grace)
             with contextlib.suppress(TierdError):  # fails at once when retrying cannot help
-                await tiering.wait_ready(grace)
-        if tiering is not None and tiering.ready.is_set():
+                await store.wait_ready(grace)
+        if dispatch is not None and store.ready:
             left = max(1.0, grace - (time.monotonic() - started))
             log.info("committing pending messages to the cold tier (grace %.0f s)", left)
             try:
@@ -244,10 +245,10 @@ class Daemon:
                 log.warning("tiering unfinished after %.0f s; it resumes at the next start", grace)
             except Exception as e:
                 log.warning("final tiering round failed (%s); it resumes at the next start", e)
-        elif tiering is not None:
+        elif (cold := store.stats.cold) is not None:
             log.warning(
                 "cold tier never became ready (%s); pending messages stay in the hot store for next start",
-                tiering.start_error or "still starting",
+                cold.start_error or "still starting",
             )
         server.should_exit = True
         await http
@@ -256,10 +257,10 @@ class Daemon:
         # one second, so a commit that finished just now is not reported as timed out).
         left = max(1.0, grace - (time.monotonic() - started))
         await store.close(grace=left)
-        if tiering is not None:
+        if dispatch is not None:
             log.info(
                 "committed %d message(s) to the cold tier during shutdown",
-                tiering.dispatcher.stats.messages_dispatched - before,
+                dispatch.messages_dispatched - before,
             )
         log.info("hot store flushed and closed")
 

@@ -7,9 +7,10 @@ Three sources, chosen so that no hot path grows a metrics call it did not alread
   :attr:`~tierd.drivers.segment.DriverRoot.observer` of the store's cold-tier root; FileSegment
   reports each driver call there.
 * **Everything else** (dispatch lag, dispatched messages, cache hits, storage size, fallbacks,
-  index counters) — :class:`StoreCollector` reads the counters the store keeps anyway
-  (``DispatchStats``, ``CacheStats``, ``IndexStats``, ``TierRouter.fallbacks``) *at scrape
-  time*. Scrapes come every 15–60 s; the store's own counters are plain integer increments.
+  index counters) — :class:`StoreCollector` reads the counters the store keeps anyway *at
+  scrape time*, through the facade only (:attr:`MessageStore.stats`,
+  :meth:`~MessageStore.dispatch_lag`, :meth:`~MessageStore.cold_storage`). Scrapes come every
+  15–60 s; the store's own counters are plain integer increments.
 
 Each :class:`ServiceMetrics` owns its :class:`~prometheus_client.CollectorRegistry` — never the
 process-global one — so two stores in one process (tests, embedding) never collide.
@@ -31,7 +32,7 @@ if TYPE_CHECKING:
 
     from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-    from tierd.store import MessageStore
+    from tierd.store import ColdStats, MessageStore, StoreStats
 
 #: RocketMQ's provider RPC latency buckets (ms), in seconds.
 BACKEND_LATENCY_BUCKETS = (0.001, 0.003, 0.005, 0.007, 0.01, 0.1, 0.2, 0.4, 0.6, 0.8, 1.0, 1.5, 3.0, 10.0)
@@ -86,8 +87,7 @@ class ServiceMetrics:
 
     def attach(self, store: MessageStore) -> None:
         """Start timing the store's backend calls."""
-        if store.tiering is not None:
-            store.tiering.root.observer = self.observe_backend
+        store.set_backend_observer(self.observe_backend)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
@@ -114,26 +114,27 @@ class StoreCollector(Collector):
         )
         if store is None or store.closed:
             return
-        hot = store.hot
+        stats = store.stats  # one snapshot per scrape
+        hot = stats.hot
         yield _gauge(
             "tierd_hot_writes_refused",
             "1 while the hot store refuses writes (disk nearly full and nothing may be deleted).",
-            hot.full_reason is not None,
+            hot.writes_refused,
         )
         yield _gauge(
-            "tierd_hot_commitlog_max_offset_bytes", "Hot commitlog write position.", hot.commitlog.max_offset
+            "tierd_hot_commitlog_max_offset_bytes", "Hot commitlog write position.", hot.commitlog_end
         )
         yield _gauge(
             "tierd_hot_open_queue_files",
             "Consume-queue files open now (bounded by store.max_open_queue_files).",
-            hot.queue_files.open_files,
+            hot.open_queue_files,
         )
         yield _counter(
             "tierd_hot_queue_file_opens",
             "Consume-queue files opened (a steep rate: more queues in use than the bound keeps open).",
-            hot.queue_files.opens,
+            hot.queue_file_opens,
         )
-        router = store.router
+        router = stats.reads
         yield _counter(
             "tierd_get_fallbacks",
             "Cold reads that failed and were served from the hot store instead.",
@@ -142,12 +143,12 @@ class StoreCollector(Collector):
         yield _gauge(
             "tierd_hot_quarantined_ranges",
             "Damaged hot commitlog ranges recovery quarantined (docs/hot-store.md).",
-            len(hot.quarantine.ranges),
+            hot.quarantined_ranges,
         )
         yield _gauge(
             "tierd_hot_lost_messages",
             "Messages known lost in quarantined ranges (holes in their queues).",
-            hot.quarantine.lost_messages,
+            hot.lost_messages,
         )
         yield _counter(
             "tierd_hot_corrupt_reads",
@@ -166,35 +167,34 @@ class StoreCollector(Collector):
             reads.add_metric([source], n)
         yield reads
         yield from self._consumers(store)
-        tiering = store.tiering
-        yield _gauge("tierd_tiering_enabled", "1 when the cold tier is configured.", tiering is not None)
-        if tiering is None:
+        cold = stats.cold
+        yield _gauge("tierd_tiering_enabled", "1 when the cold tier is configured.", cold is not None)
+        if cold is None:
             return
         yield _gauge(
             "tierd_cold_tier_ready",
             "1 once the cold tier is usable: prefix claimed, flat files loaded from metadata and backend.",
-            store.ready,
+            cold.ready,
         )
-        yield from self._capabilities(store)
+        yield from self._capabilities(cold)
         yield _gauge(
             "tierd_cold_metadata_loaded",
             "1 once the local tiering metadata was read (what /readyz waits for).",
-            tiering.metadata_loaded,
+            cold.metadata_loaded,
         )
-        yield from self._backend(store)
-        yield from self._dispatch(store)
-        yield from self._cache(store)
+        yield from self._backend(stats, cold)
+        yield from self._dispatch(store, stats)
+        yield from self._cache(stats)
         yield from self._storage(store)
-        yield from self._index(store)
+        yield from self._index(cold)
 
-    def _capabilities(self, store: MessageStore) -> Iterator[Metric]:
-        assert store.tiering is not None
+    def _capabilities(self, cold: ColdStats) -> Iterator[Metric]:
         yield _gauge(
             "tierd_backend_writes_refused",
             "1 when tiering is refused because the backend could overwrite committed data.",
-            store.tiering.refused is not None,
+            cold.writes_refused,
         )
-        report = store.tiering.root.capability_report()
+        report = cold.capabilities
         if report is None:
             return
         family = GaugeMetricFamily(
@@ -247,11 +247,9 @@ class StoreCollector(Collector):
             dropped,
         )
 
-    def _backend(self, store: MessageStore) -> Iterator[Metric]:
+    def _backend(self, stats: StoreStats, cold: ColdStats) -> Iterator[Metric]:
         """Backend health and prefix ownership: the signals alerts belong on (not /readyz)."""
-        assert store.tiering is not None
-        tiering = store.tiering
-        h = tiering.health
+        h = cold.health
         if h.reachable is not None:
             yield _gauge(
                 "tierd_backend_reachable",
@@ -270,33 +268,31 @@ class StoreCollector(Collector):
         yield _counter(
             "tierd_backend_timeouts", "Cold-tier backend calls cut off by tiered.backend_timeout.", h.timeouts
         )
-        ownership = tiering.ownership
         yield _gauge(
             "tierd_prefix_owned",
             "1 when another store owns the cold tier's bucket prefix: this store does not tier.",
-            ownership is not None and ownership.fenced is not None,
+            cold.prefix_owned,
         )
-        if ownership is not None and ownership.epoch is not None:
+        if cold.owner_epoch is not None:
             yield _gauge(
-                "tierd_owner_epoch", "This store's ownership epoch of its bucket prefix.", ownership.epoch
+                "tierd_owner_epoch", "This store's ownership epoch of its bucket prefix.", cold.owner_epoch
             )
-        stats = store.stats.dispatch
-        assert stats is not None
-        if stats.last_commit_ms is not None:
+        dispatch = stats.dispatch
+        assert dispatch is not None
+        if dispatch.last_commit_ms is not None:
             yield _gauge(
                 "tierd_last_commit_timestamp_seconds",
                 "When a commit to the cold tier last succeeded (Unix time).",
-                stats.last_commit_ms / 1000,
+                dispatch.last_commit_ms / 1000,
             )
         yield _counter(
             "tierd_dispatch_stuck_rounds",
             "Tiering rounds still running after tiered.backend_timeout seconds.",
-            stats.stuck_rounds,
+            dispatch.stuck_rounds,
         )
 
-    def _dispatch(self, store: MessageStore) -> Iterator[Metric]:
-        assert store.tiering is not None
-        stats = store.stats.dispatch
+    def _dispatch(self, store: MessageStore, snapshot: StoreStats) -> Iterator[Metric]:
+        stats = snapshot.dispatch
         assert stats is not None
         yield _counter(
             "tierd_messages_dispatched", "Messages committed to the cold tier.", stats.messages_dispatched
@@ -322,25 +318,17 @@ class StoreCollector(Collector):
             "Per queue: age of the oldest message not yet committed cold (0 when caught up).",
             labels=["topic", "queue_id"],
         )
-        hot = store.hot
-        flat = store.tiering.flat
         now_ms = time.time() * 1000
-        for (topic, qid), assigned in sorted(hot.commitlog.queue_offsets.items()):
-            ff = flat.get(topic, qid)
-            cq = hot.cqs.get((topic, qid))
-            if ff is not None and ff.initialised:
-                cold = ff.max_offset
-            else:
-                cold = cq.min_offset if cq is not None else 0
-            n = max(0, assigned - cold)
-            ts = hot.store_time(topic, qid, cold) if n else -1
-            behind.add_metric([topic, str(qid)], n)
-            lag.add_metric([topic, str(qid)], max(0.0, (now_ms - ts) / 1000) if ts >= 0 else 0.0)
+        for q in store.dispatch_lag():
+            ts = q.oldest_ms
+            behind.add_metric([q.topic, str(q.queue_id)], q.messages)
+            lag.add_metric(
+                [q.topic, str(q.queue_id)], max(0.0, (now_ms - ts) / 1000) if ts is not None else 0.0
+            )
         yield behind
         yield lag
 
-    def _cache(self, store: MessageStore) -> Iterator[Metric]:
-        stats = store.stats
+    def _cache(self, stats: StoreStats) -> Iterator[Metric]:
         s = stats.cache
         yield _counter("tierd_read_ahead_cache_hits", "Cold reads served from the read-ahead cache.", s.hits)
         yield _counter(
@@ -371,30 +359,18 @@ class StoreCollector(Collector):
         )
 
     def _storage(self, store: MessageStore) -> Iterator[Metric]:
-        assert store.tiering is not None
-        sizes = {"COMMIT_LOG": 0, "CONSUME_QUEUE": 0, "INDEX": 0}
-        counts = dict.fromkeys(sizes, 0)
-        oldest: dict[str, int] = {}
-        for (topic, _), ff in list(store.tiering.flat.files.items()):
-            for kind, flat in (("COMMIT_LOG", ff.commitlog), ("CONSUME_QUEUE", ff.consumequeue)):
-                for seg in flat.segments:
-                    sizes[kind] += seg.commit_position
-                    counts[kind] += 1
-            first = ff.commitlog.segments[0].min_timestamp if ff.commitlog.segments else None
-            if first is not None:
-                oldest[topic] = min(first, oldest.get(topic, first))
-        for info in store.tiering.index.uploaded_infos():
-            sizes["INDEX"] += info.size
-            counts["INDEX"] += 1
+        storage = store.cold_storage()
+        if storage is None:
+            return
         size = GaugeMetricFamily(
             "tierd_storage_size_bytes", "Committed cold-tier bytes by file type.", labels=["file_type"]
         )
         segments = GaugeMetricFamily(
             "tierd_storage_segments", "Cold-tier segments by file type.", labels=["file_type"]
         )
-        for kind in sizes:
-            size.add_metric([kind], sizes[kind])
-            segments.add_metric([kind], counts[kind])
+        for kind, n in storage.sizes.items():
+            size.add_metric([kind], n)
+            segments.add_metric([kind], storage.segments[kind])
         yield size
         yield segments
         reserve = GaugeMetricFamily(
@@ -403,13 +379,12 @@ class StoreCollector(Collector):
             labels=["topic"],
         )
         now_ms = time.time() * 1000
-        for topic, ts in sorted(oldest.items()):
+        for topic, ts in sorted(storage.oldest_ms.items()):
             reserve.add_metric([topic], max(0.0, (now_ms - ts) / 1000))
         yield reserve
 
-    def _index(self, store: MessageStore) -> Iterator[Metric]:
-        assert store.tiering is not None
-        s = store.tiering.index.stats
+    def _index(self, cold: ColdStats) -> Iterator[Metric]:
+        s = cold.index
         yield _counter("tierd_cold_index_items_added", "Keys added to the cold index.", s.items_added)
         yield _counter("tierd_cold_index_queries", "Key queries that consulted the cold index.", s.queries)
         yield _counter("tierd_cold_index_hits", "Candidate hits returned by the cold index.", s.hits)

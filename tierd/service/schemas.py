@@ -18,14 +18,14 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
 
-from tierd.local.store import MAX_GET_COUNT
 from tierd.message import GetStatus, Message
+from tierd.store import MAX_GET_COUNT
 
 if TYPE_CHECKING:
     from tierd.groups import GroupInfo
     from tierd.inventory import QueueInfo, SegmentRow
     from tierd.message import GetResult, MessageExt, PutResult
-    from tierd.tiered.dispatcher import TierReport
+    from tierd.store import TierReport
 
 #: Messages per batch request (RocketMQ bounds a batch by bytes; we bound both).
 MAX_BATCH_MESSAGES = 1024
