@@ -59,7 +59,7 @@ def tier(ctx: typer.Context) -> None:
     with c.store() as store:
         if isinstance(store, RemoteStore):
             report = store.tier_now()  # the daemon's POST /v1/admin/tier: the same report
-        elif store.tiering is None:
+        elif not store.config.tiered.enabled:
             echo("tiering is disabled (tiered.enabled = false): nothing to do")
             return
         else:
