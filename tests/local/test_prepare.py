@@ -156,8 +156,9 @@ def test_keys_in_other_collections_are_still_accepted(keys: frozenset[str]) -> N
     ``[0]``)."""
     p = preparer()
     one = p.prepare_one(Message(topic="t", body=b"x", keys=keys), 0)  # type: ignore[arg-type]
-    assert one.properties == b"KEYS\x01k\x02"
-    assert one.index_keys == ["t#k"]
+    tail, index_keys = one[4], one[-1]
+    assert tail.endswith(b"KEYS\x01k\x02")
+    assert list(index_keys) == ["t#k"]
     batch = p.prepare([Message(topic="t", body=b"x", keys=keys)] * 2, 0)  # type: ignore[arg-type]
     assert batch.index_keys == ["t#k", "t#k"]
     assert batch.tails[0].endswith(b"KEYS\x01k\x02")

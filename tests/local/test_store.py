@@ -287,6 +287,15 @@ def test_query_respects_time_range(store: BlockingMessageStore) -> None:
         (Message(topic="t", body=b"x", queue_id=1024), InvalidQueueError, r"\[0, 1024\)"),
         (Message(topic="t", body=b"x", queue_id=True), InvalidQueueError, "queue_id"),
         (Message(topic="t", body=b"x", born_host="nowhere"), InvalidArgumentError, "host"),
+        # FLAG is an int32 and BORNTIMESTAMP a non-negative int64: out-of-range values used to
+        # escape as struct.error / OverflowError from the encoder instead of a typed error.
+        (Message(topic="t", body=b"x", flag=2**31), InvalidArgumentError, "flag must be an int32"),
+        (Message(topic="t", body=b"x", flag=-(2**31) - 1), InvalidArgumentError, "int32"),
+        (Message(topic="t", body=b"x", flag=1.5), InvalidArgumentError, "int32"),  # type: ignore[arg-type]
+        (Message(topic="t", body=b"x", flag="7"), InvalidArgumentError, "int32"),  # type: ignore[arg-type]
+        (Message(topic="t", body=b"x", born_timestamp=2**63), InvalidArgumentError, "born_timestamp"),
+        (Message(topic="t", body=b"x", born_timestamp=-1), InvalidArgumentError, "born_timestamp"),
+        (Message(topic="t", body=b"x", born_timestamp="1"), InvalidArgumentError, "born_timestamp"),  # type: ignore[arg-type]
     ],
 )
 def test_bad_input_gets_a_typed_error_and_writes_nothing(

@@ -91,6 +91,12 @@ _HEADERS: dict[tuple[int, int], struct.Struct] = {
 }
 
 
+def header_struct(born_host_len: int, store_host_len: int) -> struct.Struct:
+    """The fixed header up to BODYLENGTH for these host widths (8: IPv4, 20: IPv6), for writers
+    that pack it in place (``pack_into``) instead of building the record as bytes first."""
+    return _HEADERS[born_host_len, store_host_len]
+
+
 # ----------------------------------------------------------------------------- small helpers
 @lru_cache(maxsize=4096)
 def java_string_hash(s: str) -> int:

@@ -151,8 +151,12 @@ class CommitLog:
 
         The single-put path runs this once per message, so it is written flat: no property or
         helper call that the common case (the record fits in the current file, whose blocks
-        are already reserved) does not need."""
-        key, body, crc, magic, topic_part, props, size, flag, born_ts, born_host, tags, keys = p
+        are already reserved) does not need, and the record is written in place — the header
+        packed straight into the mapping, then the body and the tail copied after it — rather
+        than built as bytes and copied again. ``prepare_one`` validated every field, so the
+        pack cannot fail half way; and nothing counts as written (``wrote``, queue offset)
+        until all of it is."""
+        key, body, crc, magic, tail, size, flag, born_ts, born_host, sys_flag, header, tags, keys = p
         with self.lock:
             now = self.clock()
             store_ts = self.last_store_timestamp
@@ -163,32 +167,37 @@ class CommitLog:
             if f is None or f.size - f.wrote < size + END_FILE_MIN_BLANK:
                 f = self._next_file(f, size)
             pos = f.wrote
-            if pos + size + END_FILE_MIN_BLANK > f.reserved:
-                f.reserve(pos + size + END_FILE_MIN_BLANK)  # before any byte or queue offset
+            end_at = pos + size
+            if end_at + END_FILE_MIN_BLANK > f.reserved:
+                f.reserve(end_at + END_FILE_MIN_BLANK)  # before any byte or queue offset
             table = self.queue_offsets
             qoff = table.get(key, 0)
             phys = f.file_from_offset + pos
-            f.write(
-                encode_record(
-                    body,
-                    topic_part,
-                    magic,
-                    props,
-                    key[1],
-                    flag,
-                    qoff,
-                    phys,
-                    0,
-                    born_ts,
-                    born_host,
-                    store_ts,
-                    self.store_host,
-                    0,
-                    0,
-                    crc,
-                ),
+            mm = f.mm
+            body_at = end_at - len(tail) - len(body)
+            header.pack_into(
+                mm,
                 pos,
+                size,
+                magic,
+                crc,
+                key[1],
+                flag,
+                qoff,
+                phys,
+                sys_flag,
+                born_ts,
+                born_host,
+                store_ts,
+                self.store_host,
+                0,
+                0,
+                len(body),
             )
+            tail_at = body_at + len(body)
+            mm[body_at:tail_at] = body
+            mm[tail_at:end_at] = tail
+            f.wrote = end_at
             table[key] = qoff + 1
             end = phys + size
             self.on_append((key, qoff, phys, size, tags, store_ts, keys, end))

@@ -31,7 +31,7 @@ from tierd.local.consumequeue import ConsumeQueue, encode_units
 from tierd.message import KEY_SEPARATOR, PROPERTY_KEYS, PROPERTY_TAGS, PROPERTY_UNIQ_KEY
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Sequence
 
     from tierd.local.index import IndexService
     from tierd.local.prepare import GroupKey, PreparedBatch
@@ -47,7 +47,9 @@ RETRY_MAX = 2.0
 
 #: One record from the single-put path, as a plain tuple (no allocation beyond it):
 #: (queue key, queue offset, physical offset, size, tags code, store timestamp, index keys, end).
-SingleRecord = tuple[tuple[str, int], int, int, int, int, int, list[str], int]
+#: Index keys: one ``str`` for a message with exactly one, else a sequence (see
+#: :data:`~tierd.local.prepare.PreparedOne`).
+SingleRecord = tuple[tuple[str, int], int, int, int, int, int, "str | Sequence[str]", int]
 
 
 @dataclass(slots=True)
@@ -145,7 +147,14 @@ class DispatchBatch:
         else:
             gids = np.fromiter(map(ids.__getitem__, keys_col), np.intp, n)
             groups = [(k, np.flatnonzero(gids == i)) for k, i in ids.items()]
-        counts = np.fromiter(map(len, key_lists), np.intp, n)
+        if set(map(type, key_lists)) == {str}:  # one key each: the usual message
+            index_keys = list(key_lists)
+            index_messages = list(range(n))
+        else:
+            lists = [(k,) if type(k) is str else k for k in key_lists]
+            counts = np.fromiter(map(len, lists), np.intp, n)
+            index_keys = list(itertools.chain.from_iterable(lists))
+            index_messages = np.repeat(np.arange(n, dtype=np.intp), counts).tolist()
         return cls(
             end=ends[-1],
             groups=groups,
@@ -154,8 +163,8 @@ class DispatchBatch:
             sizes=np.fromiter(sizes, np.int64, n),
             tags_codes=np.fromiter(tags, np.int64, n),
             store_timestamps=np.fromiter(stamps, np.int64, n),
-            index_keys=list(itertools.chain.from_iterable(key_lists)),
-            index_messages=np.repeat(np.arange(n, dtype=np.intp), counts).tolist(),
+            index_keys=index_keys,
+            index_messages=index_messages,
         )
 
     @classmethod

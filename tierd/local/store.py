@@ -463,7 +463,7 @@ class HotStore:
         p = self.preparer.prepare_one(message, time.time_ns() // 1_000_000)
         qoff, phys, end = self.commitlog.append_one(p)
         fut = self.flusher.request(end) if self.flusher.sync else None
-        return new_put_result(p.key[1], qoff, phys, self._msg_id_prefix + f"{phys:016X}"), fut
+        return new_put_result(p[0][1], qoff, phys, self._msg_id_prefix + f"{phys:016X}"), fut
 
     def put_batch(
         self, messages: Sequence[Message]

@@ -8,6 +8,7 @@ length, as RocketMQ does with ``autoMessageVersionOnTopicLen``.
 
 from __future__ import annotations
 
+import operator
 import re
 from typing import TYPE_CHECKING, Final
 
@@ -31,6 +32,9 @@ RESERVED_TOPIC_PREFIX: Final = "rmq_sys_"
 _FORBIDDEN_PROPERTY_CHARS: Final = re.compile("[\x01\x02]")
 #: A record may exceed the body limit by this much (headers, topic, properties).
 RECORD_OVERHEAD_LIMIT: Final = 64 * 1024
+INT32_MIN: Final = -(1 << 31)
+INT32_MAX: Final = (1 << 31) - 1
+INT64_MAX: Final = (1 << 63) - 1
 
 _valid_topics: set[str] = set()
 
@@ -68,6 +72,32 @@ def check_body(body: object, max_size: int) -> bytes:
             limit=max_size,
         )
     return body
+
+
+def check_flag(flag: object) -> int:
+    """The record's FLAG field is a signed 32-bit integer (RocketMQ's ``int flag``); any integer
+    type is accepted (``operator.index``: numpy integers too, not floats)."""
+    try:
+        value = operator.index(flag)  # type: ignore[arg-type]
+    except TypeError:
+        raise InvalidArgumentError(f"flag must be an int32, got {flag!r}", flag=repr(flag)) from None
+    if not INT32_MIN <= value <= INT32_MAX:
+        raise InvalidArgumentError(f"flag must be an int32, got {flag!r}", flag=repr(flag))
+    return value
+
+
+def check_born_timestamp(timestamp: object) -> int:
+    """BORNTIMESTAMP is a signed 64-bit count of milliseconds; before 1970 is not a birth time."""
+    try:
+        value = -1 if isinstance(timestamp, bool) else operator.index(timestamp)  # type: ignore[arg-type]
+    except TypeError:
+        value = -1
+    if not 0 <= value <= INT64_MAX:
+        raise InvalidArgumentError(
+            f"born_timestamp must be milliseconds since the epoch in [0, 2**63), got {timestamp!r}",
+            born_timestamp=repr(timestamp),
+        )
+    return value
 
 
 def check_queue(queue_id: object, max_queues: int) -> int:
