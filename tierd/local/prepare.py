@@ -12,8 +12,7 @@ import itertools
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
-from operator import attrgetter
-from types import MappingProxyType
+from operator import attrgetter, ne
 
 import numpy as np
 import numpy.typing as npt
@@ -46,16 +45,12 @@ from tierd.message import PROPERTY_KEYS, PROPERTY_TAGS, PROPERTY_UNIQ_KEY, Messa
 GroupKey = tuple[str, int]
 
 _TOPIC, _BODY, _KEYS = attrgetter("topic"), attrgetter("body"), attrgetter("keys")
-#: The fields a plain batch (:meth:`Preparer._prepare_plain`) leaves at their defaults; an
-#: empty mapping equals every empty mapping, ``0`` equals ``False``, as the general path reads them.
-_PLAIN_DEFAULTS: tuple[tuple[attrgetter[object], object], ...] = (
-    (attrgetter("queue_id"), None),
-    (attrgetter("tags"), None),
-    (attrgetter("born_host"), None),
-    (attrgetter("born_timestamp"), None),
-    (attrgetter("flag"), 0),
-    (attrgetter("properties"), MappingProxyType({})),
-)
+#: The fields a plain batch (:meth:`Preparer._prepare_plain`) leaves at their defaults, read in
+#: one pass per message, and their defaults — taken from a message built without them, so the
+#: comparison finds the very same objects (identity first); an empty mapping still equals every
+#: empty mapping, ``0`` equals ``False``, as the general path reads them.
+_PLAIN_FIELDS = attrgetter("queue_id", "tags", "born_host", "born_timestamp", "flag", "properties")
+_PLAIN_DEFAULTS: tuple[object, ...] = _PLAIN_FIELDS(Message(topic="", body=b""))
 _KEYS_PREFIX = PROPERTY_KEYS.encode() + b"\x01"
 
 
@@ -331,9 +326,9 @@ class Preparer:
         topics = list(map(_TOPIC, messages))
         if topics.count(topics[0]) != n:
             return None
-        for getter, default in _PLAIN_DEFAULTS:
-            if list(map(getter, messages)).count(default) != n:
-                return None
+        # One tuple per message, each freed before the next is made (``any`` over ``map``).
+        if any(map(ne, map(_PLAIN_FIELDS, messages), itertools.repeat(_PLAIN_DEFAULTS))):
+            return None
         bodies = list(map(_BODY, messages))
         keys_col = list(map(_KEYS, messages))
         if set(map(type, bodies)) != {bytes} or not set(map(type, keys_col)) <= {tuple, list}:
