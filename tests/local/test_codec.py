@@ -325,21 +325,23 @@ def test_batch_encoder_equals_single_encoder(items: list[tuple[bytes, str, bytes
     phys = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
     qoffs = np.arange(100, 100 + n, dtype=np.int64)
     crcs = np.array([zlib.crc32(b) & 0x7FFFFFFF for b in bodies], np.uint32)
-    batch = encode_batch(
-        bodies=bodies,
-        tails=tails,
-        magics=np.array([m for m, _ in fields], np.uint32),
-        crcs=crcs,
-        queue_ids=np.full(n, 2, np.int32),
-        flags=np.zeros(n, np.int32),
-        queue_offsets=qoffs,
-        physical_offsets=phys,
-        sizes=sizes,
-        body_lengths=body_lengths,
-        born_timestamps=np.full(n, 5, np.int64),
-        born_host=BORN,
-        store_timestamp=9,
-        store_host=STORE,
+    batch = b"".join(
+        encode_batch(
+            bodies=bodies,
+            tails=tails,
+            magics=np.array([m for m, _ in fields], np.uint32),
+            crcs=crcs,
+            queue_ids=np.full(n, 2, np.int32),
+            flags=np.zeros(n, np.int32),
+            queue_offsets=qoffs,
+            physical_offsets=phys,
+            sizes=sizes,
+            body_lengths=body_lengths,
+            born_timestamps=np.full(n, 5, np.int64),
+            born_host=BORN,
+            store_timestamp=9,
+            store_host=STORE,
+        )
     )
     singles = b"".join(
         encode_record(

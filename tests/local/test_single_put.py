@@ -1,14 +1,17 @@
-"""The single-put path against the record encoder and the batch path.
+"""The single-put path against the record encoder and the batch path; gathering writes.
 
 ``put`` writes its record in place — the header packed straight into the commitlog mapping,
 then the body and the tail (topic, properties) copied after it — and hands the dispatcher one
 index key as a plain string when the message has exactly one. What lands in the commitlog must
 be byte for byte what :func:`~tierd.local.codec.encode_record` makes of the same fields, for
-every shape of message and across file rolls, and every key must be queryable.
+every shape of message and across file rolls, and every key must be queryable. A batch is
+written with gathering ``pwritev`` calls that fall back to the mapping; the bytes must come out
+the same either way.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 from typing import TYPE_CHECKING
 
@@ -17,9 +20,12 @@ import pytest
 from tierd import BlockingMessageStore, Message
 from tierd.local.codec import encode_host, encode_record, topic_field
 from tierd.local.dispatch import DispatchBatch
+from tierd.local.mapped_file import MappedFile
 from tierd.local.validation import build_properties
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from tierd.local.dispatch import SingleRecord
     from tierd.message import PutResult
 
@@ -116,3 +122,48 @@ def test_round_robin_rotates_over_the_default_queues(store: BlockingMessageStore
     got = [store.put(Message(topic="rr", body=b"x")).queue_id for _ in range(2 * queues + 1)]
     assert got == [*range(queues), *range(queues), 0]
     assert store.put(Message(topic="rr2", body=b"x")).queue_id == 0  # a counter per topic
+
+
+# ----------------------------------------------------------------------------- gathering writes
+PIECES = [bytes([i % 251]) * (1 + i % 7) for i in range(3000)]  # > IOV_MAX: several calls
+
+
+def mapped(tmp_path: Path) -> MappedFile:
+    f = MappedFile(tmp_path / "00000000000000000000", 64 * 1024, create=True)
+    f.write(b"head")
+    return f
+
+
+def test_write_pieces_gathers_more_pieces_than_one_call_takes(tmp_path: Path) -> None:
+    f = mapped(tmp_path)
+    f.write_pieces(PIECES, sum(map(len, PIECES)))
+    assert f.wrote == 4 + sum(map(len, PIECES))
+    assert f.read(0, f.wrote) == b"head" + b"".join(PIECES)
+    f.close()
+
+
+@pytest.mark.parametrize("fault", ["short", "error", "no descriptor"])
+def test_write_pieces_finishes_through_the_mapping(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fault: str
+) -> None:
+    """A short ``pwritev``, an I/O error or a file without a descriptor: the rest of the
+    pieces still land, in order, through the mapping."""
+    f = mapped(tmp_path)
+    real = os.pwritev
+    calls = []
+
+    def pwritev(fd: int, buffers: list[bytes], offset: int) -> int:
+        calls.append(offset)
+        if len(calls) == 2:
+            if fault == "error":
+                raise OSError(errno.EIO, "injected")
+            return real(fd, buffers[:5], offset)  # short: the kernel took only these
+        return real(fd, buffers, offset)
+
+    monkeypatch.setattr(os, "pwritev", pwritev)
+    if fault == "no descriptor":
+        f.release_fd()
+    f.write_pieces(PIECES, sum(map(len, PIECES)))
+    assert f.read(0, f.wrote) == b"head" + b"".join(PIECES)
+    assert len(calls) == (0 if fault == "no descriptor" else 2)
+    f.close()

@@ -5,8 +5,8 @@ Two encoders share one layout:
 * :func:`encode_record` packs one record with a precompiled :class:`struct.Struct` — the single
   ``put`` path, where numpy's per-call overhead would dominate.
 * :func:`encode_batch` builds every fixed-size header of a batch at once in a numpy structured
-  array and assembles the records with one ``bytes.join`` — the ``put_batch`` path. The only
-  per-message Python work left is what cannot be vectorised: the body CRC and the join list.
+  array and lists the records' pieces for one gathering write — the ``put_batch`` path. The only
+  per-message Python work left is what cannot be vectorised: the body CRC and the pieces list.
 
 Decoding never trusts its input: bad magic, lengths that do not add up, and CRC mismatches raise
 :class:`~tierd.errors.CorruptRecordError` (or are reported as :data:`INVALID` by the scanner used
@@ -440,8 +440,9 @@ def encode_batch(
     born_host: bytes,
     store_timestamp: int,
     store_host: bytes,
-) -> bytes:
-    """Encode a batch of IPv4-host records with one numpy header build and one join.
+) -> list[bytes]:
+    """Encode a batch of IPv4-host records with one numpy header build: the records' pieces in
+    order (header, body, tail each), for one ``bytes.join`` or one gathering write.
 
     ``tails`` are each record's ``topic field + properties length + properties`` (everything after
     the body); ``sizes`` the precomputed total sizes. Callers route records with IPv6 hosts
@@ -468,7 +469,7 @@ def encode_batch(
     parts[0::3] = [raw[i : i + HEADER_V4] for i in range(0, n * HEADER_V4, HEADER_V4)]
     parts[1::3] = bodies
     parts[2::3] = tails
-    return b"".join(parts)
+    return parts
 
 
 # ----------------------------------------------------------------------------- batch decoding

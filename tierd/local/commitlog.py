@@ -96,7 +96,7 @@ class CommitLog:
                 current = f
                 rel = int(ends[i - 1]) if i else 0
                 phys[i:k] = f.file_from_offset + f.wrote - rel + ends[i:k] - sizes[i:k]
-                f.write(self._encode(batch, i, k, qoffs, phys, store_ts))
+                f.write_pieces(self._encode(batch, i, k, qoffs, phys, store_ts), int(ends[k - 1]) - rel)
             end = self.files.max_offset
             self.on_append(DispatchBatch.from_prepared(batch, qoffs, phys, store_ts, end))
         return qoffs, phys, end
@@ -241,7 +241,7 @@ class CommitLog:
         qoffs: npt.NDArray[np.int64],
         phys: npt.NDArray[np.int64],
         store_ts: int,
-    ) -> bytes:
+    ) -> list[bytes]:
         if b.uniform_v4:
             return encode_batch(
                 bodies=b.bodies[i:k],
@@ -259,7 +259,7 @@ class CommitLog:
                 store_timestamp=store_ts,
                 store_host=self.store_host,
             )
-        return b"".join(
+        return [
             encode_record(
                 body=b.bodies[j],
                 topic_part=b.topic_parts[j],
@@ -277,7 +277,7 @@ class CommitLog:
                 body_crc=int(b.crcs[j]),
             )
             for j in range(i, k)
-        )
+        ]
 
     # ------------------------------------------------------------------ reads
     def read(self, offset: int, *, check_crc: bool = False) -> MessageExt:

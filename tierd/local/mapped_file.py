@@ -57,6 +57,8 @@ RESERVE_MIN = PAGE
 #: Reservations run at most this far ahead of the writer (a busy commitlog reserves 64 MiB per
 #: ``posix_fallocate``, a store with a few messages one page).
 RESERVE_AHEAD = 64 * 1024 * 1024
+#: Buffers per ``pwritev`` call (the kernel's limit, 1024 on Linux).
+IOV_MAX = os.sysconf("SC_IOV_MAX") if "SC_IOV_MAX" in os.sysconf_names else 1024
 #: Bytes read at once while looking for the end of the written part of a file.
 SCAN_CHUNK = 64 * 1024
 #: errnos meaning "the process or the system is out of descriptors or mappings".
@@ -383,6 +385,36 @@ class MappedFile(FixedFile):
         self.mm[pos:end] = data
         if end > self.wrote:
             self.wrote = end
+
+    def write_pieces(self, pieces: list[bytes], length: int) -> None:
+        """Append ``pieces`` (``length`` bytes in all) at the write position with gathering
+        ``pwritev`` calls: one kernel copy into the page cache — the very pages the mapping
+        shows (Linux has one page cache for both) — made with the GIL released, where a join
+        and a copy through the mapping were two copies under it. Without a descriptor, after a
+        short write or an I/O error the rest goes through the mapping, as :meth:`write` does.
+        Blocks are reserved first, so a full disk is a :class:`StoreFullError` before any byte."""
+        pos = self.wrote
+        end = pos + length
+        if end > self.reserved:
+            self.reserve(end)
+        fd = self._fd
+        i = 0
+        if fd is not None:
+            try:
+                while i < len(pieces):
+                    chunk = pieces[i : i + IOV_MAX]
+                    wrote = os.pwritev(fd, chunk, pos)
+                    pos += wrote
+                    i += len(chunk)
+                    if wrote != sum(map(len, chunk)):
+                        i -= len(chunk)  # short: redo this chunk's rest through the mapping
+                        break
+            except OSError as e:
+                log.warning("pwritev to %s failed (%s); writing through the mapping", self.path, e)
+        if i < len(pieces):
+            rest = b"".join(pieces[i:])
+            self.mm[pos:end] = rest[len(rest) - (end - pos) :]
+        self.wrote = end
 
     def flush(self) -> int:
         """``fdatasync`` writes back pages dirtied through the shared mapping (on Linux msync is
