@@ -136,7 +136,7 @@ def mapped(tmp_path: Path) -> MappedFile:
 
 def test_write_pieces_gathers_more_pieces_than_one_call_takes(tmp_path: Path) -> None:
     f = mapped(tmp_path)
-    f.write_pieces(PIECES, sum(map(len, PIECES)))
+    f.write_pieces(PIECES)
     assert f.wrote == 4 + sum(map(len, PIECES))
     assert f.read(0, f.wrote) == b"head" + b"".join(PIECES)
     f.close()
@@ -163,7 +163,7 @@ def test_write_pieces_finishes_through_the_mapping(
     monkeypatch.setattr(os, "pwritev", pwritev)
     if fault == "no descriptor":
         f.release_fd()
-    f.write_pieces(PIECES, sum(map(len, PIECES)))
+    f.write_pieces(PIECES)
     assert f.read(0, f.wrote) == b"head" + b"".join(PIECES)
     assert len(calls) == (0 if fault == "no descriptor" else 2)
     f.close()

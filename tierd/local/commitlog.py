@@ -96,7 +96,7 @@ class CommitLog:
                 current = f
                 rel = int(ends[i - 1]) if i else 0
                 phys[i:k] = f.file_from_offset + f.wrote - rel + ends[i:k] - sizes[i:k]
-                f.write_pieces(self._encode(batch, i, k, qoffs, phys, store_ts), int(ends[k - 1]) - rel)
+                f.write_pieces(self._encode(batch, i, k, qoffs, phys, store_ts))
             end = self.files.max_offset
             self.on_append(DispatchBatch.from_prepared(batch, qoffs, phys, store_ts, end))
         return qoffs, phys, end

@@ -386,15 +386,15 @@ class MappedFile(FixedFile):
         if end > self.wrote:
             self.wrote = end
 
-    def write_pieces(self, pieces: list[bytes], length: int) -> None:
-        """Append ``pieces`` (``length`` bytes in all) at the write position with gathering
+    def write_pieces(self, pieces: list[bytes]) -> None:
+        """Append ``pieces`` at the write position with gathering
         ``pwritev`` calls: one kernel copy into the page cache — the very pages the mapping
         shows (Linux has one page cache for both) — made with the GIL released, where a join
         and a copy through the mapping were two copies under it. Without a descriptor, after a
         short write or an I/O error the rest goes through the mapping, as :meth:`write` does.
         Blocks are reserved first, so a full disk is a :class:`StoreFullError` before any byte."""
         pos = self.wrote
-        end = pos + length
+        end = pos + sum(map(len, pieces))
         if end > self.reserved:
             self.reserve(end)
         fd = self._fd
