@@ -419,6 +419,16 @@ class ChunkedDriver(SegmentDriver):
                 ) from None
             return await self._read_layout(layout, byte_range.start, byte_range.length)
 
+    def object_bounds(self, start: int, end: int) -> list[int]:
+        # docstring inherited: the chunk positions of the cached layout (a sealed segment is one
+        # object; an unknown layout gives no hint rather than a listing)
+        layout = self._layout
+        if layout is None or layout.sealed:
+            return []
+        lo = bisect.bisect_right(layout.positions, start)
+        hi = bisect.bisect_left(layout.positions, end)
+        return list(layout.positions[lo:hi])
+
     async def write(self, position: int, data: bytes) -> None:
         # docstring inherited
         if position < 0:

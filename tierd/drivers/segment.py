@@ -503,6 +503,15 @@ class SegmentDriver(ABC):
         """True once :meth:`seal` has completed. Raises
         :class:`~tierd.errors.SegmentNotFoundError` for a missing segment."""
 
+    # ------------------------------------------------------------------ hints
+    def object_bounds(self, start: int, end: int) -> list[int]:
+        """Positions strictly between ``start`` and ``end`` where one stored object of this
+        segment ends and the next begins, ascending, as far as the driver knows *without asking
+        the backend* (an object store's open segment is several chunk objects). A hint for
+        readers, never a fact to rely on: a read cut at these positions costs one request per
+        object instead of two for a range that straddles one. Default: none (one file)."""
+        return []
+
     # ------------------------------------------------------------------ conveniences
     async def read_all(self) -> bytes:
         """All bytes of the segment (``b""`` when empty). Convenience for small segments and tests:
@@ -797,6 +806,11 @@ class FileSegment:
             )
         length = min(length, self._commit_position - position)
         return await self._timed("read", length, self.driver.read(ByteRange(position, length)))
+
+    def object_bounds(self, start: int, end: int) -> list[int]:
+        """Where stored objects meet strictly inside ``[start, end)`` (positions; a hint, see
+        :meth:`SegmentDriver.object_bounds`)."""
+        return self.driver.object_bounds(start, end)
 
     async def seal(self) -> None:
         """Commit what is queued, then seal the backend segment; the segment is closed after.

@@ -299,6 +299,10 @@ class FaultyDriver(SegmentDriver):
         # docstring inherited
         return await self._do("is_sealed", "", self.inner.is_sealed)
 
+    def object_bounds(self, start: int, end: int) -> list[int]:
+        # docstring inherited (a hint without I/O: no faults to inject)
+        return self.inner.object_bounds(start, end)
+
     def calls_of(self, method: str) -> list[Call]:
         """The recorded calls of one method."""
         return [c for c in self.calls if c.method == method]

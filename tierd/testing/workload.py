@@ -41,6 +41,7 @@ __all__ = [
     "count_requests",
     "delete_prefix",
     "list_objects",
+    "log_requests",
     "produce_keyed",
     "spread",
     "start_server",
@@ -108,12 +109,28 @@ def count_requests(store: BlockingMessageStore) -> collections.Counter[str]:
     def seen(model: Any, **_: Any) -> None:
         counter[model.name] += 1
 
+    _hook_requests(store, seen)
+    return counter
+
+
+def log_requests(store: BlockingMessageStore) -> list[tuple[str, str]]:
+    """S3 API calls the store's own client makes from now on, in order: (operation, the URL
+    path botocore serialised — it ends with the object key for object requests)."""
+    calls: list[tuple[str, str]] = []
+
+    def seen(model: Any, params: Any, **_: Any) -> None:
+        calls.append((model.name, str(params.get("url_path", ""))))
+
+    _hook_requests(store, seen)
+    return calls
+
+
+def _hook_requests(store: BlockingMessageStore, hook: Callable[..., None]) -> None:
     assert store.tiering is not None
     assert store._loop is not None
     root = store.tiering.root.inner
     fs = store._loop.run(root.filesystem())  # type: ignore[attr-defined]
-    fs.s3.meta.events.register("before-call.s3", seen)
-    return counter
+    fs.s3.meta.events.register("before-call.s3", hook)
 
 
 def list_objects(server: S3Server, bucket: str, prefix: str) -> list[tuple[str, int]]:

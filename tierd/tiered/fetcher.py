@@ -609,6 +609,45 @@ class ColdFetcher:
         size = self.cfg.read_ahead_size
         return to_end if to_end <= size + size // TAIL_SHARE else min(size, to_end)
 
+    def _align(
+        self, ff: FlatMessageFile, flat: npt.NDArray[np.int64], ends: npt.NDArray[np.int64], n: int
+    ) -> int:
+        """Records of a batch of at most ``n`` (``ends``: their ends relative to ``flat[0]``)
+        that end at the last stored-object boundary inside it, if there is one (else ``n``).
+
+        An object store holds an open segment as chunk objects (one per commit, ~4 MiB); a
+        batch of ``read_ahead_count`` records rarely matches one, so without this every batch
+        of a sequential read takes the tail of one chunk and the head of the next — two ranged
+        GETs per batch, twice the requests of reading the objects. Cut at the boundary, the
+        batch after it starts where an object does, and each object is read with one request
+        (the batch is then somewhat smaller than ``read_ahead_count``; the read-ahead keeps the
+        next one coming)."""
+        start = int(flat[0])
+        bounds = ff.commitlog.object_bounds(start, start + int(ends[n - 1]))
+        if not bounds:
+            return n
+        k = int(np.searchsorted(ends[:n], bounds[-1] - start, side="right"))
+        return k if k >= 1 else n
+
+    def _unit_span(self, ff: FlatMessageFile, first: int, count: int, stop: int) -> int:
+        """Units a consume-queue read from ``first`` takes: ``count``, stretched to the end of
+        the stored object it ends in — a chunk boundary the driver knows of, or ``stop`` (where
+        the segment or the committed bytes end) — when that end is at most
+        :data:`SEQUENTIAL_UNIT_READ` times ``read_ahead_count`` units (and a quarter of the unit
+        cache) away. Units are 20 bytes: the rest of an object costs little next to the request
+        a later read of it would; a sequential consume then reads each consume-queue object
+        once, and a random reader reads at most a few hundred KiB of units."""
+        span = min(
+            self.cfg.read_ahead_count * SEQUENTIAL_UNIT_READ, self.units.max_bytes // (4 * UNIT_ROW_BYTES)
+        )
+        limit = min(stop, first + max(count, span))
+        if first + count >= limit:
+            return count
+        want = (first + count) * UNIT_SIZE
+        ends = [*ff.consumequeue.object_bounds(want - 1, limit * UNIT_SIZE), limit * UNIT_SIZE]
+        end = next(b for b in ends if b >= want) // UNIT_SIZE
+        return end - first if end == stop or end < limit else count
+
     async def _units(self, ff: FlatMessageFile, offset: int, ahead: bool) -> Units:
         """Units from ``offset`` enough for one batch: the cached run left by the previous
         batch, extended by consume-queue reads (each within one CQ segment) until they span
@@ -633,7 +672,8 @@ class ColdFetcher:
                 break  # they cover a whole batch
             nxt = offset + have
             cq_end = ff.consumequeue.segment_end(nxt * UNIT_SIZE) // UNIT_SIZE
-            units = await ff.read_units(nxt, min(read, ff.max_offset - nxt, max(1, cq_end - nxt)))
+            stop = min(ff.max_offset, max(nxt + 1, cq_end))
+            units = await ff.read_units(nxt, self._unit_span(ff, nxt, min(read, stop - nxt), stop))
             self.cache.stats.backend_reads += 1
             if not len(units):
                 raise CorruptionError(
@@ -666,6 +706,7 @@ class ColdFetcher:
         n = min(self.cfg.read_ahead_count, max(1, int(np.searchsorted(ends, limit, side="right"))))
         if not sizes[:n].all():
             n = int(np.argmin(sizes[:n] != 0))  # the batch ends before a hole
+        n = self._align(ff, flat, ends, n)
         if n < len(flat):  # units read beyond this batch serve the next one (no second CQ read)
             self.units.put(key, offset + n, (flat[n:], sizes[n:], codes[n:]))
         return await self._fetch(ff, offset, (flat[:n], sizes[:n], codes[:n]))

@@ -360,6 +360,14 @@ class FlatAppendFile:
         seg = self.segments[self._segment_index(offset)]
         return seg.base_offset + seg.commit_position
 
+    def object_bounds(self, offset: int, end: int) -> list[int]:
+        """Offsets strictly inside ``[offset, end)`` of the segment holding ``offset`` where its
+        stored objects meet (a hint from the driver's cache, no I/O): readers cut batches there
+        so a sequential read costs one request per stored object."""
+        seg = self.segments[self._segment_index(offset)]
+        base = seg.base_offset
+        return [base + p for p in seg.object_bounds(offset - base, end - base)]
+
     async def read(self, offset: int, length: int) -> bytes:
         """Committed bytes from ``offset``; crosses into the next segment if the range runs past
         the end of the first. Shorter than ``length`` only at the committed end."""

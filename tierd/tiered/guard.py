@@ -284,3 +284,7 @@ class GuardedDriver(SegmentDriver):
     async def is_sealed(self) -> bool:
         # docstring inherited
         return await self.root.call("is_sealed", self.path, self.inner.is_sealed, mutating=False)
+
+    def object_bounds(self, start: int, end: int) -> list[int]:
+        # docstring inherited (no backend call: nothing to guard)
+        return self.inner.object_bounds(start, end)
