@@ -1,11 +1,14 @@
-"""Request counts of a sequential cold consume on a real S3 server: batches follow the stored
-objects (an open segment's chunks), so each object is fetched with one GET — not two ranged
-GETs per batch, as when a batch of ``read_ahead_count`` records straddles two chunks."""
+"""Request counts on a real S3 server (moto) for the two halves of tiering's object traffic:
+``tier_now`` commits a backlog in chunk objects of about ``group_commit_size`` without a sliver
+object for the last few messages, and a sequential cold consume fetches each stored object with
+one GET — batches follow the objects instead of straddling two of them (two ranged GETs each)."""
 
 from __future__ import annotations
 
 import collections
 from typing import TYPE_CHECKING
+
+import pytest
 
 from tierd import BlockingMessageStore, Message
 from tierd.testing.s3server import create_bucket
@@ -19,40 +22,59 @@ if TYPE_CHECKING:
     from tierd.testing.s3server import S3Server
 
 MESSAGES = 600
-#: Records per get and per batch: more than a chunk holds (~16 KiB / ~330 bytes ≈ 50), so
-#: batches cut by count alone would end inside the next chunk every time.
-COUNT = 64
+GROUP = 16 * 1024
 
 
 def _body(i: int) -> bytes:
     return b"m%05d-" % i + bytes([i % 251]) * 200
 
 
-def test_a_sequential_consume_reads_each_commitlog_object_once(tmp_path: Path, moto_server: S3Server) -> None:
-    bucket = create_bucket(moto_server)
-    backend = {"name": "s3", "url": f"s3://{bucket}/cold", "storage_options": moto_server.storage_options}
+def _tier(tmp_path: Path, server: S3Server, count: int) -> tuple[BlockingMessageStore, str]:
+    """A store whose queue seq/0 holds MESSAGES (~330-byte records: ~49 per GROUP-byte chunk
+    object, and 12 over the last whole chunk) tiered to a new bucket; the store is closed."""
+    bucket = create_bucket(server)
+    backend = {"name": "s3", "url": f"s3://{bucket}/cold", "storage_options": server.storage_options}
     cfg = cold_config(
-        tmp_path,
-        backend,
-        group_commit_size=16 * 1024,  # one chunk object per ~16 KiB commit
-        group_commit_count=10_000,
-        read_ahead_count=COUNT,
+        tmp_path, backend, group_commit_size=GROUP, group_commit_count=10_000, read_ahead_count=count
     )
     with BlockingMessageStore.open(cfg) as store:
         store.wait_ready()
         store.put_batch([Message("seq", _body(i), queue_id=0) for i in range(MESSAGES)])
         assert store.tier_now().committed == MESSAGES
-    chunks = [
-        key for key, size in list_objects(moto_server, bucket, "cold/") if "/COMMIT_LOG/" in key and size
-    ]
-    assert len(chunks) >= 5, chunks  # an open segment of several chunk objects
-    with BlockingMessageStore.open(cfg) as store:  # an empty read cache, as after a restart
+    return BlockingMessageStore.open(cfg), bucket
+
+
+def _chunks(server: S3Server, bucket: str) -> dict[str, int]:
+    return {
+        key: size for key, size in list_objects(server, bucket, "cold/") if "/COMMIT_LOG/" in key and size
+    }
+
+
+def test_tiering_a_backlog_leaves_no_sliver_chunk_object(tmp_path: Path, moto_server: S3Server) -> None:
+    store, bucket = _tier(tmp_path, moto_server, 4096)
+    store.close()
+    sizes = sorted(_chunks(moto_server, bucket).values())
+    assert len(sizes) >= 5, sizes  # an open segment of several chunk objects
+    # The 12 messages after the last whole chunk (~4 KB) went with it, not into a fifth object.
+    assert sizes[0] >= GROUP // 2, sizes
+    assert sizes[-1] <= GROUP + GROUP // 2, sizes
+
+
+# 64 records per batch: more than a chunk holds, so batches cut by count end inside the next
+# chunk; 42: fewer, so a batch ends inside its own chunk and leaves a few records of it behind.
+@pytest.mark.parametrize("count", [64, 42])
+def test_a_sequential_consume_reads_each_commitlog_object_once(
+    tmp_path: Path, moto_server: S3Server, count: int
+) -> None:
+    store, bucket = _tier(tmp_path, moto_server, count)
+    chunks = _chunks(moto_server, bucket)
+    with store:  # opened after tiering: an empty read cache, as after a restart
         store.wait_ready()
         calls = log_requests(store)
         bodies: list[bytes] = []
         offset = 0
         while offset < MESSAGES:
-            r = store.get("seq", 0, offset, COUNT, policy="FORCE")
+            r = store.get("seq", 0, offset, count, policy="FORCE")
             assert r.source == "cold"
             assert r.messages
             bodies += [m.body for m in r.messages]
@@ -60,4 +82,8 @@ def test_a_sequential_consume_reads_each_commitlog_object_once(tmp_path: Path, m
         assert bodies == [_body(i) for i in range(MESSAGES)]
     gets = collections.Counter(path for op, path in calls if op == "GetObject" and "/COMMIT_LOG/" in path)
     assert sorted(gets) == sorted(f"/{key}" for key in chunks)
+    first = f"/{min(chunks)}"
+    # The first get is not known to start a sequential read: it loads read_ahead_count records
+    # and nothing more, so when the first object holds more, its rest takes a second GET.
+    assert gets.pop(first) == (1 if count > 49 else 2)
     assert set(gets.values()) == {1}, gets

@@ -19,7 +19,7 @@ import contextlib
 import logging
 import random
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
 
     from tierd.config import TieredConfig
-    from tierd.local.store import HotStore
+    from tierd.local.store import HotStore, SourceUnits
     from tierd.tiered.flatmessage import CommittedBatch, FlatMessageFile
     from tierd.tiered.flatstore import FlatFileStore
 
@@ -43,6 +43,10 @@ RETRY_CAP = 30.0
 #: Commit a queue's consume queue at least every this many batches in one round (bounds the
 #: commitlog bytes held for the index hand-off until the consume queue makes them readable).
 CQ_COMMIT_EVERY = 8
+#: A queue's backlog left after a full batch joins that batch when it holds at most
+#: ``group_commit_size`` / this many bytes and ``group_commit_count`` / this many messages (one
+#: chunk object instead of a small extra one).
+SMALL_REST_SHARE = 2
 #: New queues named one by one in the log (beyond that, a count and the first few).
 NEW_QUEUES_LISTED = 8
 #: Failed queues named in a round's failure line (beyond that, a count).
@@ -386,7 +390,8 @@ class Dispatcher:
                 break
             # Cut at the size threshold, but always take at least one message.
             n = max(1, int(np.searchsorted(np.cumsum(sizes), self.cfg.group_commit_size, side="right")))
-            units = units.head(n)
+            if n < len(units):  # cut by size: the rest may be a sliver worth taking along
+                units = self._with_small_rest(key, units.head(n), backlog)
             sizes = units.sizes
             records = self.hot.source_records(units)
             starts = np.cumsum(sizes) - sizes
@@ -401,6 +406,31 @@ class Dispatcher:
             made = await self._commit(key, ff, full=True, result=result)
             committed += made or 0
         return committed
+
+    def _with_small_rest(self, key: tuple[str, int], units: SourceUnits, backlog: int) -> SourceUnits:
+        """The batch ``units`` (cut at ``group_commit_size``), extended by the rest of the
+        backlog when that rest is at most a :data:`SMALL_REST_SHARE` of ``group_commit_size``
+        and of ``group_commit_count``: on an object store every commit is one chunk PUT, and a
+        backlog a little over a multiple of the group size would otherwise end in a sliver
+        object of its own (256 MiB over 16 queues: a fifth PUT of ~1.3 MB per queue). Never
+        across damaged (quarantined) records: the hot store cuts the rest before them."""
+        rest = backlog - len(units)
+        limit = self.cfg.group_commit_size // SMALL_REST_SHARE
+        if (
+            rest <= 0
+            or rest > self.cfg.group_commit_count // SMALL_REST_SHARE
+            or rest * int(units.sizes.min()) > limit
+        ):
+            return units
+        more = self.hot.source_units(*key, units.offset + len(units), rest)
+        if more is None or more.lost or len(more) != rest or int(more.sizes.sum()) > limit:
+            return units
+        return replace(
+            units,
+            positions=np.concatenate([units.positions, more.positions]),
+            sizes=np.concatenate([units.sizes, more.sizes]),
+            tags_codes=np.concatenate([units.tags_codes, more.tags_codes]),
+        )
 
     async def _commit(
         self, key: tuple[str, int], ff: FlatMessageFile, *, full: bool, result: RoundResult

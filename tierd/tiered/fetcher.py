@@ -610,24 +610,45 @@ class ColdFetcher:
         return to_end if to_end <= size + size // TAIL_SHARE else min(size, to_end)
 
     def _align(
-        self, ff: FlatMessageFile, flat: npt.NDArray[np.int64], ends: npt.NDArray[np.int64], n: int
+        self,
+        ff: FlatMessageFile,
+        flat: npt.NDArray[np.int64],
+        ends: npt.NDArray[np.int64],
+        n: int,
+        limit: int,
     ) -> int:
-        """Records of a batch of at most ``n`` (``ends``: their ends relative to ``flat[0]``)
-        that end at the last stored-object boundary inside it, if there is one (else ``n``).
+        """Records of a batch of at most ``n`` (``ends``: their ends relative to ``flat[0]``;
+        ``limit``: the bytes a batch may span), fitted to the stored objects: cut at the last
+        object boundary inside the batch if there is one; else, when the batch lies inside one
+        object whose rest holds at most half as many records again (and fits ``limit``),
+        stretched to that object's end.
 
         An object store holds an open segment as chunk objects (one per commit, ~4 MiB); a
         batch of ``read_ahead_count`` records rarely matches one, so without this every batch
         of a sequential read takes the tail of one chunk and the head of the next — two ranged
-        GETs per batch, twice the requests of reading the objects. Cut at the boundary, the
-        batch after it starts where an object does, and each object is read with one request
-        (the batch is then somewhat smaller than ``read_ahead_count``; the read-ahead keeps the
-        next one coming)."""
+        GETs per batch, twice the requests of reading the objects. Fitted, each batch starts
+        where an object does and each object is read with one request."""
         start = int(flat[0])
         bounds = ff.commitlog.object_bounds(start, start + int(ends[n - 1]))
-        if not bounds:
+        if bounds:
+            k = int(np.searchsorted(ends[:n], bounds[-1] - start, side="right"))
+            return k if k >= 1 else n
+        m = min(len(ends), n + n // 2)
+        if m <= n:
             return n
-        k = int(np.searchsorted(ends[:n], bounds[-1] - start, side="right"))
-        return k if k >= 1 else n
+        seg_end = ff.commitlog.segment_end(start)
+        later = ff.commitlog.object_bounds(start + int(ends[n - 1]), start + int(ends[m - 1]) + 1)
+        if later:
+            end = later[0] - start
+        elif start + int(ends[m - 1]) == seg_end and ff.commitlog.object_bounds(
+            ff.commitlog.segment_start(start), seg_end
+        ):
+            end = seg_end - start  # the last object of a segment stored as several
+        else:
+            return n
+        k = int(np.searchsorted(ends[:m], end, side="right"))
+        fits = k > n and int(ends[k - 1]) == end and end <= limit
+        return k if fits and bool(np.all(np.diff(ends[n - 1 : k]) > 0)) else n  # never over a hole
 
     def _unit_span(self, ff: FlatMessageFile, first: int, count: int, stop: int) -> int:
         """Units a consume-queue read from ``first`` takes: ``count``, stretched to the end of
@@ -667,7 +688,10 @@ class ColdFetcher:
         cached = self.units.take(key, offset)
         flats, sizes, codes = ([cached[0]], [cached[1]], [cached[2]]) if cached is not None else ([], [], [])
         have = len(cached[0]) if cached is not None else 0
-        while have < want and offset + have < ff.max_offset:
+        # A sequential load reads half a batch more when it can: enough to see where the stored
+        # object its batch ends in ends (see _align).
+        enough = want + want // 2 if ahead else want
+        while have < enough and offset + have < ff.max_offset:
             if have and int(flats[-1][-1] + sizes[-1][-1] - flats[0][0]) >= self._limit(ff, flats[0]):
                 break  # they cover a whole batch
             nxt = offset + have
@@ -706,7 +730,7 @@ class ColdFetcher:
         n = min(self.cfg.read_ahead_count, max(1, int(np.searchsorted(ends, limit, side="right"))))
         if not sizes[:n].all():
             n = int(np.argmin(sizes[:n] != 0))  # the batch ends before a hole
-        n = self._align(ff, flat, ends, n)
+        n = self._align(ff, flat, ends, n, limit)
         if n < len(flat):  # units read beyond this batch serve the next one (no second CQ read)
             self.units.put(key, offset + n, (flat[n:], sizes[n:], codes[n:]))
         return await self._fetch(ff, offset, (flat[:n], sizes[:n], codes[:n]))

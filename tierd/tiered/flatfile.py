@@ -360,6 +360,10 @@ class FlatAppendFile:
         seg = self.segments[self._segment_index(offset)]
         return seg.base_offset + seg.commit_position
 
+    def segment_start(self, offset: int) -> int:
+        """Base offset of the segment holding ``offset``."""
+        return self.segments[self._segment_index(offset)].base_offset
+
     def object_bounds(self, offset: int, end: int) -> list[int]:
         """Offsets strictly inside ``[offset, end)`` of the segment holding ``offset`` where its
         stored objects meet (a hint from the driver's cache, no I/O): readers cut batches there
