@@ -379,8 +379,9 @@ class SegmentDriver(ABC):
 
     Ten members: eight abstract coroutines (:meth:`size`, :meth:`exists`, :meth:`create`,
     :meth:`delete`, :meth:`read`, :meth:`write`, :meth:`seal`, :meth:`is_sealed`) and two
-    capability flags (:attr:`supports_append`, :attr:`needs_seal`). Everything else (buffering,
-    retries, offsets) belongs to :class:`FileSegment`.
+    capability flags (:attr:`supports_append`, :attr:`needs_seal`) — plus one optional hint with a
+    default, :meth:`object_bounds`. Everything else (buffering, retries, offsets) belongs to
+    :class:`FileSegment`.
 
     **Model.** A segment is a byte string that only grows at its end, plus a *sealed* bit. Bytes
     once written never change; sealing freezes the length. A segment that does not exist is
