@@ -59,8 +59,9 @@ class SegmentRecord(JsonDocument):
     max_store_timestamp: int | None = None
     #: Queue offset of the segment's first message (None: not known, or the segment is empty).
     first_queue_offset: int | None = None
-    #: CRC32C (8 hex digits) of a sealed segment's content.
-    crc32c: str | None = None
+    crc32c: str | None = Field(
+        default=None, description="CRC32C (8 hex digits) of a sealed segment's content."
+    )
 
     def record_fields(self) -> dict[str, Any]:
         """The :class:`SegmentRecord` fields of this record (to build another kind from it)."""
