@@ -36,6 +36,7 @@ SPARK_FORBIDDEN = FACADE | {
     "tierd.tiered.fetcher",
     "tierd.tiered.flatstore",
     "tierd.tiered.index.service",
+    "tierd.tiered.manifestwriter",
     "tierd.tiered.metadata",
     "tierd.tiered.ownership",
     "tierd.tiered.restore",
@@ -46,19 +47,11 @@ CLI_COLD_ALLOWED = {"tierd.tiered.roots", "tierd.tiered.guard", *CONTRACT}
 
 # Known violations: (importer, imported) → the issue item that removes the edge.
 ALLOWED: dict[tuple[str, str], str] = {}
-# Edges a Spark job follows today without needing what they lead to: manifest.py holds both the
-# bucket manifest's reader (Spark) and its writer (the daemon's FlatFileStore), and its pydantic
-# models share their base with the local metadata models.
-SPARK_ALLOWED = {
-    ("tierd.tiered.manifest", "tierd.tiered.flatstore"): "issue 18 item 4 (rooms with one concept)",
-    ("tierd.tiered.manifest", "tierd.tiered.metadata"): "issue 18 item 3 (one segment record)",
-}
+# Edges a Spark job follows without needing what they lead to (none left: the bucket manifests'
+# reader, tierd.tiered.manifest, is apart from their writer, tierd.tiered.manifestwriter).
+SPARK_ALLOWED: dict[tuple[str, str], str] = {}
 # Private names imported from another module: (importer, "module.name") → the item that removes it.
-PRIVATE_ALLOWED = {
-    ("tierd.tiered.manifest", "tierd.tiered.metadata._Model"): "issue 18 item 3 (one segment record)",
-    ("tierd.tiered.ownership", "tierd.tiered.metadata._Model"): "issue 18 item 3 (one segment record)",
-    ("tierd.verify", "tierd.tiered.flatstore._segment_info"): "issue 18 item 3 (one segment record)",
-}
+PRIVATE_ALLOWED: dict[tuple[str, str], str] = {}
 
 
 def _module_name(path: Path) -> str:

@@ -2,7 +2,9 @@
 
 Two sources give the same rows: a live store (its in-memory flat files — always current) and a
 bucket alone (its manifests — what ``tierd segments ls --backend-url`` and a fresh machine see).
-Both go through the manifest models, so an operator comparing the two compares like with like.
+Both go through the manifest models, so an operator comparing the two compares like with like;
+a row is the manifest's segment record (:class:`~tierd.tiered.records.ManifestSegment`, same
+field names) plus where it lives.
 """
 
 from __future__ import annotations
@@ -10,18 +12,20 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, Literal, get_args
 
+from pydantic import ConfigDict, Field
+
 from tierd.drivers.paths import index_segment_path, segment_path
 from tierd.drivers.segment import FileType
 from tierd.errors import CorruptionError, InvalidArgumentError, NotFoundError, SegmentNotFoundError
 from tierd.tiered.manifest import (
     BrokerManifest,
     IndexManifest,
-    ManifestSegment,
-    build_queue_manifest,
     index_manifest_path,
     read_broker_manifest,
     read_queue_manifest,
 )
+from tierd.tiered.manifestwriter import build_queue_manifest
+from tierd.tiered.records import ManifestSegment, SegmentRecord
 
 if TYPE_CHECKING:
     from tierd.drivers.segment import DriverRoot
@@ -56,27 +60,47 @@ class QueueInfo:
         return asdict(self)
 
 
-@dataclass(frozen=True, slots=True)
-class SegmentRow:
-    """One cold segment (commitlog, consume queue or index)."""
+def _same(name: str) -> str:
+    return name
 
-    topic: str | None
+
+class SegmentRow(ManifestSegment):
+    """One cold segment (commitlog, consume queue or index): its manifest record plus where it
+    lives. Keys are the field names (snake_case) — it is the shape of the CLI's and the HTTP
+    API's output, not a document on disk."""
+
+    model_config = ConfigDict(alias_generator=_same)
+
+    topic: str | None = Field(description="None for INDEX segments (they mix topics).")
     queue_id: int | None
-    type: str
-    base_offset: int
-    size: int
-    sealed: bool
-    message_count: int
-    first_queue_offset: int | None
-    last_queue_offset: int | None
-    min_store_timestamp: int | None
-    max_store_timestamp: int | None
-    crc32c: str | None
-    #: Path of the segment relative to the backend root.
-    path: str
+    path: str = Field(description="Path relative to the backend root.")
+
+    @classmethod
+    def at(cls, segment: ManifestSegment, topic: str | None, queue_id: int | None, path: str) -> SegmentRow:
+        """The row of a manifest's ``segment`` of ``topic``/``queue_id``, stored at ``path``."""
+        return cls(**segment.model_dump(), topic=topic, queue_id=queue_id, path=path)
 
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """The row as the CLI prints it (``--json``), in :data:`SEGMENT_COLUMNS` order."""
+        return {name: getattr(self, name) for name in SEGMENT_COLUMNS}
+
+
+#: The fields of a :class:`SegmentRow` in the order ``tierd segments ls --json`` prints them.
+SEGMENT_COLUMNS = (
+    "topic",
+    "queue_id",
+    "type",
+    "base_offset",
+    "size",
+    "sealed",
+    "message_count",
+    "first_queue_offset",
+    "last_queue_offset",
+    "min_store_timestamp",
+    "max_store_timestamp",
+    "crc32c",
+    "path",
+)
 
 
 def check_kind(kind: str | None) -> SegmentKind | None:
@@ -125,26 +149,8 @@ def _rows(
         if kind is not None and s.type != kind:
             continue
         path = segment_path("", cluster, broker, topic, queue_id, _FILE_TYPE[s.type], s.base_offset)
-        out.append(_row(s, topic, queue_id, path.lstrip("/")))
+        out.append(SegmentRow.at(s, topic, queue_id, path.lstrip("/")))
     return out
-
-
-def _row(s: ManifestSegment, topic: str | None, queue_id: int | None, path: str) -> SegmentRow:
-    return SegmentRow(
-        topic=topic,
-        queue_id=queue_id,
-        type=s.type,
-        base_offset=s.base_offset,
-        size=s.size,
-        sealed=s.sealed,
-        message_count=s.message_count,
-        first_queue_offset=s.first_queue_offset,
-        last_queue_offset=s.last_queue_offset,
-        min_store_timestamp=s.min_store_timestamp,
-        max_store_timestamp=s.max_store_timestamp,
-        crc32c=s.crc32c,
-        path=path,
-    )
 
 
 async def live_segments(
@@ -164,25 +170,26 @@ async def live_segments(
         m = await build_queue_manifest(ff, cfg.cluster, cfg.broker)
         rows += _rows(m.segments, cfg.cluster, cfg.broker, t, q, kind)
     if topic is None and queue_id is None and kind in (None, "INDEX"):
-        for info in tiering.index.uploaded_infos():
-            rows.append(
-                _index_row(
-                    cfg.cluster,
-                    cfg.broker,
-                    info.base_offset,
-                    info.size,
-                    info.min_timestamp,
-                    info.max_timestamp,
-                )
-            )
+        rows += [_index_row(cfg.cluster, cfg.broker, info) for info in tiering.index.uploaded_infos()]
     return rows
 
 
-def _index_row(
-    cluster: str, broker: str, base: int, size: int, tmin: int | None, tmax: int | None
-) -> SegmentRow:
-    path = index_segment_path("", cluster, broker, base).lstrip("/")
-    return SegmentRow(None, None, "INDEX", base, size, True, 0, None, None, tmin, tmax, None, path)
+def _index_row(cluster: str, broker: str, s: SegmentRecord) -> SegmentRow:
+    """An INDEX segment's row, listed as it always was: sealed, without message count, queue
+    offsets or checksum."""
+    path = index_segment_path("", cluster, broker, s.base_offset).lstrip("/")
+    return SegmentRow(
+        type="INDEX",
+        base_offset=s.base_offset,
+        size=s.size,
+        sealed=True,
+        min_store_timestamp=s.min_store_timestamp,
+        max_store_timestamp=s.max_store_timestamp,
+        message_count=0,
+        topic=None,
+        queue_id=None,
+        path=path,
+    )
 
 
 async def bucket_segments(
@@ -209,10 +216,7 @@ async def bucket_segments(
                 qm = await read_queue_manifest(root, cluster, broker, entry.name, q)
                 rows += _rows(qm.segments, cluster, broker, entry.name, q, kind)
     if topic is None and queue_id is None and kind in (None, "INDEX"):
-        rows += [
-            _index_row(cluster, broker, s.base_offset, s.size, s.min_store_timestamp, s.max_store_timestamp)
-            for s in await _index_segments(root, cluster, broker, bm)
-        ]
+        rows += [_index_row(cluster, broker, s) for s in await _index_segments(root, cluster, broker, bm)]
     return rows
 
 

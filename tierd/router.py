@@ -262,19 +262,22 @@ class TierRouter:
     def max_offset(self, topic: str, queue_id: int) -> int:
         return self.bounds(topic, queue_id)[2]
 
-    async def store_time(self, topic: str, queue_id: int, offset: int) -> int:
-        """Store timestamp of the message at ``offset`` from whichever tier has it (-1: none)."""
+    async def store_time(self, topic: str, queue_id: int, offset: int) -> int | None:
+        """Store timestamp of the message at ``offset`` from whichever tier has it (None: none)."""
         ts = self.hot.store_timestamp(topic, queue_id, offset)
         if ts is not None:
             return ts
         ff = self.cold_file(topic, queue_id)
         if ff is None or not ff.min_offset <= offset < ff.max_offset:
-            return -1
+            return None
         return (await self.fetcher.read(ff, offset, 1))[0].store_timestamp
 
     async def earliest_time(self, topic: str, queue_id: int) -> int:
+        """Store timestamp of the first readable message; -1 when there is none (RocketMQ's
+        ``getEarliestMessageTime``, and the HTTP API's documented value)."""
         await self._caught_up((topic, queue_id))
-        return await self.store_time(topic, queue_id, self.bounds(topic, queue_id, readable=True)[1])
+        ts = await self.store_time(topic, queue_id, self.bounds(topic, queue_id, readable=True)[1])
+        return -1 if ts is None else ts
 
     async def offset_for_time(self, topic: str, queue_id: int, timestamp: int, upper: bool) -> int:
         """Binary search over the merged range (cold part through cached batches)."""
@@ -283,7 +286,8 @@ class TierRouter:
         first, last = lo, hi
         while lo < hi:
             mid = (lo + hi) // 2
-            if await self.store_time(topic, queue_id, mid) < timestamp:
+            stored = await self.store_time(topic, queue_id, mid)
+            if stored is None or stored < timestamp:  # unknown (lost): as the oldest possible
                 lo = mid + 1
             else:
                 hi = mid

@@ -52,20 +52,17 @@ from tierd.offsets import bucket_path as offsets_path
 from tierd.offsets import write_atomically
 from tierd.tiered.flatfile import stored_crc32c
 from tierd.tiered.flatmessage import FlatMessageFile
-from tierd.tiered.flatstore import FlatFileStore, _segment_info
+from tierd.tiered.flatstore import FlatFileStore
 from tierd.tiered.guard import GuardedRoot
 from tierd.tiered.manifest import (
     MANIFEST_NAME,
-    ManifestSegment,
-    ManifestWriter,
     broker_manifest_path,
-    build_broker_manifest,
-    build_queue_manifest,
     index_manifest_path,
     queue_manifest_path,
     read_broker_manifest,
     read_queue_manifest,
 )
+from tierd.tiered.manifestwriter import ManifestWriter, build_broker_manifest, build_queue_manifest
 from tierd.tiered.metadata import MetadataStore, TieredMetadata
 from tierd.tiered.ownership import OWNER_DIR, Ownership, current_owner, prefix_url, store_id
 from tierd.tiered.roots import open_driver_factory
@@ -76,6 +73,7 @@ if TYPE_CHECKING:
     from tierd.local.commitlog import CommitLog
     from tierd.local.quarantine import Quarantine
     from tierd.tiered.flatfile import FlatAppendFile
+    from tierd.tiered.records import ManifestSegment
     from tierd.tiered.service import TieringService
 
 log = logging.getLogger(__name__)
@@ -353,12 +351,15 @@ async def _load_view(cfg: TierdConfig, root: DriverRoot, report: VerifyReport) -
         view.usable = False
         return view
     flat.topics = {t.name: t for t in meta.topics}
-    flat.loaded_index = [_segment_info(s) for s in meta.index]
+    flat.loaded_index = list(meta.index)
     for q in meta.queues:
+        if not q.commitlog or not q.consumequeue:
+            report.add("metadata", f"{q.topic}/{q.queue_id}", "listed without segments")
+            continue
         ff = FlatMessageFile(root, cfg.tiered, q.topic, q.queue_id)
         try:
-            await ff.commitlog.load([_segment_info(s) for s in q.commitlog])
-            await ff.consumequeue.load([_segment_info(s) for s in q.consumequeue])
+            await ff.commitlog.load(list(q.commitlog))
+            await ff.consumequeue.load(list(q.consumequeue))
         except TierdError as e:
             report.add("cold-segment", f"{q.topic}/{q.queue_id}", f"cannot be loaded from the backend: {e}")
             continue

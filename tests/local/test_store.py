@@ -231,6 +231,18 @@ def test_offset_for_time_table(store: BlockingMessageStore) -> None:
         store.offset_for_time("time", 0, 5, "middle")
 
 
+def test_the_store_time_of_a_message_the_hot_store_lacks_is_none(store: BlockingMessageStore) -> None:
+    store.put(Message(topic="time", body=b"x", queue_id=0))
+    hot = store.hot
+    first = hot.earliest_time("time", 0)  # waits until the message is dispatched (visible)
+    assert first is not None
+    assert hot.store_timestamp("time", 0, 0) == first > 0
+    assert hot.store_timestamp("time", 0, 1) is None  # not written yet
+    assert hot.store_timestamp("time", 1, 0) is None  # no such queue
+    assert hot.earliest_time("nothing", 0) is None
+    assert store.earliest_time("time", 1) == -1  # the facade keeps RocketMQ's -1 for "none"
+
+
 # ----------------------------------------------------------------------------- key index
 def test_query_returns_only_true_matches_despite_hash_collisions(tmp_path: Path) -> None:
     # 4 slots: every key collides with many others.

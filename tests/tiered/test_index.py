@@ -30,7 +30,6 @@ from hypothesis import strategies as st
 from tierd.drivers.memory import MemoryRoot, StoredSegment, drop_namespace, namespace
 from tierd.drivers.paths import segment_name
 from tierd.drivers.posix import PosixRoot
-from tierd.drivers.segment import FileType
 from tierd.errors import CorruptionError, StoreClosedError
 from tierd.local.codec import (
     MAGIC_V2,
@@ -58,7 +57,7 @@ if TYPE_CHECKING:
     from collections.abc import Coroutine, Iterator
 
     from tierd.drivers.segment import DriverRoot
-    from tierd.tiered.flatfile import SegmentInfo
+    from tierd.tiered.records import LocalSegment
 
 T = TypeVar("T")
 HEADER = struct.Struct(">Iqqii")
@@ -82,7 +81,7 @@ class Meta:
     """What the owner persists through on_change: the uploaded infos, and a call count."""
 
     def __init__(self) -> None:
-        self.infos: list[SegmentInfo] = []
+        self.infos: list[LocalSegment] = []
         self.calls = 0
         self.fail_next = 0
         self.svc: ColdIndexService | None = None
@@ -343,9 +342,9 @@ def test_compacted_golden_bytes_direct_and_uploaded(tmp_path: Path, backend: Dri
         assert await stored(backend, path) == (golden_compacted(), True)
         assert not local_path(tmp_path, T0).exists()
         [info] = meta.infos
-        assert info.file_type is FileType.INDEX
+        assert info.type == "INDEX"
         assert (info.base_offset, info.size, info.sealed) == (T0, len(golden_compacted()), True)
-        assert (info.min_timestamp, info.max_timestamp) == (T0 - 3_000, T0 + 61_999)
+        assert (info.min_store_timestamp, info.max_store_timestamp) == (T0 - 3_000, T0 + 61_999)
         assert info.crc32c is not None
         await svc.close()
 

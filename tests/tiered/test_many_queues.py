@@ -21,12 +21,13 @@ import pytest
 from tierd import BlockingMessageStore, Message, ReadPolicy
 from tierd.tiered.dispatcher import Dispatcher, RoundResult
 from tierd.tiered.flatfile import FlatAppendFile
-from tierd.tiered.manifest import LEDGER_NAME, read_broker_manifest
+from tierd.tiered.manifest import read_broker_manifest
+from tierd.tiered.manifestwriter import LEDGER_NAME
 
 from .conftest import cold_config, run
 
 if TYPE_CHECKING:
-    from tierd.tiered.flatfile import SegmentInfo
+    from tierd.tiered.records import LocalSegment
 
 REPO = Path(__file__).resolve().parents[2]
 #: Queues of the descriptor-limit test: 1,400 descriptors before the fix (one per file, one per
@@ -179,7 +180,7 @@ def test_loading_reconciles_queues_concurrently(tmp_path: Path, monkeypatch: pyt
     in_flight: list[int] = [0, 0]  # now, peak
     real = FlatAppendFile.load
 
-    async def load(self: FlatAppendFile, infos: list[SegmentInfo]) -> None:
+    async def load(self: FlatAppendFile, infos: list[LocalSegment]) -> None:
         in_flight[0] += 1
         in_flight[1] = max(in_flight[1], in_flight[0])
         try:

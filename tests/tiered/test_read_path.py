@@ -166,7 +166,8 @@ def test_cold_read_error_falls_back_to_hot_or_reports_found_null(tmp_path: Path)
         assert ff is not None
         seg = ff.commitlog.segments[-1]
         _corrupt_on_disk(store, seg.path, 200)
-        first_in_last = ff.commitlog.first_item[seg.base_offset]
+        first_in_last = ff.commitlog.first_queue_offset(seg.base_offset)
+        assert first_in_last is not None
         r = store.get("h", 0, first_in_last, 1, policy="FORCE")  # hot still has it
         assert (r.status, r.source, r.messages[0].body) == (GetStatus.FOUND, "hot", _body(first_in_last))
         assert store.router.fallbacks == 1

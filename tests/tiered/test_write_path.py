@@ -9,6 +9,7 @@ import asyncio
 import functools
 import json
 import os
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -210,7 +211,9 @@ def test_corrupt_metadata_falls_back_to_backup(tmp_path: Path, caplog: pytest.Lo
         store.put_batch([Message(topic="m", body=b"1", queue_id=0)] * 3)
         store.tier_now()
     path = Path(cfg.store.dir) / "config" / "tieredStoreMetadata.json"
-    assert json.loads(path.read_text())["format-version"] == 1
+    assert (
+        json.loads(path.read_text())["format-version"] == 2
+    )  # version 2: one segment record (docs/formats.md §2.7)
     assert (path.parent / "tieredStoreMetadata.json.bak").exists()
     path.write_text("{ not json")
     with BlockingMessageStore.open(cfg) as store:
@@ -358,7 +361,7 @@ def test_an_old_commitlog_segment_is_rolled_and_sealed_once_big_enough(tmp_path:
         (first,) = put_and_tier(2)
         ff = store.tiering.flat.get("r", 0)
         assert ff is not None
-        ff.commitlog._created[first.base_offset] -= 3_600_000  # an hour old, ~2 kB: too small
+        ff.commitlog._state[first.base_offset].create_timestamp -= 3_600_000  # an hour old, ~2 kB: too small
         assert len(put_and_tier(1)) == 1
         rolled, new = put_and_tier(1)  # now over 3,000 bytes and old: rolled before the append
         assert rolled.sealed
@@ -367,3 +370,35 @@ def test_an_old_commitlog_segment_is_rolled_and_sealed_once_big_enough(tmp_path:
         assert new.base_offset == rolled.base_offset + rolled.size
         assert len(put_and_tier(3)) == 2  # the new segment is young: no roll
         assert [decode_record(raw).body for _, raw in cold_records(store, "r", 0)] == [b"b" * 1000] * 7
+
+
+def test_a_segment_rolled_by_age_keeps_the_timestamps_of_its_own_records(tmp_path: Path) -> None:
+    """A batch arriving at a segment old enough to roll goes into the new segment, and so does its
+    newest store timestamp: the rolled segment's range stays that of its own records (a reader
+    of the manifests prunes segments by it — Spark's time filters)."""
+    cfg = cold_config(tmp_path, rolling_interval=1.0, rolling_min_size=1)
+    with BlockingMessageStore.open(cfg) as store:
+        store.wait_ready(60)
+        assert store.tiering is not None
+        store.put(Message(topic="r", body=b"old", queue_id=0))
+        store.tier_now()
+        ff = store.tiering.flat.get("r", 0)
+        assert ff is not None
+        ff.commitlog._state[0].create_timestamp -= 3_600_000  # an hour old: the next append rolls
+        [(_, raw)] = cold_records(store, "r", 0)
+        deadline = time.monotonic() + 5
+        while time.time() * 1000 <= decode_record(raw).store_timestamp + 1:  # newer records: a later ms
+            assert time.monotonic() < deadline
+        store.put_batch([Message(topic="r", body=b"new", queue_id=0)] * 3)
+        store.tier_now()
+        records = [decode_record(raw) for _, raw in cold_records(store, "r", 0)]
+        infos = ff.commitlog.infos()
+        assert len(infos) == 2
+        for info in infos:
+            mine = [
+                r.store_timestamp
+                for r in records
+                if info.base_offset <= r.commitlog_offset < info.base_offset + info.size
+            ]
+            assert mine
+            assert (info.min_store_timestamp, info.max_store_timestamp) == (min(mine), max(mine)), info

@@ -663,12 +663,6 @@ class HotStore:
             "hot commitlog offset %d: %s; reads stop before it (`tierd verify` lists damage)", phys, what
         )
 
-    def store_time(self, topic: str, queue_id: int, offset: int) -> int:
-        """Store timestamp of the message at ``offset`` (-1 when the hot store lacks it or it was
-        lost to damage)."""
-        ts = self.store_timestamp(topic, queue_id, offset)
-        return -1 if ts is None else ts
-
     # ------------------------------------------------------------------ tiering source
     # What the layers above (the tiering dispatcher, the read router, the facade) may ask of
     # the hot store besides reads and writes: every call here answers from what is dispatched
@@ -754,9 +748,10 @@ class HotStore:
         """The commitlog's write position: where the next record goes."""
         return self.commitlog.max_offset
 
-    def earliest_time(self, topic: str, queue_id: int) -> int:
+    def earliest_time(self, topic: str, queue_id: int) -> int | None:
+        """Store timestamp of the queue's first readable message (None: none)."""
         cq = self._visible_queue(topic, queue_id)
-        return self.store_time(topic, queue_id, cq.min_offset) if cq else -1
+        return self.store_timestamp(topic, queue_id, cq.min_offset) if cq else None
 
     def offset_for_time(
         self, topic: str, queue_id: int, timestamp: int, boundary: Literal["lower", "upper"] = "lower"
@@ -770,12 +765,16 @@ class HotStore:
         lo, hi = cq.min_offset, cq.max_offset
         while lo < hi:
             mid = (lo + hi) // 2
-            if self.store_time(topic, queue_id, mid) < timestamp:
+            if _before(self.store_timestamp(topic, queue_id, mid), timestamp):
                 lo = mid + 1
             else:
                 hi = mid
-        if boundary == "upper" and lo < cq.max_offset and self.store_time(topic, queue_id, lo) == timestamp:
-            while lo + 1 < cq.max_offset and self.store_time(topic, queue_id, lo + 1) == timestamp:
+        if (
+            boundary == "upper"
+            and lo < cq.max_offset
+            and self.store_timestamp(topic, queue_id, lo) == timestamp
+        ):
+            while lo + 1 < cq.max_offset and self.store_timestamp(topic, queue_id, lo + 1) == timestamp:
                 lo += 1
         return lo
 
@@ -913,6 +912,12 @@ class HotStore:
         messages are readable (long polling wakes on it). It runs on the dispatch thread: it
         must be quick and must not block."""
         self.reput.listener = listener
+
+
+def _before(stored: int | None, timestamp: int) -> bool:
+    """Whether a message stored at ``stored`` (None: unknown — lost to damage) sorts before
+    ``timestamp`` in a search by time; unknown ones do, as the oldest possible."""
+    return stored is None or stored < timestamp
 
 
 def queue_file_bound(setting: int) -> int:

@@ -18,12 +18,13 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
 
+from tierd.inventory import SegmentRow
 from tierd.message import GetStatus, Message
 from tierd.store import MAX_GET_COUNT
 
 if TYPE_CHECKING:
     from tierd.groups import GroupInfo
-    from tierd.inventory import QueueInfo, SegmentRow
+    from tierd.inventory import QueueInfo
     from tierd.message import GetResult, MessageExt, PutResult
     from tierd.store import TierReport
 
@@ -226,26 +227,13 @@ class QueuesOut(_Model):
     queues: list[QueueOut]
 
 
-class SegmentOut(_Model):
-    """One cold segment (commitlog, consume queue or index)."""
-
-    topic: str | None = Field(description="None for INDEX segments (they mix topics).")
-    queue_id: int | None
-    type: Literal["COMMIT_LOG", "CONSUME_QUEUE", "INDEX"]
-    base_offset: int
-    size: int
-    sealed: bool
-    message_count: int
-    first_queue_offset: int | None
-    last_queue_offset: int | None
-    min_store_timestamp: int | None
-    max_store_timestamp: int | None
-    crc32c: str | None = Field(description="CRC32C (hex) of a sealed segment.")
-    path: str = Field(description="Path relative to the backend root.")
+class SegmentOut(SegmentRow):
+    """One cold segment (commitlog, consume queue or index): the inventory's row, which is the
+    bucket manifest's segment record plus its location."""
 
     @classmethod
     def of(cls, s: SegmentRow) -> SegmentOut:
-        return cls(**s.as_dict())
+        return cls(**s.model_dump())
 
 
 class SegmentsOut(_Model):

@@ -438,7 +438,7 @@ class Dispatcher:
         """Commit ``ff`` (``full``: commitlog and consume queue; else the commitlog only).
         Returns the messages that became readable, or None after a failure (retry scheduled,
         failure recorded in ``result``)."""
-        pending = ff.commitlog.segments[-1].append_position - ff.commitlog.segments[-1].commit_position
+        pending = ff.pending_bytes
         if self._limiter is not None and pending > 0:
             await self._limiter.acquire(pending)
         try:

@@ -18,12 +18,14 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Any
 
 import google_crc32c
 
 from tierd.drivers import paths
 from tierd.drivers.segment import AppendResult, DriverRoot, FileSegment, FileType
 from tierd.errors import CorruptionError, SegmentNotFoundError, SegmentReadError
+from tierd.tiered.records import LocalSegment, local_segment_data
 
 log = logging.getLogger(__name__)
 #: Bytes read per request when a segment's checksum is computed from the backend.
@@ -34,22 +36,22 @@ CRC_PIECE = 16 * 1024 * 1024
 ChangeHook = Callable[["FlatAppendFile"], Awaitable[None]]
 
 
-@dataclass(frozen=True, slots=True)
-class SegmentInfo:
-    """What metadata and manifests record of one segment."""
+@dataclass(slots=True)
+class _SegmentState:
+    """What a flat file tracks of one of its segments beside the segment itself (size and
+    store-timestamp range live on the :class:`FileSegment`); spelled as the record it becomes
+    (:class:`~tierd.tiered.records.LocalSegment`)."""
 
-    file_type: FileType
-    base_offset: int
-    size: int
-    sealed: bool
-    min_timestamp: int | None
-    max_timestamp: int | None
-    created: int
-    sealed_at: int | None
+    #: When the segment was created (ms; 0: not known — restored — so never rolled by age).
+    create_timestamp: int
+    seal_timestamp: int | None = None
     #: Queue offset of the segment's first item (commitlog: first record; consume queue: base / 20).
-    first_item: int | None = None
+    first_queue_offset: int | None = None
     #: CRC32C (hex) of a sealed segment's content.
     crc32c: str | None = None
+    #: Running CRC32C of everything appended in this process (None: unknown, e.g. after a
+    #: restart — then computed by reading the segment back at seal time).
+    running_crc: int | None = None
 
 
 async def ignore_change(_: FlatAppendFile) -> None:
@@ -83,13 +85,8 @@ class FlatAppendFile:
         self.roll_after_ms = roll_after_ms
         self.roll_min_size = roll_min_size
         self.segments: list[FileSegment] = []
-        self._created: dict[int, int] = {}
-        self._sealed_at: dict[int, int] = {}
-        self.first_item: dict[int, int] = {}
-        self.crc32c: dict[int, str] = {}
-        #: Running CRC32C of everything appended to a segment in this process (None: unknown,
-        #: e.g. after a restart — then computed by reading the segment back at seal time).
-        self._running_crc: dict[int, int | None] = {}
+        #: Per segment (by base offset): what the file tracks of it beside the segment itself.
+        self._state: dict[int, _SegmentState] = {}
         #: Sealed-but-not-yet-composed segments (a failed seal is retried, never blocks appends).
         self.unsealed_full: list[FileSegment] = []
 
@@ -103,8 +100,8 @@ class FlatAppendFile:
         seg = FileSegment(
             self.root.driver(self.path_of(base_offset)), self.file_type, base_offset, max_size=self.max_size
         )
-        self._created.setdefault(base_offset, int(time.time() * 1000))
-        self._running_crc[base_offset] = 0 if fresh else None
+        state = self._state.setdefault(base_offset, _SegmentState(int(time.time() * 1000)))
+        state.running_crc = 0 if fresh else None
         return seg
 
     # ------------------------------------------------------------------ state
@@ -112,18 +109,26 @@ class FlatAppendFile:
     def empty(self) -> bool:
         return not self.segments
 
+    def _first_segment(self) -> FileSegment:
+        """The first segment; a file without segments has no offsets (it exists only between
+        construction and :meth:`init_offset` / :meth:`load`, or after :meth:`destroy`)."""
+        if not self.segments:
+            raise CorruptionError(f"{self.path_of(0)}: flat file has no segments (not initialised)")
+        return self.segments[0]
+
     @property
     def min_offset(self) -> int:
-        return self.segments[0].base_offset if self.segments else -1
+        return self._first_segment().base_offset
 
     @property
     def commit_offset(self) -> int:
         """End of the committed prefix: the first segment still holding uncommitted bytes bounds
         it (a rolled segment may still be waiting for its commit)."""
+        self._first_segment()
         for seg in self._open_tail():
             if seg.needs_commit:
                 return seg.commit_offset
-        return self.segments[-1].commit_offset if self.segments else -1
+        return self.segments[-1].commit_offset
 
     def _open_tail(self) -> list[FileSegment]:
         """The trailing segments not closed yet: the last one plus any rolled segment whose bytes
@@ -135,33 +140,68 @@ class FlatAppendFile:
 
     @property
     def append_offset(self) -> int:
-        return self.segments[-1].append_offset if self.segments else -1
+        self._first_segment()
+        return self.segments[-1].append_offset
 
     @property
     def needs_commit(self) -> bool:
         return any(s.needs_commit for s in self._open_tail())
 
     @property
+    def pending_bytes(self) -> int:
+        """Bytes appended to the last segment and not committed yet (what the next commit of
+        it uploads)."""
+        if not self.segments:
+            return 0
+        last = self.segments[-1]
+        return last.append_position - last.commit_position
+
+    @property
     def sealed_count(self) -> int:
         """Live segments that are sealed (cheaper than counting :meth:`infos`)."""
-        return sum(s.base_offset in self._sealed_at for s in self.segments)
+        return sum(self._sealed(s) for s in self.segments)
 
-    def infos(self) -> list[SegmentInfo]:
-        return [
-            SegmentInfo(
-                self.file_type,
-                s.base_offset,
-                s.commit_position,
-                s.base_offset in self._sealed_at,
-                s.min_timestamp,
-                s.max_timestamp,
-                self._created.get(s.base_offset, 0),
-                self._sealed_at.get(s.base_offset),
-                self.first_item.get(s.base_offset),
-                self.crc32c.get(s.base_offset),
-            )
-            for s in self.segments
-        ]
+    def _sealed(self, seg: FileSegment) -> bool:
+        return self._state[seg.base_offset].seal_timestamp is not None
+
+    def first_queue_offset(self, base_offset: int) -> int | None:
+        """Queue offset of the first item of the segment at ``base_offset`` (None: not known)."""
+        return self._state[base_offset].first_queue_offset
+
+    def learn_first_queue_offset(self, base_offset: int, queue_offset: int) -> None:
+        """Record the first queue offset of a segment, read back from it by its owner."""
+        self._state[base_offset].first_queue_offset = queue_offset
+
+    def extend_max_timestamp(self, timestamp: int) -> None:
+        """Widen the last segment's store-timestamp range to ``timestamp`` (an append records
+        the oldest of its items; the newest comes from its caller, which has them all)."""
+        seg = self.segments[-1]
+        if seg.max_timestamp is None or timestamp > seg.max_timestamp:
+            seg.max_timestamp = timestamp
+
+    def _fields(self, seg: FileSegment) -> dict[str, Any]:
+        state = self._state[seg.base_offset]
+        return {
+            "type": self.file_type.name,
+            "base_offset": seg.base_offset,
+            "size": seg.commit_position,
+            "sealed": state.seal_timestamp is not None,
+            "min_store_timestamp": seg.min_timestamp,
+            "max_store_timestamp": seg.max_timestamp,
+            "first_queue_offset": state.first_queue_offset,
+            "crc32c": state.crc32c,
+            "create_timestamp": state.create_timestamp,
+            "seal_timestamp": state.seal_timestamp,
+        }
+
+    def infos(self) -> list[LocalSegment]:
+        """Every segment's record, oldest first."""
+        return [LocalSegment(**self._fields(s)) for s in self.segments]
+
+    def infos_data(self) -> list[dict[str, Any]]:
+        """:meth:`infos` as the JSON objects they dump to, without building the models (see
+        :func:`~tierd.tiered.records.local_segment_data`)."""
+        return [local_segment_data(self._fields(s)) for s in self.segments]
 
     # ------------------------------------------------------------------ lifecycle
     async def init_offset(self, base_offset: int) -> None:
@@ -171,7 +211,7 @@ class FlatAppendFile:
         self.segments.append(self._new_segment(base_offset))
         await self.on_change(self)
 
-    async def load(self, infos: list[SegmentInfo]) -> None:
+    async def load(self, infos: list[LocalSegment]) -> None:
         """Rebuild from metadata. Sealed segments trust their recorded size; every other one
         asks the backend — the last may have grown after the metadata was written, and a rolled
         segment may hold more (its commit landed, the metadata save did not) or less (the
@@ -184,16 +224,12 @@ class FlatAppendFile:
         self.segments = []
         ordered = sorted(infos, key=lambda x: x.base_offset)
         for i, info in enumerate(ordered):
+            self._state[info.base_offset] = _SegmentState(
+                info.create_timestamp, info.seal_timestamp, info.first_queue_offset, info.crc32c
+            )
             seg = self._new_segment(info.base_offset, fresh=False)
-            self._created[info.base_offset] = info.created
-            if info.sealed_at is not None:
-                self._sealed_at[info.base_offset] = info.sealed_at
-            if info.first_item is not None:
-                self.first_item[info.base_offset] = info.first_item
-            if info.crc32c is not None:
-                self.crc32c[info.base_offset] = info.crc32c
-            seg.min_timestamp, seg.max_timestamp = info.min_timestamp, info.max_timestamp
-            if info.sealed_at is not None and i < len(ordered) - 1:
+            seg.min_timestamp, seg.max_timestamp = info.min_store_timestamp, info.max_store_timestamp
+            if info.seal_timestamp is not None and i < len(ordered) - 1:
                 seg.init_position(info.size)
             else:
                 stored = await seg.load_position()
@@ -209,7 +245,7 @@ class FlatAppendFile:
         await self._drop_unreached()
         for seg in self.segments[:-1]:
             seg.close()
-            if seg.base_offset not in self._sealed_at:
+            if not self._sealed(seg):
                 self.unsealed_full.append(seg)
 
     async def _drop_unreached(self) -> None:
@@ -220,7 +256,7 @@ class FlatAppendFile:
             if seg.commit_position == span:
                 continue
             later = self.segments[i + 1 :]
-            if seg.commit_position > span or seg.base_offset in self._sealed_at:
+            if seg.commit_position > span or self._sealed(seg):
                 raise CorruptionError(
                     f"segment {seg.path} holds {seg.commit_position} bytes, but the next segment starts "
                     f"{span} bytes after it",
@@ -247,21 +283,14 @@ class FlatAppendFile:
             )
             for s in later:
                 await s.destroy()
-                for table in (
-                    self._created,
-                    self._sealed_at,
-                    self.first_item,
-                    self.crc32c,
-                    self._running_crc,
-                ):
-                    table.pop(s.base_offset, None)
+                self._state.pop(s.base_offset, None)
             self.segments = self.segments[: i + 1]
             return
 
     # ------------------------------------------------------------------ writes
-    async def append(self, data: bytes, timestamp: int, first_item: int | None = None) -> None:
+    async def append(self, data: bytes, timestamp: int, first_queue_offset: int | None = None) -> None:
         """Append ``data`` (whole records or units) to the last segment, rolling first if it is
-        full. ``first_item`` is the queue offset of the first item in ``data``. Raises if
+        full. ``first_queue_offset`` is the queue offset of the first item in ``data``. Raises if
         ``data`` cannot fit even an empty segment."""
         seg = self.segments[-1]
         if self._old_enough_to_roll(seg):
@@ -281,17 +310,16 @@ class FlatAppendFile:
             result = seg.append(data, timestamp)
         if result is not AppendResult.SUCCESS:
             raise CorruptionError(f"append to {seg.path} failed: {result.name}")
-        base = seg.base_offset
-        if first_item is not None and base not in self.first_item:
-            self.first_item[base] = first_item
-        crc = self._running_crc.get(base)
-        if crc is not None:
-            self._running_crc[base] = google_crc32c.extend(crc, data)
+        state = self._state[seg.base_offset]
+        if first_queue_offset is not None and state.first_queue_offset is None:
+            state.first_queue_offset = first_queue_offset
+        if state.running_crc is not None:
+            state.running_crc = google_crc32c.extend(state.running_crc, data)
 
     def _old_enough_to_roll(self, seg: FileSegment) -> bool:
         if self.roll_after_ms is None or seg.append_position < max(1, self.roll_min_size):
             return False
-        created = self._created.get(seg.base_offset, 0)  # 0: not known (restored): never by age
+        created = self._state[seg.base_offset].create_timestamp  # 0: not known (restored): never by age
         return created > 0 and time.time() * 1000 - created >= self.roll_after_ms
 
     def room(self) -> int:
@@ -312,19 +340,20 @@ class FlatAppendFile:
         for seg in list(self.unsealed_full):
             try:
                 await seg.seal()
-                if seg.base_offset not in self.crc32c:
-                    self.crc32c[seg.base_offset] = await self._content_crc(seg)
+                state = self._state[seg.base_offset]
+                if state.crc32c is None:
+                    state.crc32c = await self._content_crc(seg)
             except Exception as e:  # retried on the next roll or maintenance round
                 log.warning("sealing %s failed, will retry: %s", seg.path, e)
                 return
             self.unsealed_full.remove(seg)
-            self._sealed_at[seg.base_offset] = int(time.time() * 1000)
+            self._state[seg.base_offset].seal_timestamp = int(time.time() * 1000)
             await self.on_change(self)
 
     async def _content_crc(self, seg: FileSegment) -> str:
         """CRC32C of a segment's committed bytes: the running value when this process wrote all
         of it, else read back."""
-        crc = self._running_crc.get(seg.base_offset)
+        crc = self._state[seg.base_offset].running_crc
         return f"{crc:08x}" if crc is not None else await stored_crc32c(seg)
 
     async def commit(self) -> int:
@@ -375,9 +404,15 @@ class FlatAppendFile:
     async def read(self, offset: int, length: int) -> bytes:
         """Committed bytes from ``offset``; crosses into the next segment if the range runs past
         the end of the first. Shorter than ``length`` only at the committed end."""
-        if not self.segments or offset < self.min_offset or offset >= self.commit_offset or length <= 0:
+        if not self.segments:
             raise SegmentReadError(
-                f"{self.path_of(max(self.min_offset, 0))}: cannot read {length} bytes at offset {offset}; "
+                f"{self.path_of(0)}: cannot read {length} bytes at offset {offset}: no segments",
+                offset=offset,
+                length=length,
+            )
+        if offset < self.min_offset or offset >= self.commit_offset or length <= 0:
+            raise SegmentReadError(
+                f"{self.path_of(self.min_offset)}: cannot read {length} bytes at offset {offset}; "
                 f"committed range is [{self.min_offset}, {self.commit_offset})",
                 offset=offset,
                 length=length,
@@ -403,6 +438,7 @@ class FlatAppendFile:
         doomed = 0
         while len(self.segments) > 1 and self.segments[1].base_offset <= offset:
             seg = self.segments.pop(0)
+            self._state.pop(seg.base_offset, None)
             if seg in self.unsealed_full:
                 self.unsealed_full.remove(seg)
             with contextlib.suppress(SegmentNotFoundError):
@@ -416,6 +452,7 @@ class FlatAppendFile:
         for seg in self.segments:
             await seg.destroy()
         self.segments = []
+        self._state.clear()
         self.unsealed_full = []
         await self.on_change(self)
 

@@ -90,23 +90,45 @@ class FlatMessageFile:
     def initialised(self) -> bool:
         return not self.consumequeue.empty
 
+    # The offsets of a file that is not initialised raise CorruptionError (FlatAppendFile):
+    # every file a FlatFileStore holds is.
     @property
     def min_offset(self) -> int:
-        return self.consumequeue.min_offset // UNIT_SIZE if self.initialised else -1
+        return self.consumequeue.min_offset // UNIT_SIZE
 
     @property
     def max_offset(self) -> int:
         """One past the last committed (readable) message."""
-        return self.consumequeue.commit_offset // UNIT_SIZE if self.initialised else -1
+        return self.consumequeue.commit_offset // UNIT_SIZE
 
     @property
     def append_offset(self) -> int:
         """One past the last appended (possibly uncommitted) message."""
-        return self.consumequeue.append_offset // UNIT_SIZE if self.initialised else -1
+        return self.consumequeue.append_offset // UNIT_SIZE
 
     @property
     def needs_commit(self) -> bool:
         return self.commitlog.needs_commit or self.consumequeue.needs_commit
+
+    @property
+    def pending_bytes(self) -> int:
+        """Commitlog bytes the next commit uploads from the last segment (what an upload rate
+        limit meters; the consume queue's 20 bytes a message are not counted)."""
+        return self.commitlog.pending_bytes
+
+    async def first_queue_offsets(self) -> list[int | None]:
+        """Queue offset of each commitlog segment's first record: tracked at append, else read
+        from the record's QUEUEOFFSET field (one 8-byte ranged read) and remembered."""
+        cl = self.commitlog
+        out: list[int | None] = []
+        for seg in cl.segments:
+            known = cl.first_queue_offset(seg.base_offset)
+            if known is None and seg.commit_position >= POS_QUEUE_OFFSET + 8:
+                raw = await seg.read(POS_QUEUE_OFFSET, 8)
+                known = int.from_bytes(raw, "big", signed=True)
+                cl.learn_first_queue_offset(seg.base_offset, known)
+            out.append(known)
+        return out
 
     async def init_offset(self, queue_offset: int) -> None:
         """Start tiering this queue at ``queue_offset`` (flat commitlog starts at 0)."""
@@ -219,13 +241,10 @@ class FlatMessageFile:
                     )
                 await file.roll()
                 continue
-            seg = file.segments[-1]
             await file.append(
                 data[rel : int(ends[k - 1])], int(timestamps[i:k].min()), first_queue_offset + i
             )
-            top = int(timestamps[i:k].max())
-            if seg.max_timestamp is None or top > seg.max_timestamp:
-                seg.max_timestamp = top
+            file.extend_max_timestamp(int(timestamps[i:k].max()))
             i = k
 
     @property

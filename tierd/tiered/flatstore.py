@@ -13,67 +13,22 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING, Any
 
-from tierd.drivers.segment import DriverRoot, FileType
-from tierd.tiered.flatfile import FlatAppendFile, SegmentInfo
+from tierd.errors import CorruptionError
 from tierd.tiered.flatmessage import FlatMessageFile
-from tierd.tiered.metadata import MetadataStore, QueueMeta, SegmentMeta, TieredMetadata, TopicMeta
+from tierd.tiered.metadata import MetadataStore, QueueMeta, TieredMetadata, TopicMeta
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Sequence
 
     from tierd.config import TieredConfig
+    from tierd.drivers.segment import DriverRoot
+    from tierd.tiered.flatfile import FlatAppendFile
+    from tierd.tiered.records import LocalSegment
 
 log = logging.getLogger(__name__)
 #: Queues reconciled with the backend at once while loading (each needs a size check of its last
 #: segments and a read of its last consume-queue unit: round trips on an object store).
 LOAD_CONCURRENCY = 32
-
-
-def _segment_meta(info: SegmentInfo) -> SegmentMeta:
-    return SegmentMeta(
-        type=info.file_type.name,
-        base_offset=info.base_offset,
-        size=info.size,
-        sealed=info.sealed,
-        create_timestamp=info.created,
-        seal_timestamp=info.sealed_at,
-        min_timestamp=info.min_timestamp,
-        max_timestamp=info.max_timestamp,
-        first_queue_offset=info.first_item,
-        crc32c=info.crc32c,
-    )
-
-
-def _segment_data(info: SegmentInfo) -> dict[str, Any]:
-    """:func:`_segment_meta` as the JSON object it dumps to, without building the model (a
-    metadata write at 10,000 queues builds 20,000 of them on the event loop)."""
-    return {
-        "type": info.file_type.name,
-        "base-offset": info.base_offset,
-        "size": info.size,
-        "sealed": info.sealed,
-        "create-timestamp": info.created,
-        "seal-timestamp": info.sealed_at,
-        "min-timestamp": info.min_timestamp,
-        "max-timestamp": info.max_timestamp,
-        "first-queue-offset": info.first_item,
-        "crc32c": info.crc32c,
-    }
-
-
-def _segment_info(meta: SegmentMeta) -> SegmentInfo:
-    return SegmentInfo(
-        FileType[meta.type],
-        meta.base_offset,
-        meta.size,
-        meta.sealed,
-        meta.min_timestamp,
-        meta.max_timestamp,
-        meta.create_timestamp,
-        meta.seal_timestamp,
-        meta.first_queue_offset,
-        meta.crc32c,
-    )
 
 
 class FlatFileStore:
@@ -88,9 +43,9 @@ class FlatFileStore:
         self._save_requested = 0
         self._save_done = 0
         #: Uploaded cold-index segments as recorded in metadata (until the index service owns them).
-        self.loaded_index: list[SegmentInfo] = []
+        self.loaded_index: list[LocalSegment] = []
         #: Set by the tiering service: the index segments to record in metadata.
-        self.index_infos: Callable[[], list[SegmentInfo]] | None = None
+        self.index_infos: Callable[[], list[LocalSegment]] | None = None
         #: Called after metadata was saved for a structural change (segment created, sealed,
         #: deleted) — the tiering service writes bucket manifests there.
         self.after_change: Callable[[], Awaitable[None]] | None = None
@@ -156,7 +111,7 @@ class FlatFileStore:
             cluster=self.cfg.cluster,
             broker=self.cfg.broker,
             topics=tuple(sorted(self.topics.values(), key=lambda t: t.id)),
-            index=tuple(_segment_meta(i) for i in index),
+            index=tuple(index),
         )
         data = head.model_dump(mode="json", by_alias=True)
         data["queues"] = [
@@ -165,12 +120,26 @@ class FlatFileStore:
                 "queue-id": qid,
                 "min-offset": ff.min_offset,
                 "max-offset": ff.max_offset,
-                "commitlog": [_segment_data(i) for i in ff.commitlog.infos()],
-                "consumequeue": [_segment_data(i) for i in ff.consumequeue.infos()],
+                "commitlog": ff.commitlog.infos_data(),
+                "consumequeue": ff.consumequeue.infos_data(),
             }
             for (topic, qid), ff in sorted(self.files.items())
         ]
         return data
+
+    async def load_queue(self, q: QueueMeta) -> FlatMessageFile:
+        """The flat file of one queue as ``q`` records it, reconciled with the backend (not
+        registered: :meth:`load_from` does that once every queue loaded)."""
+        if not q.commitlog or not q.consumequeue:
+            raise CorruptionError(
+                f"tiering metadata lists {q.topic}/{q.queue_id} without segments",
+                path=str(self.metadata.path),
+            )
+        ff = self._make(q.topic, q.queue_id)
+        await ff.commitlog.load(list(q.commitlog))
+        await ff.consumequeue.load(list(q.consumequeue))
+        await ff.recover()
+        return ff
 
     async def save(self) -> None:
         """Write the metadata as it stands when this call begins (or later). Concurrent callers
@@ -205,16 +174,12 @@ class FlatFileStore:
                 self.cfg.broker,
             )
         self.topics = {t.name: t for t in meta.topics}
-        self.loaded_index = [_segment_info(s) for s in meta.index]
+        self.loaded_index = list(meta.index)
         gate = asyncio.Semaphore(LOAD_CONCURRENCY)
 
         async def load_queue(q: QueueMeta) -> FlatMessageFile:
             async with gate:
-                ff = self._make(q.topic, q.queue_id)
-                await ff.commitlog.load([_segment_info(s) for s in q.commitlog])
-                await ff.consumequeue.load([_segment_info(s) for s in q.consumequeue])
-                await ff.recover()
-                return ff
+                return await self.load_queue(q)
 
         tasks = [asyncio.ensure_future(load_queue(q)) for q in meta.queues]
         try:

@@ -16,58 +16,28 @@ import json
 import logging
 import os
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from tierd.errors import CorruptionError
 from tierd.local.mapped_file import fsync_dir
+from tierd.tiered.records import JsonDocument, LocalSegment, validation_summary
 
 log = logging.getLogger(__name__)
-FORMAT_VERSION = 1
+#: Version 2 spells the segments' timestamps as the manifests do (``min-store-timestamp``,
+#: ``max-store-timestamp``); version 1 files are still read (:func:`upgrade_v1`).
+FORMAT_VERSION: Final = 2
 FILE_NAME = "tieredStoreMetadata.json"
-SegmentType = Literal["COMMIT_LOG", "CONSUME_QUEUE", "INDEX"]
 
 
-def _kebab(name: str) -> str:
-    return name.replace("_", "-")
-
-
-def validation_summary(e: ValidationError) -> str:
-    """The first problem of a failed validation, with its location (pydantic's first line only
-    says how many errors there were)."""
-    first = e.errors(include_url=False)[0]
-    where = ".".join(str(x) for x in first["loc"])
-    more = f" (and {e.error_count() - 1} more)" if e.error_count() > 1 else ""
-    return (f"{where}: {first['msg']}" if where else str(first["msg"])) + more
-
-
-class _Model(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid", alias_generator=_kebab, populate_by_name=True)
-
-
-class SegmentMeta(_Model):
-    type: SegmentType
-    base_offset: int = Field(ge=0)
-    size: int = Field(ge=0)
-    sealed: bool = False
-    create_timestamp: int = 0
-    seal_timestamp: int | None = None
-    min_timestamp: int | None = None
-    max_timestamp: int | None = None
-    #: Queue offset of the first message in the segment (None: not known yet).
-    first_queue_offset: int | None = None
-    #: CRC32C (8 hex digits) of a sealed segment's content.
-    crc32c: str | None = None
-
-
-class QueueMeta(_Model):
+class QueueMeta(JsonDocument):
     topic: str
     queue_id: int = Field(ge=0)
     min_offset: int
     max_offset: int
-    commitlog: tuple[SegmentMeta, ...] = ()
-    consumequeue: tuple[SegmentMeta, ...] = ()
+    commitlog: tuple[LocalSegment, ...] = ()
+    consumequeue: tuple[LocalSegment, ...] = ()
 
     @model_validator(mode="after")
     def _ordered(self) -> QueueMeta:
@@ -80,20 +50,58 @@ class QueueMeta(_Model):
         return self
 
 
-class TopicMeta(_Model):
+class TopicMeta(JsonDocument):
     name: str
     id: int = Field(ge=0)
     #: Cold retention in hours for this topic (None: ``tiered.file_reserved_time``).
     reserve_hours: float | None = Field(default=None, gt=0)
 
 
-class TieredMetadata(_Model):
-    format_version: Literal[1] = 1
+#: Segment keys version 1 spelled differently (the local metadata alone did).
+_V1_KEYS = {"min-timestamp": "min-store-timestamp", "max-timestamp": "max-store-timestamp"}
+
+
+def upgrade_v1(document: Any) -> Any:
+    """A version 1 metadata document as version 2 (its segments' timestamp keys renamed);
+    anything else unchanged. Read-only: the next save writes version 2."""
+    if not isinstance(document, dict) or document.get("format-version") != 1:
+        return document
+
+    def segment(raw: Any) -> Any:
+        if not isinstance(raw, dict) or raw.keys() & set(_V1_KEYS.values()):
+            return raw  # not a segment, or a version 2 key in a version 1 file: validation refuses it
+        return {_V1_KEYS.get(k, k): v for k, v in raw.items()}
+
+    def segments(raw: Any) -> Any:
+        return [segment(s) for s in raw] if isinstance(raw, list) else raw
+
+    out = {**document, "format-version": FORMAT_VERSION, "index": segments(document.get("index", []))}
+    if isinstance(document.get("queues"), list):
+        out["queues"] = [
+            {
+                **q,
+                "commitlog": segments(q.get("commitlog", [])),
+                "consumequeue": segments(q.get("consumequeue", [])),
+            }
+            if isinstance(q, dict)
+            else q
+            for q in document["queues"]
+        ]
+    return out
+
+
+class TieredMetadata(JsonDocument):
+    format_version: Literal[2] = FORMAT_VERSION
     cluster: str
     broker: str
     topics: tuple[TopicMeta, ...] = ()
     queues: tuple[QueueMeta, ...] = ()
-    index: tuple[SegmentMeta, ...] = ()
+    index: tuple[LocalSegment, ...] = ()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _upgrade(cls, data: Any) -> Any:
+        return upgrade_v1(data)
 
     def topic(self, name: str) -> TopicMeta | None:
         return next((t for t in self.topics if t.name == name), None)

@@ -45,7 +45,7 @@ from pydantic import Field, ValidationError
 
 from tierd.drivers.paths import cluster_dir
 from tierd.errors import BackendError, CorruptionError, ObjectExistsError, PrefixOwnedError
-from tierd.tiered.metadata import _Model
+from tierd.tiered.records import JsonDocument
 
 if TYPE_CHECKING:
     from tierd.drivers.segment import DriverRoot
@@ -60,7 +60,7 @@ STORE_ID_FILE = "tieredStoreId"
 _EPOCH_DIGITS = 20
 
 
-class OwnerRecord(_Model):
+class OwnerRecord(JsonDocument):
     """Who owns a prefix from ``claimed_at`` on (one object per epoch, never rewritten)."""
 
     format_version: Literal[1] = 1

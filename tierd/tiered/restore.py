@@ -31,13 +31,13 @@ from tierd.tiered.flatstore import FlatFileStore
 from tierd.tiered.guard import GuardedRoot
 from tierd.tiered.manifest import (
     IndexManifest,
-    ManifestSegment,
     index_manifest_path,
     read_broker_manifest,
     read_queue_manifest,
 )
-from tierd.tiered.metadata import MetadataStore, QueueMeta, SegmentMeta, TieredMetadata, TopicMeta
+from tierd.tiered.metadata import MetadataStore, QueueMeta, TieredMetadata, TopicMeta
 from tierd.tiered.ownership import OwnerRecord, Ownership, store_id
+from tierd.tiered.records import LocalSegment, ManifestSegment
 from tierd.tiered.roots import open_driver_factory
 
 if TYPE_CHECKING:
@@ -64,19 +64,10 @@ class RestoreReport:
     owner: OwnerRecord | None = None
 
 
-def _segment(s: ManifestSegment) -> SegmentMeta:
-    return SegmentMeta(
-        type=s.type,
-        base_offset=s.base_offset,
-        size=s.size,
-        sealed=s.sealed,
-        create_timestamp=0,
-        seal_timestamp=0 if s.sealed else None,
-        min_timestamp=s.min_store_timestamp,
-        max_timestamp=s.max_store_timestamp,
-        first_queue_offset=s.first_queue_offset,
-        crc32c=s.crc32c,
-    )
+def _segment(s: ManifestSegment) -> LocalSegment:
+    """A manifest's segment as local metadata records it; its lifecycle times are not in the
+    bucket (0: unknown, so never rolled by age)."""
+    return LocalSegment(**s.record_fields(), create_timestamp=0, seal_timestamp=0 if s.sealed else None)
 
 
 #: (topic, queue id) → segment type → base offsets the backend holds.
@@ -109,11 +100,11 @@ async def _list_segments(root: DriverRoot, cluster: str, broker: str) -> Listing
 
 async def _index_segments(
     root: DriverRoot, cluster: str, broker: str, on_backend: set[int]
-) -> tuple[SegmentMeta, ...]:
+) -> tuple[LocalSegment, ...]:
     """The uploaded INDEX segments (the cold key index): those the index manifest lists, plus
     any the bucket holds that it does not (uploaded after its last write; sized from the
     backend). Without them the restored store would find no key tiered before the restore."""
-    listed: dict[int, SegmentMeta] = {}
+    listed: dict[int, LocalSegment] = {}
     path = index_manifest_path(cluster, broker)
     try:
         manifest = IndexManifest.model_validate_json(await root.get_object(path))
@@ -133,13 +124,13 @@ async def _index_segments(
     for base in sorted(on_backend - set(listed)):
         size = await root.driver(index_segment_path("", cluster, broker, base)).size()
         log.warning("restore: index segment %d is not in the index manifest yet; adding it", base)
-        listed[base] = SegmentMeta(type="INDEX", base_offset=base, size=size, sealed=True, seal_timestamp=0)
+        listed[base] = LocalSegment(type="INDEX", base_offset=base, size=size, sealed=True, seal_timestamp=0)
     return tuple(listed[b] for b in sorted(listed))
 
 
 def _with_unlisted(
-    segments: tuple[SegmentMeta, ...], kind: str, on_backend: set[int], where: str
-) -> tuple[SegmentMeta, ...]:
+    segments: tuple[LocalSegment, ...], kind: str, on_backend: set[int], where: str
+) -> tuple[LocalSegment, ...]:
     """``segments`` plus the backend's segments beyond the last one listed (unsized: the load
     asks the backend)."""
     last = max((s.base_offset for s in segments), default=-1)
@@ -152,7 +143,7 @@ def _with_unlisted(
             kind,
             len(extra),
         )
-    return segments + tuple(SegmentMeta(type=kind, base_offset=b, size=0) for b in extra)
+    return segments + tuple(LocalSegment(type=kind, base_offset=b, size=0) for b in extra)
 
 
 def _check_empty(store_dir: Path) -> None:

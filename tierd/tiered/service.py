@@ -37,7 +37,8 @@ from tierd.tiered.dispatcher import Dispatcher, QueueTiered, RoundResult, TierRe
 from tierd.tiered.flatstore import FlatFileStore
 from tierd.tiered.guard import BackendHealth, GuardedRoot
 from tierd.tiered.index import ColdIndexService
-from tierd.tiered.manifest import ManifestWriter, broker_manifest_path
+from tierd.tiered.manifest import broker_manifest_path
+from tierd.tiered.manifestwriter import ManifestWriter
 from tierd.tiered.metadata import MetadataStore
 from tierd.tiered.ownership import Ownership, current_owner, owner_dir, prefix_url, store_id
 from tierd.tiered.roots import open_driver_factory

@@ -62,7 +62,6 @@ from tierd.errors import (
     StoreClosedError,
 )
 from tierd.local.index import index_key, key_hash, torn_at_creation
-from tierd.tiered.flatfile import SegmentInfo
 from tierd.tiered.index.compaction import CompactedIndex, compact
 from tierd.tiered.index.format import (
     HEADER_SIZE,
@@ -78,7 +77,8 @@ from tierd.tiered.index.reading import segment_slots
 from tierd.tiered.index.results import FileStatus, IndexFileInfo, IndexHit, IndexStats
 from tierd.tiered.index.uploaded import UploadedFile
 from tierd.tiered.index.writable import LocalFile
-from tierd.tiered.manifest import IndexCoverage, IndexManifest, ManifestSegment, index_manifest_path
+from tierd.tiered.manifest import IndexCoverage, IndexManifest, index_manifest_path
+from tierd.tiered.records import LocalSegment, ManifestSegment
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -212,7 +212,7 @@ class ColdIndexService:
         """Driver path of the INDEX segment of the file that began at ``begin_timestamp``."""
         return paths.index_segment_path("", self.cluster, self.broker, begin_timestamp)
 
-    def uploaded_infos(self) -> list[SegmentInfo]:
+    def uploaded_infos(self) -> list[LocalSegment]:
         """Uploaded INDEX segments, oldest first (for metadata and manifests)."""
         return [u.info for u in self._uploaded]
 
@@ -239,7 +239,7 @@ class ColdIndexService:
         self.stats.uploaded_files = len(self._uploaded)
 
     # ------------------------------------------------------------------ load
-    async def load(self, uploaded: list[SegmentInfo]) -> None:
+    async def load(self, uploaded: list[LocalSegment]) -> None:
         """Open local files (the newest writable, the others sealed) and register ``uploaded``
         INDEX segments (from metadata), reading each one's 28-byte header once to learn its
         geometry. A segment that is gone from the backend is dropped with a warning; one with a
@@ -253,7 +253,7 @@ class ColdIndexService:
                 f.close()
             self._local, self._uploaded = [], []
             self.directory.mkdir(parents=True, exist_ok=True)
-            remote = await self._open_uploaded([i for i in uploaded if i.file_type is FileType.INDEX])
+            remote = await self._open_uploaded([i for i in uploaded if i.type == "INDEX"])
             remote_bases = {u.begin for u in remote}
             local: list[LocalFile] = []
             try:
@@ -285,7 +285,7 @@ class ColdIndexService:
             self._last_begin = max([self._last_begin, *begins])
             self._loaded = True
             self._update_gauges()
-            if len(remote) != len([i for i in uploaded if i.file_type is FileType.INDEX]):
+            if len(remote) != len([i for i in uploaded if i.type == "INDEX"]):
                 await self._changed()
             log.info(
                 "cold index loaded: %d local file(s) (%d sealed), %d uploaded",
@@ -294,10 +294,10 @@ class ColdIndexService:
                 len(remote),
             )
 
-    async def _open_uploaded(self, infos: list[SegmentInfo]) -> list[UploadedFile]:
+    async def _open_uploaded(self, infos: list[LocalSegment]) -> list[UploadedFile]:
         sem = asyncio.Semaphore(_HEADER_READ_CONCURRENCY)
 
-        async def one(info: SegmentInfo) -> UploadedFile | None:
+        async def one(info: LocalSegment) -> UploadedFile | None:
             driver = self.root.driver(self.segment_path(info.base_offset))
             async with sem:
                 try:
@@ -323,7 +323,7 @@ class ColdIndexService:
                     count,
                     info.size,
                 )
-                return UploadedFile(info, driver, slots=0, count=0, end=info.max_timestamp or begin)
+                return UploadedFile(info, driver, slots=0, count=0, end=info.max_store_timestamp or begin)
             return UploadedFile(info, driver, slots=slots, count=count, end=end)
 
         found = await asyncio.gather(*(one(i) for i in infos))
@@ -470,17 +470,16 @@ class ColdIndexService:
         self.stats.compaction_seconds += time.perf_counter() - t0
         driver = self.root.driver(self.segment_path(f.begin))
         await self._upload(driver, f.begin, compacted.data)
-        info = SegmentInfo(
-            FileType.INDEX,
-            f.begin,
-            len(compacted.data),
-            True,
-            compacted.min_item_time,
-            compacted.end_timestamp,
-            f.begin,
-            self._clock(),
-            None,
-            crc,
+        info = LocalSegment(
+            type="INDEX",
+            base_offset=f.begin,
+            size=len(compacted.data),
+            sealed=True,
+            min_store_timestamp=compacted.min_item_time,
+            max_store_timestamp=compacted.end_timestamp,
+            create_timestamp=f.begin,
+            seal_timestamp=self._clock(),
+            crc32c=crc,
         )
         uploaded = UploadedFile(
             info, driver, slots=compacted.slots, count=compacted.item_count, end=compacted.end_timestamp
@@ -612,7 +611,7 @@ class ColdIndexService:
                 base_offset=u.begin,
                 size=u.info.size,
                 sealed=True,
-                min_store_timestamp=u.info.min_timestamp,
+                min_store_timestamp=u.info.min_store_timestamp,
                 max_store_timestamp=u.end,
                 message_count=u.count,
                 crc32c=u.info.crc32c,

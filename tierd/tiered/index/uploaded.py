@@ -11,7 +11,7 @@ from tierd.tiered.index.results import FileStatus, IndexFileInfo, IndexHit, Inde
 
 if TYPE_CHECKING:
     from tierd.drivers.segment import SegmentDriver
-    from tierd.tiered.flatfile import SegmentInfo
+    from tierd.tiered.records import LocalSegment
 
 __all__ = ["UploadedFile"]
 
@@ -21,7 +21,7 @@ class UploadedFile:
 
     def __init__(
         self,
-        info: SegmentInfo,
+        info: LocalSegment,
         driver: SegmentDriver,
         *,
         slots: int,
@@ -38,11 +38,13 @@ class UploadedFile:
         self.item_base = HEADER_SIZE + slots * SLOT_SIZE
 
     def overlaps(self, begin_ms: int, end_ms: int) -> bool:
-        lo = self.info.min_timestamp
+        lo = self.info.min_store_timestamp
         return self.slots > 0 and self.count > 0 and (lo is None or lo <= end_ms) and self.end >= begin_ms
 
     def info_row(self) -> IndexFileInfo:
-        return IndexFileInfo(self.begin, self.end, FileStatus.UPLOADED, self.count, self.info.min_timestamp)
+        return IndexFileInfo(
+            self.begin, self.end, FileStatus.UPLOADED, self.count, self.info.min_store_timestamp
+        )
 
     async def lookup(
         self, hash_: int, topic_id: int, begin_ms: int, end_ms: int, max_count: int, stats: IndexStats
