@@ -15,13 +15,9 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
 
-_EMPTY: Mapping[str, str] = MappingProxyType({})
+from tierd.format.properties import KEY_SEPARATOR, PROPERTY_KEYS, PROPERTY_TAGS, PROPERTY_UNIQ_KEY
 
-#: Property names with a meaning to the store (RocketMQ's MessageConst).
-PROPERTY_KEYS = "KEYS"
-PROPERTY_TAGS = "TAGS"
-PROPERTY_UNIQ_KEY = "UNIQ_KEY"
-KEY_SEPARATOR = " "
+_EMPTY: Mapping[str, str] = MappingProxyType({})
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,7 +108,7 @@ class MessageExt:
         """The properties as a read-only mapping (parsed once, on first access)."""
         if self._properties is None:
             if self.raw_properties:
-                from tierd.local.codec import decode_properties
+                from tierd.format.properties import decode_properties
 
                 self._properties = MappingProxyType(decode_properties(self.raw_properties))
             else:
@@ -123,7 +119,8 @@ class MessageExt:
     def msg_id(self) -> str:
         """Offset message id (STOREHOST hex + PHYSICALOFFSET), computed on demand: most readers
         never look at it, and formatting it costs as much as decoding the rest."""
-        from tierd.local.codec import encode_host, offset_msg_id
+        from tierd.format.host import encode_host
+        from tierd.format.message_id import offset_msg_id
 
         return offset_msg_id(encode_host(self.store_host), self.commitlog_offset)
 
@@ -145,7 +142,7 @@ class MessageExt:
         """A message from its :meth:`to_json` form (what the CLI receives from a daemon): keys,
         tags and the message id follow from the properties and offsets, as for a message read
         from disk."""
-        from tierd.local.codec import encode_properties
+        from tierd.format.properties import encode_properties
 
         return cls(
             topic=doc["topic"],

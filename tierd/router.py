@@ -19,7 +19,7 @@ import os
 from typing import TYPE_CHECKING
 
 from tierd.errors import InvalidArgumentError, LostMessagesError, TierdError
-from tierd.local.codec import decode_record
+from tierd.format.record import decode_record
 from tierd.local.store import MAX_GET_BYTES, MAX_GET_COUNT, READ_YOUR_WRITES_WAIT, byte_bounded_count
 from tierd.local.validation import check_queue, check_topic
 from tierd.message import GetResult, GetStatus, MessageExt, ReadPolicy

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Final
 import numpy as np
 
 from tierd.errors import InvalidSubscriptionError
-from tierd.local.codec import java_string_hash
+from tierd.format.cq_unit import java_string_hash
 
 if TYPE_CHECKING:
     import numpy.typing as npt

@@ -18,13 +18,8 @@ import numpy as np
 import numpy.typing as npt
 
 from tierd.errors import CorruptRecordError, MessageTooLargeError
-from tierd.local.codec import (
-    END_FILE_MIN_BLANK,
-    blank_marker,
-    decode_record,
-    encode_batch,
-    encode_record,
-)
+from tierd.format.batch import encode_batch
+from tierd.format.record import END_FILE_MIN_BLANK, blank_marker, decode_record, encode_record
 from tierd.local.mapped_file import MappedFile, MappedFileQueue
 from tierd.repeats import FailureLog
 

@@ -34,12 +34,14 @@ from tierd.errors import (
     StoreClosedError,
     StoreFullError,
 )
+from tierd.format.cq_unit import encode_units
+from tierd.format.host import encode_host
+from tierd.format.message_id import offset_msg_id
 from tierd.local.checkpoint import AbortMarker, Checkpoint, StoreLock
-from tierd.local.codec import encode_host, offset_msg_id
 from tierd.local.commitlog import CommitLog, FlushService, Prefaulter
-from tierd.local.consumequeue import ConsumeQueue, encode_units, flush_queues
+from tierd.local.consumequeue import ConsumeQueue, flush_queues
 from tierd.local.dispatch import DispatchBatch, ReputService
-from tierd.local.index import IndexService, index_key
+from tierd.local.index import IndexService
 from tierd.local.layout import check_layout
 from tierd.local.mapped_file import FileCache, PendingDirSyncs, open_files_limit
 from tierd.local.prepare import Preparer
@@ -935,4 +937,4 @@ def _disk_usage_ratio(path: Path) -> float:
     return usage.used / usage.total if usage.total else 0.0
 
 
-__all__ = ["HotGetResult", "HotStore", "PutBatchResult", "QueueRange", "SourceUnits", "index_key"]
+__all__ = ["HotGetResult", "HotStore", "PutBatchResult", "QueueRange", "SourceUnits"]

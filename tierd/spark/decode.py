@@ -25,7 +25,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tierd.errors import CorruptRecordError
-from tierd.local.codec import (
+from tierd.format.batch import gather_at
+from tierd.format.host import decode_host
+from tierd.format.properties import KEY_SEPARATOR, PROPERTY_KEYS, PROPERTY_TAGS, PROPERTY_UNIQ_KEY
+from tierd.format.record import (
     HEADER_V4,
     MAGIC_V1,
     MAGIC_V2,
@@ -40,11 +43,8 @@ from tierd.local.codec import (
     SYSFLAG_BORNHOST_V6,
     SYSFLAG_STOREHOST_V6,
     crc32,
-    decode_host,
     decode_record,
-    gather_at,
 )
-from tierd.message import KEY_SEPARATOR, PROPERTY_KEYS, PROPERTY_TAGS, PROPERTY_UNIQ_KEY
 from tierd.spark.filters import property_mask, row_mask
 
 if TYPE_CHECKING:
@@ -290,7 +290,7 @@ def _split_pairs(
 def _properties(props: pa.Array, n: int) -> tuple[pa.Array, pa.Array, pa.Array, pa.Array]:
     """``name 0x01 value 0x02`` strings → (map column, tags column, keys column, uniq_key column).
     Pieces without a name or a value are dropped, as RocketMQ (and
-    :func:`tierd.local.codec.decode_properties`) do."""
+    :func:`tierd.format.properties.decode_properties`) do."""
     pairs = _uniform_pairs(props, n)
     names, values, rows, offsets = pairs if pairs is not None else _split_pairs(props, n)
     props_map = pa.MapArray.from_arrays(

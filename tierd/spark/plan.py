@@ -34,7 +34,7 @@ from pydantic import ValidationError
 from tierd.drivers.paths import cluster_dir, get_hash, segment_path
 from tierd.drivers.segment import FileType
 from tierd.errors import CorruptionError, NotFoundError, SegmentNotFoundError
-from tierd.local.consumequeue import UNIT_SIZE
+from tierd.format.cq_unit import UNIT_SIZE
 from tierd.tiered.manifest import (
     BrokerManifest,
     ManifestSegment,

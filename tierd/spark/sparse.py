@@ -16,8 +16,7 @@ from typing import TYPE_CHECKING, Final
 import numpy as np
 
 from tierd.errors import CorruptionError
-from tierd.local.codec import tags_code
-from tierd.local.consumequeue import UNIT_DTYPE, UNIT_SIZE
+from tierd.format.cq_unit import UNIT_DTYPE, UNIT_SIZE, tags_code
 from tierd.spark.decode import read_range
 
 if TYPE_CHECKING:

@@ -39,7 +39,7 @@ from pyspark.sql.streaming.datasource import (
 
 from tierd.drivers.segment import FileType
 from tierd.errors import CorruptionError, NotFoundError
-from tierd.local.codec import POS_BORN_HOST, POS_SYSFLAG, SYSFLAG_BORNHOST_V6
+from tierd.format.record import POS_BORN_HOST, POS_SYSFLAG, SYSFLAG_BORNHOST_V6
 from tierd.spark.filters import Constraints
 from tierd.spark.plan import clip_ranges, load_queues, record_positions, sort_ranges, split_ranges
 

@@ -33,8 +33,8 @@ import numpy as np
 import numpy.typing as npt
 
 from tierd.errors import CorruptionError, CorruptRecordError, LostMessagesError, TierdError
-from tierd.local.codec import RecordBatch
-from tierd.local.consumequeue import UNIT_SIZE
+from tierd.format.batch import RecordBatch
+from tierd.format.cq_unit import UNIT_SIZE
 from tierd.subscription import MAX_SCAN_UNITS
 
 if TYPE_CHECKING:

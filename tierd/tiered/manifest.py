@@ -28,8 +28,8 @@ from pydantic import Field, ValidationError
 
 from tierd.drivers.paths import cluster_dir
 from tierd.errors import CorruptionError, NotFoundError, SegmentNotFoundError
-from tierd.local.codec import POS_QUEUE_OFFSET
-from tierd.local.consumequeue import UNIT_SIZE
+from tierd.format.cq_unit import UNIT_SIZE
+from tierd.format.record import POS_QUEUE_OFFSET
 from tierd.tiered.metadata import SegmentType, _Model, validation_summary
 
 if TYPE_CHECKING:
