@@ -32,7 +32,7 @@ from tierd.format.cq_unit import java_string_hash
 if TYPE_CHECKING:
     import numpy.typing as npt
 
-    from tierd.message import MessageExt
+    from tierd.format.message_ext import MessageExt
 
 #: Subscribes to every message, tagged or not (RocketMQ's ``SubscriptionData.SUB_ALL``).
 SUB_ALL: Final = "*"

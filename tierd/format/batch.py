@@ -18,6 +18,7 @@ import numpy as np
 import numpy.typing as npt
 
 from tierd.format.host import decode_host
+from tierd.format.message_ext import MessageExt
 from tierd.format.record import (
     HEADER_V4,
     MAGIC_V1,
@@ -37,7 +38,6 @@ from tierd.format.record import (
     decode_record,
     record_error,
 )
-from tierd.message import MessageExt
 
 if TYPE_CHECKING:
     from collections.abc import Sequence

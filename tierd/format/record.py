@@ -19,7 +19,7 @@ from isal.isal_zlib import crc32 as crc32  # re-exported: see the note above MAG
 
 from tierd.errors import CorruptRecordError
 from tierd.format.host import decode_host
-from tierd.message import MessageExt
+from tierd.format.message_ext import MessageExt
 
 # The body CRC is zlib's CRC-32 (masked to 31 bits, as RocketMQ stores it). ``crc32`` here is
 # ISA-L's (``isal``): the same function, ~0.08 µs per 1 KiB body instead of zlib 1.2's

@@ -27,9 +27,9 @@ if TYPE_CHECKING:
     from collections.abc import Callable
     from pathlib import Path
 
+    from tierd.format.message_ext import MessageExt
     from tierd.local.dispatch import DispatchBatch, SingleRecord
     from tierd.local.prepare import PreparedBatch, PreparedOne
-    from tierd.message import MessageExt
 
 log = logging.getLogger(__name__)
 

@@ -48,7 +48,7 @@ from tierd.local.prepare import Preparer
 from tierd.local.quarantine import COPY_LIMIT, Quarantine
 from tierd.local.recovery import scan_commitlog
 from tierd.local.validation import RECORD_OVERHEAD_LIMIT, check_queue, check_topic
-from tierd.message import GetStatus, Message, MessageExt, PutResult, new_put_result
+from tierd.message import GetStatus, Message, PutResult, new_put_result
 from tierd.repeats import FailureLog
 from tierd.subscription import MAX_SCAN_UNITS
 
@@ -58,6 +58,7 @@ if TYPE_CHECKING:
     import numpy.typing as npt
 
     from tierd.config import StoreConfig
+    from tierd.format.message_ext import MessageExt
     from tierd.local.recovery import Damage
     from tierd.subscription import TagFilter
 

@@ -41,7 +41,7 @@ if TYPE_CHECKING:
     from collections.abc import Iterator
 
     from tierd.config import TieredConfig
-    from tierd.message import MessageExt
+    from tierd.format.message_ext import MessageExt
     from tierd.subscription import TagFilter
     from tierd.tiered.flatmessage import FlatMessageFile
 
