@@ -36,7 +36,7 @@ from tierd.errors import (
 )
 from tierd.format.cq_unit import encode_units
 from tierd.format.host import encode_host
-from tierd.format.message_id import offset_msg_id
+from tierd.format.message_id import offset_msg_id, offset_msg_id_template
 from tierd.local.checkpoint import AbortMarker, Checkpoint, StoreLock
 from tierd.local.commitlog import CommitLog, FlushService, Prefaulter
 from tierd.local.consumequeue import ConsumeQueue, flush_queues
@@ -189,7 +189,8 @@ class HotStore:
         self.cfg = cfg
         self.dir = Path(cfg.dir)
         self.store_host = encode_host(cfg.store_host)
-        self._msg_id_prefix = self.store_host.hex().upper()
+        #: ``% phys`` gives a message id (commitlog offsets are >= 0: no mask needed).
+        self._msg_id = offset_msg_id_template(self.store_host)
         self._closed = True
         self.cqs: dict[tuple[str, int], ConsumeQueue] = {}
         self._cq_lock = threading.Lock()
@@ -466,7 +467,7 @@ class HotStore:
         p = self.preparer.prepare_one(message, time.time_ns() // 1_000_000)
         qoff, phys, end = self.commitlog.append_one(p)
         fut = self.flusher.request(end) if self.flusher.sync else None
-        return new_put_result(p[0][1], qoff, phys, self._msg_id_prefix + f"{phys:016X}"), fut
+        return new_put_result(p[0][1], qoff, phys, self._msg_id % phys), fut
 
     def put_batch(
         self, messages: Sequence[Message]
