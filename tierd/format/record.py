@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final
 
 from isal.isal_zlib import crc32 as crc32  # re-exported: see the note above MAGIC_V1
 
@@ -165,8 +165,16 @@ def record_error(reason: str, pos: int) -> CorruptRecordError:
     return CorruptRecordError(f"corrupt record at position {pos}: {reason}", position=pos, reason=reason)
 
 
-def _layout(buf: bytes | memoryview, pos: int, limit: int) -> tuple[int, int, int, int, int, int]:
-    """Validate framing; return (size, magic, sysflag, born len, store len, body start)."""
+def _walk(
+    buf: bytes | memoryview, pos: int, limit: int, check_crc: bool
+) -> tuple[tuple[Any, ...], bytes | memoryview, int, int]:
+    """The one walk over a record, shared by :func:`decode_record` and the scanner.
+
+    Checks the magic; that TOTALSIZE fits in ``limit``; that BODYLENGTH, the topic length and the
+    PROPERTIES length each fit and add up to TOTALSIZE exactly; and, with ``check_crc``, the body
+    CRC. Returns the fixed header's fields (see :func:`_header_struct`), the body (a slice of
+    ``buf``), and where the topic starts and ends; raises :class:`CorruptRecordError` naming the
+    first inconsistency."""
     if limit - pos < HEADER_V4:
         raise record_error(f"{limit - pos} bytes left, a record needs at least {HEADER_V4}", pos)
     size, magic = _SIZE_MAGIC.unpack_from(buf, pos)
@@ -175,42 +183,19 @@ def _layout(buf: bytes | memoryview, pos: int, limit: int) -> tuple[int, int, in
     if size < HEADER_V4 + 3 or size > limit - pos:
         raise record_error(f"total size {size} does not fit in {limit - pos} bytes", pos)
     sys_flag = _INT.unpack_from(buf, pos + POS_SYSFLAG)[0]
-    born_len = 20 if sys_flag & SYSFLAG_BORNHOST_V6 else 8
-    store_len = 20 if sys_flag & SYSFLAG_STOREHOST_V6 else 8
-    return size, magic, sys_flag, born_len, store_len, pos + HEADER_V4 - 16 + born_len + store_len
-
-
-def decode_record(
-    buf: bytes | memoryview, pos: int = 0, *, limit: int | None = None, check_crc: bool = True
-) -> MessageExt:
-    """Decode the record at ``pos``; raise :class:`CorruptRecordError` on any inconsistency."""
-    end = len(buf) if limit is None else limit
-    size, magic, sys_flag, born_len, store_len, body_start = _layout(buf, pos, end)
-    hdr = _HEADERS[born_len, store_len]
-    (
-        _,
-        _,
-        crc,
-        queue_id,
-        flag,
-        queue_offset,
-        phys,
-        _,
-        born_ts,
-        born_host,
-        store_ts,
-        store_host,
-        reconsume,
-        prepared,
-        body_len,
-    ) = hdr.unpack_from(buf, pos)
-    rec_end = pos + size
+    header = _HEADERS[
+        20 if sys_flag & SYSFLAG_BORNHOST_V6 else 8, 20 if sys_flag & SYSFLAG_STOREHOST_V6 else 8
+    ]
+    fields = header.unpack_from(buf, pos)
+    body_len = fields[14]
+    body_start = pos + header.size
     body_end = body_start + body_len
-    if body_len < 0 or body_end > rec_end:
+    topic_start = body_end + (2 if magic == MAGIC_V2 else 1)
+    rec_end = pos + size
+    if body_len < 0 or topic_start > rec_end:
         raise record_error(f"body length {body_len} overruns the record", pos)
-    tlen_width = 2 if magic == MAGIC_V2 else 1
-    topic_len = int.from_bytes(buf[body_end : body_end + tlen_width], "big")
-    topic_end = body_end + tlen_width + topic_len
+    topic_len = int.from_bytes(buf[body_end:topic_start], "big")
+    topic_end = topic_start + topic_len
     if topic_end + 2 > rec_end:
         raise record_error(f"topic length {topic_len} overruns the record", pos)
     props_len = int.from_bytes(buf[topic_end : topic_end + 2], "big")
@@ -218,26 +203,50 @@ def decode_record(
         raise record_error(
             f"field lengths add up to {topic_end + 2 + props_len - pos}, total size says {size}", pos
         )
-    body = bytes(buf[body_start:body_end])
-    if check_crc and (crc32(body) & 0x7FFFFFFF) != crc:
-        raise record_error(f"body CRC mismatch (stored {crc})", pos)
+    body = buf[body_start:body_end]
+    if check_crc and (crc32(body) & 0x7FFFFFFF) != fields[2]:
+        raise record_error(f"body CRC mismatch (stored {fields[2]})", pos)
+    return fields, body, topic_start, topic_end
+
+
+def decode_record(
+    buf: bytes | memoryview, pos: int = 0, *, limit: int | None = None, check_crc: bool = True
+) -> MessageExt:
+    """Decode the record at ``pos``; raise :class:`CorruptRecordError` on any inconsistency."""
+    fields, body, topic_start, topic_end = _walk(buf, pos, len(buf) if limit is None else limit, check_crc)
+    (
+        size,
+        _,
+        crc,
+        queue_id,
+        flag,
+        queue_offset,
+        phys,
+        sys_flag,
+        born_ts,
+        born_host,
+        store_ts,
+        store_host,
+        reconsume,
+        prepared,
+        _,
+    ) = fields
     try:
-        topic = bytes(buf[body_end + tlen_width : topic_end]).decode()
-        raw_props = bytes(buf[topic_end + 2 : rec_end])
+        topic = bytes(buf[topic_start:topic_end]).decode()
+        raw_props = bytes(buf[topic_end + 2 : pos + size])
         raw_props.decode()  # validate now; parse on first access
     except UnicodeDecodeError as e:
         raise record_error(f"topic or properties are not UTF-8 ({e.reason})", pos) from e
-    store_host_b = bytes(store_host)
     return MessageExt(
         topic=topic,
         queue_id=queue_id,
         queue_offset=queue_offset,
-        body=body,
+        body=bytes(body),
         raw_properties=raw_props,
         store_timestamp=store_ts,
         born_timestamp=born_ts,
-        born_host=decode_host(bytes(born_host)),
-        store_host=decode_host(store_host_b),
+        born_host=decode_host(born_host),
+        store_host=decode_host(store_host),
         commitlog_offset=phys,
         size=size,
         flag=flag,
@@ -275,33 +284,15 @@ def parse_record_view(buf: bytes | memoryview, pos: int, limit: int, check_crc: 
 
 
 def _view(buf: bytes | memoryview, pos: int, limit: int, check_crc: bool) -> tuple[int, RecordView]:
-    size, magic, sys_flag, born_len, _store_len, body_start = _layout(buf, pos, limit)
-    crc, queue_id = struct.unpack_from(">ii", buf, pos + POS_BODY_CRC)
-    queue_offset, phys = struct.unpack_from(">qq", buf, pos + POS_QUEUE_OFFSET)
-    store_ts = _LONG.unpack_from(buf, pos + POS_BORN_HOST + born_len)[0]
-    body_len = _INT.unpack_from(buf, body_start - 4)[0]
-    rec_end = pos + size
-    body_end = body_start + body_len
-    tlen_width = 2 if magic == MAGIC_V2 else 1
-    if body_len < 0 or body_end + tlen_width > rec_end:
-        raise record_error(f"body length {body_len} overruns the record", pos)
-    topic_len = int.from_bytes(buf[body_end : body_end + tlen_width], "big")
-    topic_end = body_end + tlen_width + topic_len
-    if topic_end + 2 > rec_end:
-        raise record_error(f"topic length {topic_len} overruns the record", pos)
-    props_len = int.from_bytes(buf[topic_end : topic_end + 2], "big")
-    if topic_end + 2 + props_len != rec_end:
-        raise record_error(
-            f"field lengths add up to {topic_end + 2 + props_len - pos}, total size says {size}", pos
-        )
-    if check_crc and (crc32(buf[body_start:body_end]) & 0x7FFFFFFF) != crc:
-        raise record_error(f"body CRC mismatch (stored {crc})", pos)
+    fields, _, topic_start, topic_end = _walk(buf, pos, limit, check_crc)
+    size = fields[0]
     try:
-        topic = bytes(buf[body_end + tlen_width : topic_end]).decode()
-        props = bytes(buf[topic_end + 2 : rec_end]).decode()
+        topic = bytes(buf[topic_start:topic_end]).decode()
+        props = bytes(buf[topic_end + 2 : pos + size]).decode()
     except UnicodeDecodeError as e:
         raise record_error(f"topic or properties are not UTF-8 ({e.reason})", pos) from e
-    return size, RecordView(size, queue_id, queue_offset, phys, sys_flag, store_ts, topic, props)
+    view = RecordView(size, fields[3], fields[5], fields[6], fields[7], fields[10], topic, props)
+    return size, view
 
 
 def blank_marker(free_bytes: int) -> bytes:
