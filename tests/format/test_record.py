@@ -499,3 +499,14 @@ def test_queue_messages_refuse_a_batch_with_one_bad_record(damage: str) -> None:
     assert batch.queue_messages(0, 4, "tq", 3, 40) is not None  # the records before them are fine
     with pytest.raises(CorruptRecordError):
         batch.message(5)
+
+
+def test_a_size_too_small_for_ipv6_hosts_is_corruption_not_a_crash() -> None:
+    # 100 bytes whose SYSFLAG claims two IPv6 hosts: the header alone would need 112. Recovery
+    # scans garbage like this at a file's tail and must see INVALID, not a struct.error.
+    buf = bytearray(100)
+    struct.pack_into(">iI", buf, 0, 95, codec.MAGIC_V1)
+    struct.pack_into(">i", buf, codec.POS_SYSFLAG, codec.SYSFLAG_BORNHOST_V6 | codec.SYSFLAG_STOREHOST_V6)
+    assert scan_record(memoryview(buf), 0, len(buf), True) == (INVALID, 0, None)
+    with pytest.raises(CorruptRecordError, match="smaller than its 112-byte header"):
+        decode_record(bytes(buf), 0)

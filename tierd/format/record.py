@@ -186,6 +186,8 @@ def _walk(
     header = _HEADERS[
         20 if sys_flag & SYSFLAG_BORNHOST_V6 else 8, 20 if sys_flag & SYSFLAG_STOREHOST_V6 else 8
     ]
+    if size < header.size + 3:  # else the unpack below could read past the buffer
+        raise record_error(f"total size {size} is smaller than its {header.size}-byte header", pos)
     fields = header.unpack_from(buf, pos)
     body_len = fields[14]
     body_start = pos + header.size
