@@ -8,13 +8,14 @@ functions here, so one hash serves both tiers.
 
 from __future__ import annotations
 
+from itertools import repeat
 from typing import TYPE_CHECKING
 
 import mmh3
 import numpy as np
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Iterator, Sequence
 
     import numpy.typing as npt
 
@@ -29,6 +30,12 @@ def key_hash(key: str) -> int:
     return int(mmh3.hash(key, 0, signed=False))
 
 
-def key_hashes(keys: Sequence[bytes]) -> npt.NDArray[np.uint32]:
-    """mmh3 32-bit (seed 0, unsigned) of each UTF-8 key, vectorised the fastest way mmh3 allows."""
-    return np.fromiter(map(mmh3.mmh3_32_uintdigest, keys), dtype=np.uint32, count=len(keys))
+def key_hashes(keys: Sequence[str] | Sequence[bytes]) -> npt.NDArray[np.uint32]:
+    """:func:`key_hash` of every key, as a numpy array, in one C-level loop: the hot store's
+    index hashes its ``topic#key`` strings, the cold index the UTF-8 bytes it cut out of records
+    (for bytes mmh3's digest function is the fastest form; both give the same hash)."""
+    if keys and isinstance(keys[0], bytes):
+        hashes: Iterator[int] = map(mmh3.mmh3_32_uintdigest, keys)
+    else:
+        hashes = map(mmh3.hash, keys, repeat(0), repeat(False))
+    return np.fromiter(hashes, dtype=np.uint32, count=len(keys))

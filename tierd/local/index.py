@@ -40,16 +40,14 @@ import struct
 import threading
 import time
 from contextlib import contextmanager
-from itertools import repeat
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import mmh3
 import numpy as np
 import numpy.typing as npt
 
 from tierd.errors import CorruptionError, InvalidArgumentError, StoreClosedError
-from tierd.format.key_hash import index_key, key_hash
+from tierd.format.key_hash import index_key, key_hash, key_hashes
 from tierd.local.mapped_file import fsync_dir
 
 if TYPE_CHECKING:
@@ -692,7 +690,7 @@ class IndexService:
         n = len(keys)
         if n == 0:
             return
-        hashes = np.fromiter(map(mmh3.hash, keys, repeat(0), repeat(False)), dtype=np.uint32, count=n)
+        hashes = key_hashes(keys)
         h, phy, ts = _as_columns(hashes, phy_offsets, timestamps_ms)
         with self._write_lock:
             self._check_ready()
