@@ -31,6 +31,12 @@ def decode_units(raw: bytes | memoryview) -> npt.NDArray[np.void]:
     return np.frombuffer(raw, UNIT_DTYPE, count=len(raw) // UNIT_SIZE)
 
 
+def unit_location(raw: bytes) -> tuple[int, int]:
+    """(commitlog offset, record size) of one unit: where its record is. (The size is read
+    unsigned: a corrupt negative size shows as one too large for any segment.)"""
+    return int.from_bytes(raw[:8], "big", signed=True), int.from_bytes(raw[8:12], "big")
+
+
 @lru_cache(maxsize=4096)
 def java_string_hash(s: str) -> int:
     """Java's ``String.hashCode`` (over UTF-16 code units, signed 32-bit wrap-around)."""
