@@ -60,7 +60,6 @@ POS_BORN_HOST: Final = 48
 HEADER_V4: Final = 88
 
 _INT = struct.Struct(">i")
-_LONG = struct.Struct(">q")
 _SHORT = struct.Struct(">H")
 _SIZE_MAGIC = struct.Struct(">iI")
 
@@ -162,6 +161,8 @@ class RecordView:
 
 
 def record_error(reason: str, pos: int) -> CorruptRecordError:
+    """The error for a record that is not what its framing claims (one wording for every decoder:
+    this module's, :class:`~tierd.format.batch.RecordBatch`'s)."""
     return CorruptRecordError(f"corrupt record at position {pos}: {reason}", position=pos, reason=reason)
 
 
