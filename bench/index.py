@@ -42,10 +42,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-import mmh3
 import numpy as np
 
 from tierd.drivers.memory import MemoryRoot, drop_namespace
+from tierd.format.key_hash import index_key, key_hash
 from tierd.testing.clock import ManualClock
 from tierd.testing.faults import FaultyRoot
 from tierd.tiered.index import ColdIndexService, FileStatus, compact, compacted_slots
@@ -68,7 +68,7 @@ def fill(svc: ColdIndexService, n: int, keys: dict[int, str], seed: int) -> floa
         hashes = rng.integers(0, 2**32, m, dtype=np.uint64).astype(np.uint32)
         for pos, key in keys.items():
             if start <= pos < start + m:
-                hashes[pos - start] = mmh3.hash(f"{TOPIC}#{key}", 0, signed=False)
+                hashes[pos - start] = key_hash(index_key(TOPIC, key))
         idx = np.arange(start, start + m, dtype=np.int64)
         t = time.perf_counter()
         svc.put_items(hashes, 1, idx % 16, idx * 1024, 1024, T0 + idx // 100)

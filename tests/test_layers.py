@@ -26,6 +26,8 @@ PACKAGES = ("tierd",)
 # The driver contract: what a third-party driver imports (docs/drivers.md).
 CONTRACT = {"tierd.drivers.segment", "tierd.drivers.paths"}
 ERRORS = "tierd.errors"
+# The record format every layer shares: a leaf below the hot store, the tiering engine and Spark.
+FORMAT = "tierd.format"
 # The facade and the modules only it (and the access layers) use.
 FACADE = {"tierd.store", "tierd.router", "tierd.groups", "tierd.inventory", "tierd.verify", "tierd.longpoll"}
 ACCESS = ("tierd.service", "tierd.cli", "tierd.spark")
@@ -127,6 +129,10 @@ def _violations() -> set[tuple[str, str]]:
                 # Drivers: only the contract, the errors and their own package.
                 if not (target == ERRORS or _under(target, "tierd.drivers")):
                     bad.add((importer, target))
+            elif _under(importer, FORMAT):
+                # The record format: only the errors and itself (no layer above it, no cycle).
+                if not (target == ERRORS or _under(target, FORMAT)):
+                    bad.add((importer, target))
             elif _under(importer, "tierd.local"):
                 # The hot store knows nothing of the cold tier nor of anything above it.
                 if _under(target, "tierd.tiered", "tierd.drivers", *ACCESS) or target in FACADE:
@@ -173,6 +179,15 @@ def test_the_driver_contract_reaches_only_the_errors() -> None:
         assert _closure(module) <= CONTRACT | {ERRORS}, module
 
 
+def test_the_record_format_reaches_only_itself_and_the_errors() -> None:
+    # Transitive, and over function-level imports too: the format used to import tierd.message,
+    # which imported the codec back inside its functions.
+    modules = [m for m in GRAPH if _under(m, FORMAT)]
+    assert {"tierd.format.record", "tierd.format.batch", "tierd.format.message_ext"} <= set(modules)
+    for module in modules:
+        assert {m for m in _closure(module) if not _under(m, FORMAT)} <= {ERRORS}, module
+
+
 def test_the_hot_store_knows_nothing_of_the_cold_tier() -> None:
     # Transitive: no chain of imports from tierd/local/ ends in the cold tier.
     for module in (m for m in GRAPH if _under(m, "tierd.local")):
@@ -182,7 +197,12 @@ def test_the_hot_store_knows_nothing_of_the_cold_tier() -> None:
 
 def test_spark_needs_no_daemon_and_no_local_metadata() -> None:
     for module in (m for m in GRAPH if _under(m, "tierd.spark")):
-        reached = _closure(module, skip=SPARK_ALLOWED) & SPARK_FORBIDDEN
+        # Not the hot store either: the record format Spark decodes is tierd.format's, not tierd/local/'s.
+        reached = {
+            m
+            for m in _closure(module, skip=SPARK_ALLOWED)
+            if m in SPARK_FORBIDDEN or _under(m, "tierd.local")
+        }
         assert not reached, f"{module} reaches {sorted(reached)}"
     assert set(SPARK_ALLOWED) <= {(a, b) for a, targets in GRAPH.items() for b in targets}
 

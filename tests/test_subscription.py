@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from tierd.errors import InvalidArgumentError, InvalidSubscriptionError
-from tierd.local.codec import java_string_hash, tags_code
+from tierd.format.cq_unit import java_string_hash, tags_code
 from tierd.subscription import ALL, MAX_TAGS, parse_tags
 
 

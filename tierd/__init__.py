@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from tierd.config import TierdConfig
     from tierd.errors import TierdError
-    from tierd.message import GetResult, GetStatus, Message, MessageExt, PutResult, ReadPolicy
+    from tierd.format.message_ext import MessageExt
+    from tierd.message import GetResult, GetStatus, Message, PutResult, ReadPolicy
     from tierd.store import BlockingMessageStore, MessageStore
 
 __version__ = "0.1.0"
@@ -43,7 +44,7 @@ _HOMES = {
     "GetResult": "tierd.message",
     "GetStatus": "tierd.message",
     "Message": "tierd.message",
-    "MessageExt": "tierd.message",
+    "MessageExt": "tierd.format.message_ext",
     "MessageStore": "tierd.store",
     "PutResult": "tierd.message",
     "ReadPolicy": "tierd.message",

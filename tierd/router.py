@@ -19,14 +19,15 @@ import os
 from typing import TYPE_CHECKING
 
 from tierd.errors import InvalidArgumentError, LostMessagesError, TierdError
-from tierd.local.codec import decode_record
+from tierd.format.record import decode_record
 from tierd.local.store import MAX_GET_BYTES, MAX_GET_COUNT, READ_YOUR_WRITES_WAIT, byte_bounded_count
 from tierd.local.validation import check_queue, check_topic
-from tierd.message import GetResult, GetStatus, MessageExt, ReadPolicy
+from tierd.message import GetResult, GetStatus, ReadPolicy
 from tierd.tiered.fetcher import ColdFetcher
 
 if TYPE_CHECKING:
     from tierd.config import TierdConfig
+    from tierd.format.message_ext import MessageExt
     from tierd.local.store import HotStore, QueueRange
     from tierd.subscription import TagFilter
     from tierd.tiered.flatmessage import FlatMessageFile

@@ -26,7 +26,7 @@ from tierd.groups import ConsumerGroups, GroupInfo
 from tierd.inventory import QueueInfo, SegmentRow, check_kind, live_segments, queue_infos
 from tierd.local.store import MAX_GET_COUNT, HotStore, PutBatchResult
 from tierd.longpoll import ArrivalNotifier
-from tierd.message import GetResult, GetStatus, Message, MessageExt, PutResult, ReadPolicy
+from tierd.message import GetResult, GetStatus, Message, PutResult, ReadPolicy
 from tierd.offsets import ConsumerOffsets, check_group
 from tierd.router import TierRouter
 from tierd.subscription import TagFilter, parse_tags
@@ -43,6 +43,7 @@ if TYPE_CHECKING:
 
     from tierd.config import TierdConfig
     from tierd.drivers.segment import BackendObserver
+    from tierd.format.message_ext import MessageExt
     from tierd.tiered.dispatcher import DispatchStats
     from tierd.tiered.fetcher import CacheStats
     from tierd.tiered.guard import BackendHealth

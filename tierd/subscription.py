@@ -27,12 +27,12 @@ from typing import TYPE_CHECKING, Final
 import numpy as np
 
 from tierd.errors import InvalidSubscriptionError
-from tierd.local.codec import java_string_hash
+from tierd.format.cq_unit import java_string_hash
 
 if TYPE_CHECKING:
     import numpy.typing as npt
 
-    from tierd.message import MessageExt
+    from tierd.format.message_ext import MessageExt
 
 #: Subscribes to every message, tagged or not (RocketMQ's ``SubscriptionData.SUB_ALL``).
 SUB_ALL: Final = "*"

@@ -45,8 +45,8 @@ import numpy as np
 
 from tierd.drivers.paths import cluster_dir, index_segment_path
 from tierd.errors import NotFoundError, PrefixOwnedError, TierdError
-from tierd.local.codec import BLANK, INVALID, VALID, parse_record_view, scan_record
-from tierd.local.consumequeue import UNIT_SIZE
+from tierd.format.cq_unit import UNIT_SIZE
+from tierd.format.record import BLANK, INVALID, VALID, parse_record_view, scan_record
 from tierd.local.store import HotStore
 from tierd.offsets import bucket_path as offsets_path
 from tierd.offsets import write_atomically

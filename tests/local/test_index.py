@@ -22,7 +22,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tierd.errors import CorruptionError, InvalidArgumentError, StoreClosedError
-from tierd.local.index import IndexFile, IndexService, index_key, key_hash
+from tierd.format.key_hash import index_key, key_hash
+from tierd.local.index import IndexFile, IndexService
 
 if TYPE_CHECKING:
     from collections.abc import Callable

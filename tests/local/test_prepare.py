@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from tierd import Message
 from tierd.errors import InvalidArgumentError, InvalidPropertiesError, MessageTooLargeError
-from tierd.local.codec import encode_host
+from tierd.format.host import encode_host
 from tierd.local.prepare import PreparedBatch, Preparer
 
 MAX_BODY = 4096

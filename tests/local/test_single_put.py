@@ -3,7 +3,7 @@
 ``put`` writes its record in place — the header packed straight into the commitlog mapping,
 then the body and the tail (topic, properties) copied after it — and hands the dispatcher one
 index key as a plain string when the message has exactly one. What lands in the commitlog must
-be byte for byte what :func:`~tierd.local.codec.encode_record` makes of the same fields, for
+be byte for byte what :func:`~tierd.format.record.encode_record` makes of the same fields, for
 every shape of message and across file rolls, and every key must be queryable. A batch is
 written with gathering ``pwritev`` calls that fall back to the mapping; the bytes must come out
 the same either way.
@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING
 import pytest
 
 from tierd import BlockingMessageStore, Message
-from tierd.local.codec import encode_host, encode_record, topic_field
+from tierd.format.host import encode_host
+from tierd.format.record import encode_record, topic_field
 from tierd.local.dispatch import DispatchBatch
 from tierd.local.mapped_file import MappedFile
 from tierd.local.validation import build_properties

@@ -30,8 +30,8 @@ from tierd.errors import (
     StoreLockedError,
     TierdError,
 )
-from tierd.local.codec import BLANK_MAGIC
-from tierd.local.consumequeue import UNIT_SIZE, decode_units
+from tierd.format.cq_unit import UNIT_SIZE, decode_units
+from tierd.format.record import BLANK_MAGIC
 
 from .conftest import small_config
 

@@ -14,7 +14,7 @@ import pytest
 
 from tierd import BlockingMessageStore, GetStatus, Message, MessageStore
 from tierd.errors import NotReadyError
-from tierd.local.codec import decode_record
+from tierd.format.record import decode_record
 from tierd.local.store import QueueRange
 
 if TYPE_CHECKING:

@@ -24,7 +24,10 @@ from fsspec.core import url_to_fs
 from tierd import BlockingMessageStore, Message, TierdConfig
 from tierd.drivers.paths import segment_path
 from tierd.drivers.segment import FileType
-from tierd.local.codec import encode_host, encode_properties, encode_record, tags_code, topic_field
+from tierd.format.cq_unit import tags_code
+from tierd.format.host import encode_host
+from tierd.format.properties import encode_properties
+from tierd.format.record import encode_record, topic_field
 from tierd.tiered.manifest import (
     BrokerManifest,
     ManifestSegment,

@@ -22,7 +22,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxBytes
 
 from tierd import BlockingMessageStore
-from tierd.local.codec import tags_code
+from tierd.format.cq_unit import tags_code
 from tierd.spark.filters import Constraints
 from tierd.spark.options import ReadOptions
 from tierd.spark.plan import load_queues

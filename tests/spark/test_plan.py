@@ -15,7 +15,8 @@ import pyarrow as pa
 import pytest
 
 from tierd.errors import CorruptRecordError, InvalidArgumentError, NotFoundError
-from tierd.local.codec import encode_host, offset_msg_id
+from tierd.format.host import encode_host
+from tierd.format.message_id import offset_msg_id
 from tierd.spark.decode import ARROW_SCHEMA, read_range
 from tierd.spark.filters import Constraints, Interval
 from tierd.spark.options import DEFAULT_MAX_PARTITION_BYTES, ReadOptions

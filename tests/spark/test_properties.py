@@ -12,7 +12,7 @@ import random
 
 import pyarrow as pa
 
-from tierd.local.codec import decode_properties
+from tierd.format.properties import decode_properties
 from tierd.spark.decode import _properties, _split_pairs, _uniform_pairs
 
 NAMES = ["a", "KEYS", "TAGS", "UNIQ_KEY", "é"]

@@ -24,7 +24,7 @@ import pytest
 import tierd.tiered.service as tiering_service
 from tierd import BlockingMessageStore, GetStatus, Message
 from tierd.errors import BackendError
-from tierd.local.codec import decode_record
+from tierd.format.record import decode_record
 from tierd.testing.faults import Fault, FaultPlan, FaultyRoot
 from tierd.tiered.metadata import MetadataStore
 from tierd.tiered.roots import open_driver_factory

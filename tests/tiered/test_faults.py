@@ -28,7 +28,7 @@ import pytest
 
 from tierd import BlockingMessageStore, Message
 from tierd.errors import BackendError
-from tierd.local.codec import POS_PHYSICAL_OFFSET
+from tierd.format.record import POS_PHYSICAL_OFFSET
 from tierd.local.store import HotStore
 from tierd.store import _LoopThread
 from tierd.testing.faults import Fault, FaultPlan, FaultyRoot

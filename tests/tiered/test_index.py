@@ -31,14 +31,10 @@ from tierd.drivers.memory import MemoryRoot, StoredSegment, drop_namespace, name
 from tierd.drivers.paths import segment_name
 from tierd.drivers.posix import PosixRoot
 from tierd.errors import CorruptionError, StoreClosedError
-from tierd.local.codec import (
-    MAGIC_V2,
-    decode_properties,
-    encode_host,
-    encode_properties,
-    encode_record,
-    topic_field,
-)
+from tierd.format.host import encode_host
+from tierd.format.key_hash import key_hashes as hash_keys
+from tierd.format.properties import decode_properties, encode_properties
+from tierd.format.record import MAGIC_V2, encode_record, topic_field
 from tierd.testing.clock import ManualClock
 from tierd.testing.faults import Fault, FaultPlan, FaultyRoot, InjectedFault
 from tierd.tiered.flatmessage import CommittedBatch
@@ -49,7 +45,6 @@ from tierd.tiered.index import (
     batch_keys,
     compact,
     compaction,
-    hash_keys,
 )
 from tierd.tiered.index import service as index_service
 

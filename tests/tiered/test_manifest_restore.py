@@ -14,8 +14,8 @@ import pytest
 
 from tierd import BlockingMessageStore, Message, TierdConfig
 from tierd.errors import InvalidArgumentError, NotFoundError
+from tierd.format.record import decode_record
 from tierd.inventory import bucket_segments
-from tierd.local.codec import decode_record
 from tierd.tiered.manifest import BrokerManifest, QueueManifest, broker_manifest_path, queue_manifest_path
 from tierd.tiered.metadata import MetadataStore
 from tierd.tiered.roots import open_driver_factory

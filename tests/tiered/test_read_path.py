@@ -247,7 +247,9 @@ def test_a_sequential_reader_finds_the_next_batch_loaded_ahead(tmp_path: Path) -
 
 
 def _batch_of(n: int) -> tuple[bytes, list[int], list[int]]:
-    from tierd.local.codec import encode_host, encode_properties, encode_record, topic_field
+    from tierd.format.host import encode_host
+    from tierd.format.properties import encode_properties
+    from tierd.format.record import encode_record, topic_field
 
     magic, topic = topic_field(b"h")
     records, offsets = [], []

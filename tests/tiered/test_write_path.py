@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from tierd import BlockingMessageStore, Message
-from tierd.local.codec import decode_record
+from tierd.format.record import decode_record
 from tierd.tiered.metadata import MetadataStore
 
 from .conftest import cold_config, run

@@ -13,7 +13,8 @@ import typer
 
 from tierd.cli.app import app, echo, emit_json, emit_table, handle_errors, obj
 from tierd.errors import InvalidArgumentError
-from tierd.message import GetStatus, Message, MessageExt, ReadPolicy
+from tierd.format.message_ext import MessageExt
+from tierd.message import GetStatus, Message, ReadPolicy
 
 PREVIEW = 60
 

@@ -26,9 +26,10 @@ import urllib.parse
 from typing import TYPE_CHECKING, Any
 
 from tierd.errors import InvalidArgumentError, NotFoundError, TierdError
+from tierd.format.message_ext import MessageExt
 from tierd.groups import GroupInfo, QueueLag
 from tierd.inventory import QueueInfo, SegmentRow
-from tierd.message import GetResult, GetStatus, MessageExt, PutResult, ReadPolicy
+from tierd.message import GetResult, GetStatus, PutResult, ReadPolicy
 
 if TYPE_CHECKING:
     from collections.abc import Iterator, Sequence

@@ -18,13 +18,8 @@ import numpy as np
 import numpy.typing as npt
 
 from tierd.errors import CorruptRecordError, MessageTooLargeError
-from tierd.local.codec import (
-    END_FILE_MIN_BLANK,
-    blank_marker,
-    decode_record,
-    encode_batch,
-    encode_record,
-)
+from tierd.format.batch import encode_batch
+from tierd.format.record import END_FILE_MIN_BLANK, blank_marker, decode_record, encode_record
 from tierd.local.mapped_file import MappedFile, MappedFileQueue
 from tierd.repeats import FailureLog
 
@@ -32,9 +27,9 @@ if TYPE_CHECKING:
     from collections.abc import Callable
     from pathlib import Path
 
+    from tierd.format.message_ext import MessageExt
     from tierd.local.dispatch import DispatchBatch, SingleRecord
     from tierd.local.prepare import PreparedBatch, PreparedOne
-    from tierd.message import MessageExt
 
 log = logging.getLogger(__name__)
 

@@ -15,6 +15,7 @@ import numpy as np
 import numpy.typing as npt
 
 from tierd.errors import CorruptionError
+from tierd.format.cq_unit import UNIT_DTYPE, UNIT_SIZE, decode_units
 from tierd.local.mapped_file import CachedFile, MappedFileQueue, fsync_dir, syncfs
 
 if TYPE_CHECKING:
@@ -23,10 +24,7 @@ if TYPE_CHECKING:
 
     from tierd.local.mapped_file import FileCache, PendingDirSyncs
 
-UNIT_SIZE: Final = 20
 FLOOR_FILE: Final = "floor"
-UNIT_DTYPE: Final = np.dtype([("offset", ">i8"), ("size", ">i4"), ("tags_code", ">i8")])
-assert UNIT_DTYPE.itemsize == UNIT_SIZE
 #: Recovery reads units in pieces growing from a page's worth to this many (64 KiB), up to the
 #: first empty unit: a queue with a few messages costs one small read, and the unwritten rest of
 #: its file is never touched.
@@ -35,20 +33,6 @@ RECOVER_UNITS: Final = 3276
 #: ``syncfs`` replaces an ``fdatasync`` per file: 10,000 queues written since the last
 #: checkpoint took 17 s of fsyncs here, one syncfs well under a second.
 SYNCFS_THRESHOLD: Final = 64
-
-
-def encode_units(
-    offsets: npt.NDArray[np.int64], sizes: npt.NDArray[np.int64], tags_codes: npt.NDArray[np.int64]
-) -> bytes:
-    units = np.empty(len(offsets), UNIT_DTYPE)
-    units["offset"] = offsets
-    units["size"] = sizes
-    units["tags_code"] = tags_codes
-    return units.tobytes()
-
-
-def decode_units(raw: bytes | memoryview) -> npt.NDArray[np.void]:
-    return np.frombuffer(raw, UNIT_DTYPE, count=len(raw) // UNIT_SIZE)
 
 
 class ConsumeQueue:

@@ -19,20 +19,25 @@ from typing import TYPE_CHECKING
 import numpy as np
 import numpy.typing as npt
 
-from tierd.local.codec import (
+from tierd.format.cq_unit import encode_units, tags_code
+from tierd.format.properties import (
+    KEY_SEPARATOR,
+    PROPERTY_KEYS,
+    PROPERTY_TAGS,
+    PROPERTY_UNIQ_KEY,
+    decode_properties,
+)
+from tierd.format.record import (
     SYSFLAG_TRANSACTION_MASK,
     SYSFLAG_TRANSACTION_PREPARED,
     SYSFLAG_TRANSACTION_ROLLBACK,
     RecordView,
-    decode_properties,
-    tags_code,
 )
-from tierd.local.consumequeue import ConsumeQueue, encode_units
-from tierd.message import KEY_SEPARATOR, PROPERTY_KEYS, PROPERTY_TAGS, PROPERTY_UNIQ_KEY
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
 
+    from tierd.local.consumequeue import ConsumeQueue
     from tierd.local.index import IndexService
     from tierd.local.prepare import GroupKey, PreparedBatch
 

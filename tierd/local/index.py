@@ -40,15 +40,14 @@ import struct
 import threading
 import time
 from contextlib import contextmanager
-from itertools import repeat
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import mmh3
 import numpy as np
 import numpy.typing as npt
 
 from tierd.errors import CorruptionError, InvalidArgumentError, StoreClosedError
+from tierd.format.key_hash import index_key, key_hash, key_hashes
 from tierd.local.mapped_file import fsync_dir
 
 if TYPE_CHECKING:
@@ -63,8 +62,6 @@ __all__ = [
     "IndexFile",
     "IndexService",
     "index_file_size",
-    "index_key",
-    "key_hash",
     "torn_at_creation",
 ]
 
@@ -97,19 +94,6 @@ _NAME_RE = re.compile(r"\d{17}")
 
 U32Array = npt.NDArray[np.uint32]
 I64Array = npt.NDArray[np.int64]
-
-
-def index_key(topic: str, key: str) -> str:
-    """The indexed string for ``key`` of ``topic`` (RocketMQ's ``topic#key``)."""
-    return f"{topic}#{key}"
-
-
-def key_hash(key: str) -> int:
-    """Unsigned 32-bit mmh3 (seed 0) of the UTF-8 ``key`` (already ``topic#key``).
-
-    tierd uses mmh3 instead of Java's ``String.hashCode`` (FORMATS.md §1.3): it spreads keys
-    better and the cold index uses the same function, so one hash serves both tiers."""
-    return int(mmh3.hash(key, 0, signed=False))
 
 
 def index_file_size(slots: int, items: int) -> int:
@@ -706,7 +690,7 @@ class IndexService:
         n = len(keys)
         if n == 0:
             return
-        hashes = np.fromiter(map(mmh3.hash, keys, repeat(0), repeat(False)), dtype=np.uint32, count=n)
+        hashes = key_hashes(keys)
         h, phy, ts = _as_columns(hashes, phy_offsets, timestamps_ms)
         with self._write_lock:
             self._check_ready()

@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import TYPE_CHECKING, Any
 
 from tierd.errors import ConfigError, CorruptionError
-from tierd.local.consumequeue import UNIT_SIZE
+from tierd.format.cq_unit import UNIT_SIZE
 from tierd.local.index import index_file_size
 from tierd.local.mapped_file import fsync_dir
 

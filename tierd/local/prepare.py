@@ -18,15 +18,15 @@ import numpy as np
 import numpy.typing as npt
 
 from tierd.errors import InvalidArgumentError, MessageTooLargeError
-from tierd.local.codec import (
+from tierd.format.cq_unit import tags_code
+from tierd.format.host import encode_host
+from tierd.format.properties import MAX_PROPERTIES_LENGTH, PROPERTY_KEYS, PROPERTY_TAGS, PROPERTY_UNIQ_KEY
+from tierd.format.record import (
     HEADER_V4,
-    MAX_PROPERTIES_LENGTH,
     SYSFLAG_BORNHOST_V6,
     SYSFLAG_STOREHOST_V6,
     crc32,
-    encode_host,
     header_struct,
-    tags_code,
     topic_field,
 )
 from tierd.local.validation import (
@@ -40,7 +40,7 @@ from tierd.local.validation import (
     check_queue,
     check_topic,
 )
-from tierd.message import PROPERTY_KEYS, PROPERTY_TAGS, PROPERTY_UNIQ_KEY, Message
+from tierd.message import Message
 
 GroupKey = tuple[str, int]
 

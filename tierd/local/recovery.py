@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from tierd.errors import CorruptRecordError
-from tierd.local.codec import (
+from tierd.format.record import (
     BLANK,
     END_FILE_MIN_BLANK,
     HEADER_V4,

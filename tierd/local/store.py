@@ -34,19 +34,21 @@ from tierd.errors import (
     StoreClosedError,
     StoreFullError,
 )
+from tierd.format.cq_unit import encode_units
+from tierd.format.host import encode_host
+from tierd.format.message_id import offset_msg_id, offset_msg_id_template
 from tierd.local.checkpoint import AbortMarker, Checkpoint, StoreLock
-from tierd.local.codec import encode_host, offset_msg_id
 from tierd.local.commitlog import CommitLog, FlushService, Prefaulter
-from tierd.local.consumequeue import ConsumeQueue, encode_units, flush_queues
+from tierd.local.consumequeue import ConsumeQueue, flush_queues
 from tierd.local.dispatch import DispatchBatch, ReputService
-from tierd.local.index import IndexService, index_key
+from tierd.local.index import IndexService
 from tierd.local.layout import check_layout
 from tierd.local.mapped_file import FileCache, PendingDirSyncs, open_files_limit
 from tierd.local.prepare import Preparer
 from tierd.local.quarantine import COPY_LIMIT, Quarantine
 from tierd.local.recovery import scan_commitlog
 from tierd.local.validation import RECORD_OVERHEAD_LIMIT, check_queue, check_topic
-from tierd.message import GetStatus, Message, MessageExt, PutResult, new_put_result
+from tierd.message import GetStatus, Message, PutResult, new_put_result
 from tierd.repeats import FailureLog
 from tierd.subscription import MAX_SCAN_UNITS
 
@@ -56,6 +58,7 @@ if TYPE_CHECKING:
     import numpy.typing as npt
 
     from tierd.config import StoreConfig
+    from tierd.format.message_ext import MessageExt
     from tierd.local.recovery import Damage
     from tierd.subscription import TagFilter
 
@@ -186,7 +189,8 @@ class HotStore:
         self.cfg = cfg
         self.dir = Path(cfg.dir)
         self.store_host = encode_host(cfg.store_host)
-        self._msg_id_prefix = self.store_host.hex().upper()
+        #: ``% phys`` gives a message id (commitlog offsets are >= 0: no mask needed).
+        self._msg_id = offset_msg_id_template(self.store_host)
         self._closed = True
         self.cqs: dict[tuple[str, int], ConsumeQueue] = {}
         self._cq_lock = threading.Lock()
@@ -463,7 +467,7 @@ class HotStore:
         p = self.preparer.prepare_one(message, time.time_ns() // 1_000_000)
         qoff, phys, end = self.commitlog.append_one(p)
         fut = self.flusher.request(end) if self.flusher.sync else None
-        return new_put_result(p[0][1], qoff, phys, self._msg_id_prefix + f"{phys:016X}"), fut
+        return new_put_result(p[0][1], qoff, phys, self._msg_id % phys), fut
 
     def put_batch(
         self, messages: Sequence[Message]
@@ -940,4 +944,4 @@ def _disk_usage_ratio(path: Path) -> float:
     return usage.used / usage.total if usage.total else 0.0
 
 
-__all__ = ["HotGetResult", "HotStore", "PutBatchResult", "QueueRange", "SourceUnits", "index_key"]
+__all__ = ["HotGetResult", "HotStore", "PutBatchResult", "QueueRange", "SourceUnits"]

@@ -19,8 +19,7 @@ from tierd.errors import (
     InvalidTopicError,
     MessageTooLargeError,
 )
-from tierd.local.codec import MAX_PROPERTIES_LENGTH
-from tierd.message import KEY_SEPARATOR, PROPERTY_KEYS, PROPERTY_TAGS
+from tierd.format.properties import KEY_SEPARATOR, MAX_PROPERTIES_LENGTH, PROPERTY_KEYS, PROPERTY_TAGS
 
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence

@@ -24,6 +24,7 @@ from pydantic import BaseModel, BeforeValidator, ValidationError
 
 # FastAPI reads route annotations at runtime: this import must stay a real one.
 from tierd.errors import NotReadyError
+from tierd.format.message_id import OFFSET_MASK, offset_msg_id_template
 from tierd.message import ReadPolicy  # noqa: TC001
 from tierd.service.auth import BearerAuthMiddleware, BodyLimitMiddleware
 from tierd.service.errors import (
@@ -278,11 +279,11 @@ async def produce_batch(topic: Topic, request: Request) -> Response:
     # JSON text straight from the result's columns: building PutResult objects or dicts and
     # serialising them would cost more than the append itself. Only integers and hex digits go
     # in, so nothing needs escaping (BatchOut documents the shape; a test parses it).
-    prefix = store.hot.store_host.hex().upper()
-    row = '{"queue_id":%d,"queue_offset":%d,"commitlog_offset":%d,"msg_id":"' + prefix + '%016X"}'
+    msg_id = offset_msg_id_template(store.hot.store_host)  # "%016X" % (offset & OFFSET_MASK)
+    row = '{"queue_id":%d,"queue_offset":%d,"commitlog_offset":%d,"msg_id":"' + msg_id + '"}'
     body = ",".join(
         [
-            row % (q, o, p, p & 0xFFFFFFFFFFFFFFFF)
+            row % (q, o, p, p & OFFSET_MASK)
             for q, o, p in zip(
                 res.queue_ids.tolist(),
                 res.queue_offsets.tolist(),

@@ -23,9 +23,10 @@ from tierd.message import GetStatus, Message
 from tierd.store import MAX_GET_COUNT
 
 if TYPE_CHECKING:
+    from tierd.format.message_ext import MessageExt
     from tierd.groups import GroupInfo
     from tierd.inventory import QueueInfo
-    from tierd.message import GetResult, MessageExt, PutResult
+    from tierd.message import GetResult, PutResult
     from tierd.store import TierReport
 
 #: Messages per batch request (RocketMQ bounds a batch by bytes; we bound both).

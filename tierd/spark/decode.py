@@ -5,7 +5,7 @@ what cannot be avoided: one memoryview slice per body and one ``crc32`` call per
 CRC check is not optional). Everything else is numpy over the whole buffer (fixed header fields
 gathered at per-record positions, so IPv4 and IPv6 hosts mix freely) or pyarrow compute
 (properties split into the map column, KEYS into the array column, TAGS looked up). Hosts are
-decoded once per distinct value, message ids hex-encoded with a lookup table.
+decoded once per distinct value, message ids by :func:`tierd.format.message_id.offset_msg_ids`.
 
 Validation is the codec's, in bulk: magic, field lengths that must add up to TOTALSIZE, body CRC,
 UTF-8 of topic and properties — plus what only the cold layout promises: PHYSICALOFFSET equals
@@ -25,7 +25,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tierd.errors import CorruptRecordError
-from tierd.local.codec import (
+from tierd.format.batch import gather_at
+from tierd.format.host import decode_host
+from tierd.format.message_id import offset_msg_ids
+from tierd.format.properties import KEY_SEPARATOR, PROPERTY_KEYS, PROPERTY_TAGS, PROPERTY_UNIQ_KEY
+from tierd.format.record import (
     HEADER_V4,
     MAGIC_V1,
     MAGIC_V2,
@@ -40,11 +44,8 @@ from tierd.local.codec import (
     SYSFLAG_BORNHOST_V6,
     SYSFLAG_STOREHOST_V6,
     crc32,
-    decode_host,
     decode_record,
-    gather_at,
 )
-from tierd.message import KEY_SEPARATOR, PROPERTY_KEYS, PROPERTY_TAGS, PROPERTY_UNIQ_KEY
 from tierd.spark.filters import property_mask, row_mask
 
 if TYPE_CHECKING:
@@ -98,7 +99,6 @@ _I4 = np.dtype(">i4")
 _U4 = np.dtype(">u4")
 _I8 = np.dtype(">i8")
 _U8 = np.dtype(">u8")
-_HEX = np.frombuffer(b"0123456789ABCDEF", np.uint8)
 _SIZE = struct.Struct(">i")
 _EMPTY_INDEX = np.zeros(0, np.int64)
 
@@ -197,28 +197,6 @@ def _hosts(
     return pa.array(names, pa.string()).take(pa.array(inverse.astype(np.int32))), raw
 
 
-def _msg_ids(
-    raw_host: npt.NDArray[np.uint8], v6: npt.NDArray[np.bool_], phys: npt.NDArray[np.int64]
-) -> pa.Array:
-    """Offset message ids: uppercase hex of STOREHOST bytes, then of the 8-byte PHYSICALOFFSET."""
-    n = len(phys)
-    if not v6.any():  # IPv4 only: 8 host bytes + 8 offset bytes per row, hexed in one C call
-        raw = np.empty((n, 16), np.uint8)
-        raw[:, :8] = raw_host[:, :8]
-        raw[:, 8:] = phys.astype(">i8").view(np.uint8).reshape(n, 8)
-        return _strings(raw.tobytes().hex().upper().encode(), np.arange(n + 1, dtype=np.int32) * 32)
-    host_hex = np.empty((n, 40), np.uint8)
-    host_hex[:, 0::2] = _HEX[raw_host >> 4]
-    host_hex[:, 1::2] = _HEX[raw_host & 0xF]
-    shifts = np.arange(60, -4, -4, dtype=np.uint64)
-    off_hex = _HEX[((phys.astype(np.uint64)[:, None] >> shifts) & np.uint64(0xF)).astype(np.intp)]
-    width = np.where(v6, 40, 16)
-    full = np.hstack([host_hex, off_hex])
-    cols = np.arange(56)
-    keep = (cols[None, :] < width[:, None]) | (cols[None, :] >= 40)
-    return _strings(full[keep].tobytes(), _offsets(width + 16))
-
-
 def _lookup(names: pa.Array, values: pa.Array, rows: npt.NDArray[np.int64], n: int, key: str) -> pa.Array:
     """Per row, the value of property ``key`` (the last one if repeated) or null."""
     hit = np.flatnonzero(pc.equal(names, key).to_numpy(zero_copy_only=False))
@@ -290,7 +268,7 @@ def _split_pairs(
 def _properties(props: pa.Array, n: int) -> tuple[pa.Array, pa.Array, pa.Array, pa.Array]:
     """``name 0x01 value 0x02`` strings → (map column, tags column, keys column, uniq_key column).
     Pieces without a name or a value are dropped, as RocketMQ (and
-    :func:`tierd.local.codec.decode_properties`) do."""
+    :func:`tierd.format.properties.decode_properties`) do."""
     pairs = _uniform_pairs(props, n)
     names, values, rows, offsets = pairs if pairs is not None else _split_pairs(props, n)
     props_map = pa.MapArray.from_arrays(
@@ -446,7 +424,7 @@ def decode_records(
     if wanted & {"store_host", "msg_id"}:
         made["store_host"], store_raw = _hosts(buf, store_host_pos, store_v6)
         if "msg_id" in wanted:
-            made["msg_id"] = _msg_ids(store_raw, store_v6, phys.astype(np.int64))
+            made["msg_id"] = _strings(*offset_msg_ids(store_raw, store_v6, phys.astype(np.int64)))
     ts = ARROW_SCHEMA.field("store_timestamp").type
     build: dict[str, Callable[[], pa.Array]] = {
         "topic": lambda: pa.repeat(pa.scalar(topic, pa.string()), n),

@@ -31,7 +31,7 @@ from pydantic import ValidationError
 
 from tierd.drivers.paths import index_segment_path
 from tierd.errors import CorruptionError, SegmentNotFoundError
-from tierd.local.index import index_key, key_hash
+from tierd.format.key_hash import index_key, key_hash
 from tierd.spark.plan import Queue, clip_ranges, record_positions, sort_ranges, split_ranges
 from tierd.spark.sparse import coalesce, span_ranges
 from tierd.tiered.index.format import SLOT_SIZE

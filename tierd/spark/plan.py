@@ -34,7 +34,7 @@ from pydantic import ValidationError
 from tierd.drivers.paths import cluster_dir, get_hash, segment_path
 from tierd.drivers.segment import FileType
 from tierd.errors import CorruptionError, NotFoundError, SegmentNotFoundError
-from tierd.local.consumequeue import UNIT_SIZE
+from tierd.format.cq_unit import UNIT_SIZE, unit_location
 from tierd.tiered.manifest import (
     BrokerManifest,
     ManifestSegment,
@@ -273,11 +273,6 @@ def load_queues(storage: ColdStorage, opts: ReadOptions, c: Constraints) -> list
     return queues
 
 
-def _unit(raw: bytes) -> tuple[int, int]:
-    """(flat commitlog offset, size) of a 20-byte consume-queue unit."""
-    return int.from_bytes(raw[:8], "big", signed=True), int.from_bytes(raw[8:12], "big")
-
-
 def record_positions(storage: ColdStorage, wanted: Sequence[tuple[Queue, int]]) -> list[int | None]:
     """Flat commitlog offset where the record of each (queue, queue offset) starts, from the cold
     consume queue: its own unit, or — for the queue's ``max_offset``, the next record to come —
@@ -300,7 +295,7 @@ def record_positions(storage: ColdStorage, wanted: Sequence[tuple[Queue, int]]) 
         if p is None:
             out.append(None)
             continue
-        flat, size = _unit(units[p[0]])
+        flat, size = unit_location(units[p[0]])
         out.append(flat + size if p[1] else flat)
     return out
 
@@ -372,7 +367,7 @@ def split_ranges(
     for r, cuts, reqs, seg_max_ms in splits:
         bounds: list[tuple[int, int]] = []  # (byte position in segment, queue offset)
         for qo, req in zip(cuts, reqs, strict=True):
-            flat, size = _unit(units[k])
+            flat, size = unit_location(units[k])
             k += 1
             if size == 0:  # a hole (messages lost before tiering): no record starts here
                 continue

@@ -16,8 +16,7 @@ from typing import TYPE_CHECKING, Final
 import numpy as np
 
 from tierd.errors import CorruptionError
-from tierd.local.codec import tags_code
-from tierd.local.consumequeue import UNIT_DTYPE, UNIT_SIZE
+from tierd.format.cq_unit import UNIT_SIZE, decode_units, tags_code
 from tierd.spark.decode import read_range
 
 if TYPE_CHECKING:
@@ -100,7 +99,7 @@ def _units(storage: ColdStorage, cq: Sequence[CqSegment], first: int, last: int 
         if hi is not None and expect >= hi:
             break
     raw = b"".join(parts)
-    return np.frombuffer(raw, UNIT_DTYPE, count=len(raw) // UNIT_SIZE)
+    return decode_units(raw)
 
 
 def read_tagged(

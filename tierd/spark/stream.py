@@ -39,7 +39,8 @@ from pyspark.sql.streaming.datasource import (
 
 from tierd.drivers.segment import FileType
 from tierd.errors import CorruptionError, NotFoundError
-from tierd.local.codec import POS_BORN_HOST, POS_SYSFLAG, SYSFLAG_BORNHOST_V6
+from tierd.format.cq_unit import unit_location
+from tierd.format.record import POS_BORN_HOST, POS_SYSFLAG, SYSFLAG_BORNHOST_V6
 from tierd.spark.filters import Constraints
 from tierd.spark.plan import clip_ranges, load_queues, record_positions, sort_ranges, split_ranges
 
@@ -265,7 +266,7 @@ def _store_times(storage: ColdStorage, probes: Sequence[tuple[Queue, int]]) -> l
     out = [_LATEST] * len(probes)
     at_head: list[int] = []  # index into out of each head read
     for i, ((q, _qo), raw) in enumerate(zip(probes, storage.read_units(units), strict=True)):
-        flat, size = int.from_bytes(raw[:8], "big", signed=True), int.from_bytes(raw[8:12], "big")
+        flat, size = unit_location(raw)
         segs = q.commitlogs()
         if size == 0 and (not segs or flat >= segs[-1].base_offset + segs[-1].size):
             continue  # a hole at the end of what is stored: no later record yet

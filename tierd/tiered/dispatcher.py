@@ -26,7 +26,7 @@ import numpy as np
 import numpy.typing as npt
 
 from tierd.errors import CorruptionError, TierdError
-from tierd.local.codec import POS_BORN_HOST, POS_SYSFLAG, SYSFLAG_BORNHOST_V6
+from tierd.format.record import POS_BORN_HOST, POS_SYSFLAG, SYSFLAG_BORNHOST_V6
 from tierd.repeats import EXPECTED, FailureLog
 
 if TYPE_CHECKING:

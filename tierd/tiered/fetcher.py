@@ -33,15 +33,15 @@ import numpy as np
 import numpy.typing as npt
 
 from tierd.errors import CorruptionError, CorruptRecordError, LostMessagesError, TierdError
-from tierd.local.codec import RecordBatch
-from tierd.local.consumequeue import UNIT_SIZE
+from tierd.format.batch import RecordBatch
+from tierd.format.cq_unit import UNIT_SIZE
 from tierd.subscription import MAX_SCAN_UNITS
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
     from tierd.config import TieredConfig
-    from tierd.message import MessageExt
+    from tierd.format.message_ext import MessageExt
     from tierd.subscription import TagFilter
     from tierd.tiered.flatmessage import FlatMessageFile
 

@@ -22,9 +22,9 @@ import numpy.typing as npt
 
 from tierd.drivers.segment import DriverRoot, FileType
 from tierd.errors import CorruptionError
-from tierd.local.codec import POS_PHYSICAL_OFFSET, POS_QUEUE_OFFSET, VALID, scan_record, tags_code
-from tierd.local.codec import decode_properties as _decode_properties
-from tierd.local.consumequeue import UNIT_SIZE, decode_units, encode_units
+from tierd.format.cq_unit import UNIT_SIZE, decode_units, encode_units, tags_code
+from tierd.format.properties import decode_properties as _decode_properties
+from tierd.format.record import POS_PHYSICAL_OFFSET, POS_QUEUE_OFFSET, VALID, scan_record
 from tierd.tiered.flatfile import ChangeHook, FlatAppendFile, ignore_change
 
 if TYPE_CHECKING:

@@ -11,7 +11,7 @@ import os
 import time
 from typing import TYPE_CHECKING
 
-from tierd.local.consumequeue import UNIT_SIZE
+from tierd.format.cq_unit import UNIT_SIZE
 from tierd.tiered.manifest import (
     BrokerManifest,
     QueueManifest,

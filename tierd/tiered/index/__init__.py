@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from tierd.tiered.index.compaction import compact
     from tierd.tiered.index.format import compacted_slots
-    from tierd.tiered.index.keys import batch_keys, hash_keys
+    from tierd.tiered.index.keys import batch_keys
     from tierd.tiered.index.results import FileStatus, IndexHit
     from tierd.tiered.index.service import ColdIndexService
 
@@ -38,7 +38,6 @@ __all__ = [
     "batch_keys",
     "compact",
     "compacted_slots",
-    "hash_keys",
 ]
 
 # Public name → the module that defines it.
@@ -49,7 +48,6 @@ _HOMES = {
     "batch_keys": "tierd.tiered.index.keys",
     "compact": "tierd.tiered.index.compaction",
     "compacted_slots": "tierd.tiered.index.format",
-    "hash_keys": "tierd.tiered.index.keys",
 }
 
 

@@ -1,23 +1,21 @@
-"""Key extraction: the indexed keys of a committed batch, and their hashes."""
+"""Key extraction: the indexed keys of a committed batch (hashed by :mod:`tierd.format.key_hash`)."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Final
 
-import mmh3
 import numpy as np
 
 from tierd.errors import CorruptionError
-from tierd.local.codec import HEADER_V4, MAGIC_V1, MAGIC_V2, POS_MAGIC, POS_SYSFLAG, gather_at
-from tierd.message import KEY_SEPARATOR, PROPERTY_KEYS, PROPERTY_UNIQ_KEY
+from tierd.format.batch import gather_at
+from tierd.format.properties import KEY_SEPARATOR, PROPERTY_KEYS, PROPERTY_UNIQ_KEY
+from tierd.format.record import HEADER_V4, MAGIC_V1, MAGIC_V2, POS_MAGIC, POS_SYSFLAG
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
-
     from tierd.tiered.flatmessage import CommittedBatch
-    from tierd.tiered.index.format import I64Array, U32Array
+    from tierd.tiered.index.format import I64Array
 
-__all__ = ["batch_keys", "hash_keys"]
+__all__ = ["batch_keys"]
 
 _U2: Final = np.dtype(">u2")
 _U4: Final = np.dtype(">u4")
@@ -103,8 +101,3 @@ def batch_keys(batch: CommittedBatch) -> tuple[list[bytes], list[int]]:
             keys.append(prefix + k)
             owners.append(i)
     return keys, owners
-
-
-def hash_keys(keys: Sequence[bytes]) -> U32Array:
-    """mmh3 32-bit (seed 0, unsigned) of each UTF-8 key, vectorised the fastest way mmh3 allows."""
-    return np.fromiter(map(mmh3.mmh3_32_uintdigest, keys), dtype=np.uint32, count=len(keys))

@@ -61,7 +61,8 @@ from tierd.errors import (
     SegmentSealedError,
     StoreClosedError,
 )
-from tierd.local.index import index_key, key_hash, torn_at_creation
+from tierd.format.key_hash import index_key, key_hash, key_hashes
+from tierd.local.index import torn_at_creation
 from tierd.tiered.index.compaction import CompactedIndex, compact
 from tierd.tiered.index.format import (
     HEADER_SIZE,
@@ -72,7 +73,7 @@ from tierd.tiered.index.format import (
     check_geometry,
     writable_size,
 )
-from tierd.tiered.index.keys import batch_keys, hash_keys
+from tierd.tiered.index.keys import batch_keys
 from tierd.tiered.index.reading import segment_slots
 from tierd.tiered.index.results import FileStatus, IndexFileInfo, IndexHit, IndexStats
 from tierd.tiered.index.uploaded import UploadedFile
@@ -343,7 +344,7 @@ class ColdIndexService:
         if keys:
             rec = np.asarray(owners, dtype=np.intp)
             added = self.put_items(
-                hash_keys(keys),
+                key_hashes(keys),
                 topic_id,
                 batch.queue_id,
                 np.asarray(batch.flat_offsets, dtype=np.int64)[rec],

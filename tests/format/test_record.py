@@ -11,23 +11,20 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tierd.errors import CorruptRecordError, InvalidArgumentError
-from tierd.local import codec
-from tierd.local.codec import (
+from tierd.format import record as codec
+from tierd.format.batch import encode_batch
+from tierd.format.cq_unit import java_string_hash, tags_code
+from tierd.format.host import encode_host
+from tierd.format.message_id import offset_msg_id, parse_offset_msg_id
+from tierd.format.properties import decode_properties, encode_properties
+from tierd.format.record import (
     BLANK,
     INVALID,
     MAGIC_V2,
     VALID,
-    decode_properties,
     decode_record,
-    encode_batch,
-    encode_host,
-    encode_properties,
     encode_record,
-    java_string_hash,
-    offset_msg_id,
-    parse_offset_msg_id,
     scan_record,
-    tags_code,
     topic_field,
 )
 
@@ -378,7 +375,7 @@ def test_batch_encoder_equals_single_encoder(items: list[tuple[bytes, str, bytes
     )
 )
 def test_batch_decoder_equals_record_decoder(items: list[tuple[bytes, str, dict[str, str], bool]]) -> None:
-    from tierd.local.codec import RecordBatch
+    from tierd.format.batch import RecordBatch
 
     records: list[bytes] = []
     for i, (body, topic, props, v6) in enumerate(items):
@@ -412,7 +409,7 @@ def test_batch_decoder_equals_record_decoder(items: list[tuple[bytes, str, dict[
 
 
 def test_batch_decoder_rejects_corruption() -> None:
-    from tierd.local.codec import RecordBatch
+    from tierd.format.batch import RecordBatch
 
     rec = golden_v1()
     data = bytearray(rec * 3)
@@ -463,7 +460,7 @@ def _queue_records(props: list[bytes], topic: bytes = b"tq", first: int = 40) ->
 def test_queue_messages_equal_record_decoder(props: list[dict[str, str]], data: st.DataObject) -> None:
     """The column-wise queue decoder returns exactly what the record decoder does, for any
     slice of the batch."""
-    from tierd.local.codec import RecordBatch
+    from tierd.format.batch import RecordBatch
 
     raw, sizes = _queue_records([encode_properties(p) for p in props])
     starts = np.cumsum(sizes) - sizes
@@ -484,7 +481,7 @@ def test_queue_messages_refuse_a_batch_with_one_bad_record(damage: str) -> None:
     properties end with the first byte of "é" and record 5's start with the second — each is
     invalid UTF-8 although the two side by side are valid, so a check of all properties at
     once must not glue them together."""
-    from tierd.local.codec import RecordBatch
+    from tierd.format.batch import RecordBatch
 
     props = [b"KEYS\x01k\x02"] * 8
     if damage == "props_invalid":
@@ -502,3 +499,14 @@ def test_queue_messages_refuse_a_batch_with_one_bad_record(damage: str) -> None:
     assert batch.queue_messages(0, 4, "tq", 3, 40) is not None  # the records before them are fine
     with pytest.raises(CorruptRecordError):
         batch.message(5)
+
+
+def test_a_size_too_small_for_ipv6_hosts_is_corruption_not_a_crash() -> None:
+    # 100 bytes whose SYSFLAG claims two IPv6 hosts: the header alone would need 112. Recovery
+    # scans garbage like this at a file's tail and must see INVALID, not a struct.error.
+    buf = bytearray(100)
+    struct.pack_into(">iI", buf, 0, 95, codec.MAGIC_V1)
+    struct.pack_into(">i", buf, codec.POS_SYSFLAG, codec.SYSFLAG_BORNHOST_V6 | codec.SYSFLAG_STOREHOST_V6)
+    assert scan_record(memoryview(buf), 0, len(buf), True) == (INVALID, 0, None)
+    with pytest.raises(CorruptRecordError, match="smaller than its 112-byte header"):
+        decode_record(bytes(buf), 0)
