@@ -177,6 +177,13 @@ def test_ipv6_hosts_set_sysflag_bits_and_shift_fields() -> None:
     assert parse_offset_msg_id(m.msg_id) == ("[::1]:10911", 4096)
 
 
+@pytest.mark.parametrize("born", ["1.2.3.4:5", "[2001:db8::1]:9876"])
+def test_store_timestamp_is_read_from_the_header_alone(born: str) -> None:
+    rec = _encode_like_golden(born_host=encode_host(born), store_timestamp=1_700_000_000_777)
+    buf = b"\0" * 7 + rec  # at any position in a file
+    assert codec.store_timestamp_at(buf, 7) == decode_record(rec).store_timestamp == 1_700_000_000_777
+
+
 def test_java_string_hash_vectors() -> None:
     assert java_string_hash("") == 0
     assert java_string_hash("a") == 97

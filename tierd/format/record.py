@@ -160,6 +160,15 @@ class RecordView:
     properties: str
 
 
+def store_timestamp_at(buf: bytes | memoryview, pos: int) -> int:
+    """STORETIMESTAMP of the record starting at ``pos``, read from its header alone (it follows
+    BORNHOST, whose width the SYSFLAG gives): for scans that need only the time, such as local
+    retention, without decoding or checking the record."""
+    sys_flag = int.from_bytes(buf[pos + POS_SYSFLAG : pos + POS_SYSFLAG + 4], "big")
+    at = pos + POS_BORN_HOST + (20 if sys_flag & SYSFLAG_BORNHOST_V6 else 8)
+    return int.from_bytes(buf[at : at + 8], "big", signed=True)
+
+
 def record_error(reason: str, pos: int) -> CorruptRecordError:
     """The error for a record that is not what its framing claims (one wording for every decoder:
     this module's, :class:`~tierd.format.batch.RecordBatch`'s)."""

@@ -19,7 +19,13 @@ import numpy.typing as npt
 
 from tierd.errors import CorruptRecordError, MessageTooLargeError
 from tierd.format.batch import encode_batch
-from tierd.format.record import END_FILE_MIN_BLANK, blank_marker, decode_record, encode_record
+from tierd.format.record import (
+    END_FILE_MIN_BLANK,
+    blank_marker,
+    decode_record,
+    encode_record,
+    store_timestamp_at,
+)
 from tierd.local.mapped_file import MappedFile, MappedFileQueue
 from tierd.repeats import FailureLog
 
@@ -311,15 +317,13 @@ class CommitLog:
             pos += size
         return out
 
-    def store_timestamp_at(self, offset: int) -> int:
-        """STORETIMESTAMP of the record at ``offset`` without decoding the body."""
+    def store_timestamp_at(self, offset: int) -> int | None:
+        """STORETIMESTAMP of the record at ``offset`` without decoding the body; None when the
+        commitlog no longer (or never) held that offset."""
         f = self.files.find(offset)
         if f is None:
-            return -1
-        at = offset - f.file_from_offset
-        sys_flag = int.from_bytes(f.view[at + 36 : at + 40], "big")
-        born_len = 20 if sys_flag & 0x10 else 8
-        return int.from_bytes(f.view[at + 48 + born_len : at + 56 + born_len], "big", signed=True)
+            return None
+        return store_timestamp_at(f.view, offset - f.file_from_offset)
 
     def truncate(self, offset: int) -> None:
         self.files.truncate(offset)

@@ -737,7 +737,7 @@ class HotStore:
         if self.quarantine.ranges and self.quarantine.covers(phys):
             return None
         ts = self.commitlog.store_timestamp_at(phys)
-        return ts if ts >= 0 else None
+        return ts if ts is not None and ts >= 0 else None
 
     def position(self, topic: str, queue_id: int, offset: int) -> int | None:
         """Commitlog offset of the message at queue ``offset`` (None: not in the queue)."""
@@ -863,7 +863,7 @@ class HotStore:
             newest = self.commitlog.store_timestamp_at(nxt.file_from_offset)
             if end > self.reput.dispatched_offset or not self.delete_guard(end):
                 break
-            if not over and not (0 <= newest < expire_before):
+            if not over and (newest is None or not 0 <= newest < expire_before):
                 break
             doomed += 1
         if doomed:
