@@ -40,7 +40,7 @@ from pyspark.sql.streaming.datasource import (
 from tierd.drivers.segment import FileType
 from tierd.errors import CorruptionError, NotFoundError
 from tierd.format.cq_unit import unit_location
-from tierd.format.record import POS_BORN_HOST, POS_SYSFLAG, SYSFLAG_BORNHOST_V6
+from tierd.format.record import POS_BORN_HOST, store_timestamp_at
 from tierd.spark.filters import Constraints
 from tierd.spark.plan import clip_ranges, load_queues, record_positions, sort_ranges, split_ranges
 
@@ -275,9 +275,7 @@ def _store_times(storage: ColdStorage, probes: Sequence[tuple[Queue, int]]) -> l
         heads.append((q.path(FileType.COMMIT_LOG, seg.base_offset), at, at + _TS_HEADER))
         at_head.append(i)
     for i, raw in zip(at_head, storage.read_units(heads), strict=True):
-        v6 = int.from_bytes(raw[POS_SYSFLAG : POS_SYSFLAG + 4], "big") & SYSFLAG_BORNHOST_V6
-        at = POS_BORN_HOST + (20 if v6 else 8)
-        out[i] = int.from_bytes(raw[at : at + 8], "big", signed=True)
+        out[i] = store_timestamp_at(raw, 0)
     return out
 
 
