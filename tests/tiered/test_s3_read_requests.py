@@ -13,6 +13,7 @@ import pytest
 from tierd import BlockingMessageStore, Message
 from tierd.testing.s3server import create_bucket
 from tierd.testing.workload import list_objects, log_requests
+from tierd.tiered.fetcher import READ_AHEAD_DEPTH
 
 from .conftest import cold_config
 
@@ -87,3 +88,29 @@ def test_a_sequential_consume_reads_each_commitlog_object_once(
     # and nothing more, so when the first object holds more, its rest takes a second GET.
     assert gets.pop(first) == (1 if count > 49 else 2)
     assert set(gets.values()) == {1}, gets
+
+
+def test_a_sequential_consume_finds_the_next_object_loaded_ahead(
+    tmp_path: Path, moto_server: S3Server
+) -> None:
+    """While the caller works on one result, the GET of the next stored object is already the
+    read-ahead's: of a sequential consume's commitlog GETs, only the first is the reader's own,
+    every later one a background load (so the server's time overlaps tierd's decoding instead
+    of adding to it); and no more loads run at once than the read-ahead allows."""
+    store, _ = _tier(tmp_path, moto_server, 64)
+    with store:
+        store.wait_ready()
+        calls = log_requests(store)
+        fetcher = store.router.fetcher
+        offset, most_in_flight = 0, 0
+        while offset < MESSAGES:
+            r = store.get("seq", 0, offset, 64, policy="FORCE")
+            assert r.source == "cold"
+            assert [m.body for m in r.messages] == [_body(i) for i in range(offset, r.next_offset)]
+            most_in_flight = max(most_in_flight, len(fetcher.cache.inflight))
+            offset = r.next_offset
+        objects = {path for op, path in calls if op == "GetObject" and "/COMMIT_LOG/" in path}
+        assert len(objects) > 5
+        # one load per object (the test above); all but the first started ahead of the reader
+        assert fetcher.cache.stats.prefetches == len(objects) - 1, (fetcher.cache.stats, calls)
+        assert most_in_flight <= READ_AHEAD_DEPTH
