@@ -15,8 +15,10 @@ reads each body whole — the same bytes, with no decoding.
 store opened for the round (opening, not timed, leaves it with an empty read cache, as after a
 restart), so no round profits from the one before. Reported per server: MB/s of commitlog bytes
 for both per round, medians, the ratio of the medians (target >= 0.5), each round's ratio, and
-the S3 requests of the median consume by operation. ``--server`` moto, seaweedfs or both
-(default; one after the other).
+the S3 requests of the median consume by operation, and this process's CPU time per message
+(the consume's threads, not the S3 server's; steadier than wall time on a shared machine) with the
+part spent in the garbage collector. ``--server`` moto, seaweedfs or both (default; one after
+the other).
 
 Usage: ``python bench/cold_read.py [--mib 256] [--queues 16] [--repeat 3] [--server both]``.
 """
@@ -76,6 +78,20 @@ def setup(cfg: TierdConfig, messages: int, queues: int) -> dict[str, Any]:
     }
 
 
+class _GcClock:
+    """Seconds the cyclic garbage collector runs while installed (``gc.callbacks``)."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self._start = 0.0
+
+    def __call__(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._start = time.perf_counter()
+        else:
+            self.seconds += time.perf_counter() - self._start
+
+
 def consume(cfg: TierdConfig, queues: int) -> dict[str, Any]:
     """Open the store (not timed), then read every queue from 0 to its end from the cold tier."""
     with BlockingMessageStore.open(cfg) as store:
@@ -85,7 +101,9 @@ def consume(cfg: TierdConfig, queues: int) -> dict[str, Any]:
         # models): collected here, not by a full collection inside the timed consume.
         gc.collect()
         got = got_bytes = 0
-        t = time.perf_counter()
+        gc_clock = _GcClock()
+        gc.callbacks.append(gc_clock)
+        t, cpu = time.perf_counter(), time.process_time()
         for queue in range(queues):
             offset, end = 0, store.max_offset(TOPIC, queue)
             while offset < end:
@@ -95,9 +113,17 @@ def consume(cfg: TierdConfig, queues: int) -> dict[str, Any]:
                 got += len(res.messages)
                 got_bytes += sum(m.size for m in res.messages)
                 offset = res.next_offset
-        seconds = time.perf_counter() - t
+        seconds, cpu = time.perf_counter() - t, time.process_time() - cpu
+        gc.callbacks.remove(gc_clock)
         calls = dict(sorted(requests.items()))
-    return {"seconds": seconds, "messages": got, "bytes": got_bytes, "requests": calls}
+    return {
+        "seconds": seconds,
+        "cpu_seconds": cpu,
+        "gc_seconds": gc_clock.seconds,
+        "messages": got,
+        "bytes": got_bytes,
+        "requests": calls,
+    }
 
 
 def baseline_get(server: S3Server, bucket: str, keys: list[tuple[str, int]]) -> dict[str, Any]:
@@ -156,6 +182,8 @@ def run_server(name: str, args: argparse.Namespace, tmp: Path) -> dict[str, Any]
         "baseline_boto3_get_mb_per_s": spread(base_mb),
         "ratio_of_medians": round(ratio, 3),
         "ratio_per_round": [round(c / b, 3) for c, b in zip(cold_mb, base_mb, strict=True)],
+        "consume_cpu_us_per_message": spread([r["cpu_seconds"] / r["messages"] * 1e6 for r in cold_runs]),
+        "consume_gc_us_per_message": spread([r["gc_seconds"] / r["messages"] * 1e6 for r in cold_runs]),
         "target": TARGET,
         "meets_target": ratio >= TARGET,
         "requests_of_median_round": median_run["requests"],
