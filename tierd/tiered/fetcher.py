@@ -61,8 +61,11 @@ TAIL_SHARE = 8
 SEQUENTIAL_UNIT_READ = 4
 #: Bytes a cached unit takes (flat offset, size, tags code: three int64).
 UNIT_ROW_BYTES = 24
-#: Messages decoded between two turns of the event loop.
-DECODE_SLICE = 1024
+#: Messages decoded between two turns of the event loop: a default batch (``read_ahead_count``)
+#: at once — about 5 ms of decoding, the longest the loop waits. Turning it every 1,024 messages
+#: cost a cold consume ~10 % more CPU and ~10 % of its speed (docs/performance.md, P3): each turn
+#: let a prefetch's receive cut into the decode, and neither went faster for it.
+DECODE_SLICE = 4096
 #: Smallest budget of the consume-queue unit cache (an eighth of ``tiered.cache_max_bytes``).
 UNIT_CACHE_MIN = 1 << 20
 #: Queues whose last read position is remembered (oldest forgotten first).
@@ -338,8 +341,9 @@ class ColdFetcher:
             stop = min(batch.end, offset + max_count - len(out))
             if sequential or stop > (batch.first + batch.end) // 2:
                 self._read_ahead(ff, batch)
-            # In slices, yielding to the loop in between: a prefetch in flight keeps receiving
-            # while a long read decodes (one thread, so no fight for the GIL). The collector
+            # In slices of DECODE_SLICE, yielding to the loop in between: a prefetch in flight
+            # keeps receiving while a long read decodes (one thread, so no fight for the GIL),
+            # and other tasks wait at most one slice. The collector
             # stays paused over all the slices, not per slice: each re-enable made it collect
             # the slices' new messages — still alive in ``out`` — pushing them to an older
             # generation, and enough of those trigger full collections (three per 256 MiB
