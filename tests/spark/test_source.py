@@ -16,7 +16,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import to_arrow_schema
 
 from tierd.spark.decode import ARROW_SCHEMA
-from tierd.spark.source import SPARK_SCHEMA
+from tierd.spark.source import NULLABLE_COLUMNS, SPARK_SCHEMA
 from tierd.testing.s3server import create_bucket
 
 from ..tiered.conftest import cold_config
@@ -78,6 +78,32 @@ def _read(spark: SparkSession, url: str, so: dict[str, Any] | None = None, **opt
 
 def test_arrow_schema_is_what_spark_expects() -> None:
     assert to_arrow_schema(SPARK_SCHEMA, timezone="UTC").equals(ARROW_SCHEMA)
+
+
+def test_only_tags_and_uniq_key_are_nullable() -> None:
+    """Spark trusts a non-nullable column (no null check per value): only the two columns a
+    message may lack are declared nullable, and the refusal of a user schema knows them."""
+    assert {f.name for f in SPARK_SCHEMA.fields if f.nullable} == {"tags", "uniq_key"}
+    assert set(NULLABLE_COLUMNS) == {"tags", "uniq_key"}
+
+
+def test_columns_declared_non_nullable_hold_no_nulls(
+    spark: SparkSession, s3_cold: tuple[str, dict[str, Any], Produced]
+) -> None:
+    """What the schema promises, the rows keep: no null in any non-nullable column (Spark would
+    not check), while tags and uniq_key are null where a message has none."""
+    url, so, _ = s3_cold
+    df = _read(spark, url, so)
+    assert [f.name for f in df.schema.fields if f.nullable] == ["tags", "uniq_key"]
+    counts = df.select(
+        F.count(F.lit(1)).alias("rows"),
+        *[F.count(F.when(F.col(f.name).isNull(), 1)).alias(f.name) for f in SPARK_SCHEMA.fields],
+    ).first()
+    assert counts is not None
+    assert counts.rows > counts.tags > 0  # messages without tags: null there
+    assert {f.name: counts[f.name] for f in SPARK_SCHEMA.fields if not f.nullable} == dict.fromkeys(
+        (f.name for f in SPARK_SCHEMA.fields if not f.nullable), 0
+    )
 
 
 def test_s3_every_message_and_body_comes_back(
@@ -242,6 +268,7 @@ def test_a_user_schema_selects_columns(spark: SparkSession, file_cold: tuple[str
         ("body string", r"column 'body' is binary in tierd, the given schema says string"),
         ("body binary, Body binary", r"column 'Body' appears twice"),
         ("tags string not null", r"column 'tags' is null for messages without tags"),
+        ("uniq_key string not null", r"column 'uniq_key' is null for messages without a UNIQ_KEY"),
     ],
 )
 def test_a_user_schema_that_is_no_selection_is_refused_clearly(

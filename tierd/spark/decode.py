@@ -67,25 +67,28 @@ __all__ = [
     "read_range",
 ]
 
-#: The columns of DESIGN's Spark interface, as Spark's ``to_arrow_schema`` renders them.
+#: The columns of DESIGN's Spark interface, as Spark's ``to_arrow_schema`` renders them. Only
+#: ``tags`` and ``uniq_key`` can be null (a message without them); every other column is declared
+#: non-nullable, which spares Spark a null check per value when it copies rows out of the batches
+#: (~15 % of its CPU for a full scan). Array elements and map values keep Spark's default.
 ARROW_SCHEMA: Final = pa.schema(
     [
-        ("topic", pa.string()),
-        ("queue_id", pa.int32()),
-        ("queue_offset", pa.int64()),
-        ("physical_offset", pa.int64()),
-        ("store_timestamp", pa.timestamp("us", tz="UTC")),
-        ("born_timestamp", pa.timestamp("us", tz="UTC")),
-        ("tags", pa.string()),
-        ("keys", pa.list_(pa.field("element", pa.string()))),
-        ("msg_id", pa.string()),
-        ("properties", pa.map_(pa.string(), pa.string())),
-        ("body", pa.binary()),
-        ("sys_flag", pa.int32()),
-        ("reconsume_times", pa.int32()),
-        ("born_host", pa.string()),
-        ("store_host", pa.string()),
-        ("uniq_key", pa.string()),
+        pa.field("topic", pa.string(), nullable=False),
+        pa.field("queue_id", pa.int32(), nullable=False),
+        pa.field("queue_offset", pa.int64(), nullable=False),
+        pa.field("physical_offset", pa.int64(), nullable=False),
+        pa.field("store_timestamp", pa.timestamp("us", tz="UTC"), nullable=False),
+        pa.field("born_timestamp", pa.timestamp("us", tz="UTC"), nullable=False),
+        pa.field("tags", pa.string()),
+        pa.field("keys", pa.list_(pa.field("element", pa.string())), nullable=False),
+        pa.field("msg_id", pa.string(), nullable=False),
+        pa.field("properties", pa.map_(pa.string(), pa.string()), nullable=False),
+        pa.field("body", pa.binary(), nullable=False),
+        pa.field("sys_flag", pa.int32(), nullable=False),
+        pa.field("reconsume_times", pa.int32(), nullable=False),
+        pa.field("born_host", pa.string(), nullable=False),
+        pa.field("store_host", pa.string(), nullable=False),
+        pa.field("uniq_key", pa.string()),
     ]
 )
 #: Smallest valid record: IPv4 header, empty body, empty topic length byte, properties length.

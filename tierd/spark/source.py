@@ -25,7 +25,7 @@ from __future__ import annotations
 import json
 import sys
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 from pyspark.sql.datasource import (
     DataSource,
@@ -83,26 +83,30 @@ __all__ = [
 ]
 
 #: DESIGN's columns (plus ``uniq_key``); ``decode.ARROW_SCHEMA`` is the same schema in Arrow terms.
+#: Only ``tags`` and ``uniq_key`` are nullable: nothing else is ever null.
 SPARK_SCHEMA = StructType(
     [
-        StructField("topic", StringType()),
-        StructField("queue_id", IntegerType()),
-        StructField("queue_offset", LongType()),
-        StructField("physical_offset", LongType()),
-        StructField("store_timestamp", TimestampType()),
-        StructField("born_timestamp", TimestampType()),
+        StructField("topic", StringType(), nullable=False),
+        StructField("queue_id", IntegerType(), nullable=False),
+        StructField("queue_offset", LongType(), nullable=False),
+        StructField("physical_offset", LongType(), nullable=False),
+        StructField("store_timestamp", TimestampType(), nullable=False),
+        StructField("born_timestamp", TimestampType(), nullable=False),
         StructField("tags", StringType()),
-        StructField("keys", ArrayType(StringType())),
-        StructField("msg_id", StringType()),
-        StructField("properties", MapType(StringType(), StringType())),
-        StructField("body", BinaryType()),
-        StructField("sys_flag", IntegerType()),
-        StructField("reconsume_times", IntegerType()),
-        StructField("born_host", StringType()),
-        StructField("store_host", StringType()),
+        StructField("keys", ArrayType(StringType()), nullable=False),
+        StructField("msg_id", StringType(), nullable=False),
+        StructField("properties", MapType(StringType(), StringType()), nullable=False),
+        StructField("body", BinaryType(), nullable=False),
+        StructField("sys_flag", IntegerType(), nullable=False),
+        StructField("reconsume_times", IntegerType(), nullable=False),
+        StructField("born_host", StringType(), nullable=False),
+        StructField("store_host", StringType(), nullable=False),
         StructField("uniq_key", StringType()),
     ]
 )
+
+#: The columns that can be null (the nullable ones of :data:`SPARK_SCHEMA`), and when they are.
+NULLABLE_COLUMNS: Final = {"tags": "tags", "uniq_key": "a UNIQ_KEY property"}
 
 _OPS: dict[type[Filter], str] = {
     EqualTo: "==",
@@ -318,9 +322,10 @@ def select_columns(schema: StructType) -> tuple[Column, ...]:
             )
         if any(c.column == col for c in chosen):
             raise InvalidArgumentError(f"column {f.name!r} appears twice in the given schema", column=f.name)
-        if col == "tags" and not f.nullable:
+        if not f.nullable and col in NULLABLE_COLUMNS:
             raise InvalidArgumentError(
-                "column 'tags' is null for messages without tags; declare it nullable", column=f.name
+                f"column {col!r} is null for messages without {NULLABLE_COLUMNS[col]}; declare it nullable",
+                column=f.name,
             )
         chosen.append(Column(f.name, col, f.nullable))
     if not chosen:
