@@ -32,7 +32,12 @@ first four, the baseline's from ~0.9 s to ~0.5 s), and a query over months of hi
 warm. The warm-up times are in the JSON. Then ``--repeat`` (5) rounds, each the baseline then
 tierd, so both see the same machine (a ~1 s job here varies by ±20 % from run to run). Prints
 JSON with rows/s per run, median and best, and the ratio tierd/baseline of the medians (target
->= 0.8; the ratio of the bests is reported beside it). Parquet is measured after the rounds, same way.
+>= 0.8; the ratio of the bests is reported beside it). Each timed round also charges CPU seconds
+(Linux ``/proc``) to the Spark JVM, its Python workers (every process below the JVM) and the S3
+server: ``cpu_seconds_per_query`` (medians) per source, and ``cpu_ratio_tierd_vs_baseline``, the
+baseline's total over tierd's — steadier than wall time when other work shares the cores.
+Both sources yield Arrow record batches (none builds a Python object per row).
+Parquet is measured after the rounds, same way.
 Usage: ``python bench/spark_read.py [--messages 200000] [--size 1024] [--warmup 3] [--repeat 5]
 [--segment-mib 64]``.
 """
@@ -221,6 +226,57 @@ def _pushdown(spark: SparkSession, tierd: Any, stats: Path, n: int, repeat: int)
     return out
 
 
+_HZ = os.sysconf("SC_CLK_TCK")
+
+
+def _proc_table() -> dict[int, tuple[int, float]]:
+    """pid -> (parent pid, CPU seconds: user + system, its own plus its reaped children's)."""
+    out: dict[int, tuple[int, float]] = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            fields = Path(f"/proc/{name}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:  # gone meanwhile
+            continue
+        out[int(name)] = (int(fields[1]), sum(int(f) for f in fields[11:15]) / _HZ)
+    return out
+
+
+class CpuMeter:
+    """CPU seconds of the processes a query runs in (Linux ``/proc``): the Spark JVM, its Python
+    workers (every process below the JVM: planning and task workers) and the S3 server. Steadier
+    than wall time on a shared machine: each side is charged only what it ran."""
+
+    def __init__(self, jvm_pid: int, server_pid: int) -> None:
+        self.jvm_pid = jvm_pid
+        self.server_pid = server_pid
+
+    def sample(self) -> dict[str, float]:
+        table = _proc_table()
+        children: dict[int, list[int]] = {}
+        for pid, (ppid, _) in table.items():
+            children.setdefault(ppid, []).append(pid)
+        workers, todo = 0.0, [self.jvm_pid]
+        while todo:
+            for child in children.get(todo.pop(), []):
+                workers += table[child][1]
+                todo.append(child)
+        return {
+            "jvm": table.get(self.jvm_pid, (0, 0.0))[1],
+            "python_workers": workers,
+            "s3_server": table.get(self.server_pid, (0, 0.0))[1],
+        }
+
+
+def _measured(make: Any, col: str, meter: CpuMeter) -> tuple[float, int, int, dict[str, float]]:
+    """:func:`_query` plus the CPU seconds each process spent on it."""
+    before = meter.sample()
+    t, rows, nbytes = _query(make, col)
+    after = meter.sample()
+    return t, rows, nbytes, {k: after[k] - before[k] for k in after}
+
+
 def _query(make: Any, col: str) -> tuple[float, int, int]:
     """One timed query: (seconds, rows, bytes)."""
     t = time.perf_counter()
@@ -228,12 +284,18 @@ def _query(make: Any, col: str) -> tuple[float, int, int]:
     return time.perf_counter() - t, int(r.n), int(r.b)
 
 
-def _summary(runs: list[tuple[float, int, int]]) -> dict[str, Any]:
+def _summary(runs: list[tuple[float, int, int]], cpu: list[dict[str, float]] | None = None) -> dict[str, Any]:
     times = [t for t, _, _ in runs]
     rows, nbytes = runs[-1][1], runs[-1][2]
     assert all((n, b) == (rows, nbytes) for _, n, b in runs), runs
     median, best = statistics.median(times), min(times)
+    extra: dict[str, Any] = {}
+    if cpu:
+        per = {k: statistics.median(c[k] for c in cpu) for k in cpu[0]}
+        per["total"] = statistics.median(sum(c.values()) for c in cpu)
+        extra["cpu_seconds_per_query"] = {k: round(v, 3) for k, v in per.items()}
     return {
+        **extra,
         "rows": rows,
         "bytes": nbytes,
         "seconds_runs": [round(t, 3) for t in times],
@@ -315,11 +377,20 @@ def main() -> None:
             for _ in range(args.warmup):  # Python workers, imports, S3 clients, the JIT
                 warm["baseline"].append(round(_query(baseline, "record")[0], 3))
                 warm["tierd"].append(round(_query(tierd, "body")[0], 3))
-            base_runs, our_runs = [], []
+            jvm = spark.sparkContext._gateway.proc  # type: ignore[union-attr]
+            meter = CpuMeter(jvm.pid, server.process.pid)
+            base_runs: list[tuple[float, int, int]] = []
+            our_runs: list[tuple[float, int, int]] = []
+            base_cpu: list[dict[str, float]] = []
+            our_cpu: list[dict[str, float]] = []
             for _ in range(args.repeat):  # interleaved: both sides see the same machine
-                base_runs.append(_query(baseline, "record"))
-                our_runs.append(_query(tierd, "body"))
-            base, ours = _summary(base_runs), _summary(our_runs)
+                t, n, b, cpu = _measured(baseline, "record", meter)
+                base_runs.append((t, n, b))
+                base_cpu.append(cpu)
+                t, n, b, cpu = _measured(tierd, "body", meter)
+                our_runs.append((t, n, b))
+                our_cpu.append(cpu)
+            base, ours = _summary(base_runs, base_cpu), _summary(our_runs, our_cpu)
 
             def tierd_body() -> Any:
                 return tierd("body binary")
@@ -352,6 +423,8 @@ def main() -> None:
         "ratio_tierd_vs_baseline": ours["rows_per_s"] / base["rows_per_s"],
         "ratio_of_bests": ours["rows_per_s_best"] / base["rows_per_s_best"],
         "ratio_per_round": [round(b[0] / o[0], 3) for b, o in zip(base_runs, our_runs, strict=True)],
+        "cpu_ratio_tierd_vs_baseline": base["cpu_seconds_per_query"]["total"]
+        / ours["cpu_seconds_per_query"]["total"],
         "targets": {"ratio_tierd_vs_baseline": ">= 0.8"},
         "pushdown": pushdown,
     }
