@@ -507,3 +507,33 @@ def test_gc_pause_restores_the_collector_and_respects_a_disabled_one() -> None:
         assert not gc.isenabled()
     finally:
         gc.enable()
+
+
+def test_two_read_aheads_of_one_batch_load_it_once(tmp_path: Path) -> None:
+    """The reader's read-ahead and a completed load's can both ask for the same batch before
+    either task runs: the batch is loaded once and counted once (the second joined the first's
+    load and was counted as a load of its own, or loaded it again once it was cached)."""
+    with _store_with_history(tmp_path, read_ahead_count=50) as store:
+        ff, fetcher = _flat_and_fetcher(store)
+        loads: list[int] = []
+        load = fetcher._load
+
+        async def counted(ff: FlatMessageFile, offset: int, ahead: bool = False) -> Any:
+            loads.append(offset)
+            return await load(ff, offset, ahead)
+
+        fetcher._load = counted  # type: ignore[method-assign]
+
+        async def scenario() -> tuple[list[int], int]:
+            fetcher._prefetch(ff, 50)
+            fetcher._prefetch(ff, 50)  # scheduled before the first one ran
+            while fetcher._prefetching:
+                await asyncio.gather(*fetcher._prefetching)
+            assert fetcher.cache.find(("h", 0), 50) is not None
+            fetcher._prefetch(ff, 50)  # already cached: nothing to load
+            while fetcher._prefetching:
+                await asyncio.gather(*fetcher._prefetching)
+            await fetcher.aclose()
+            return loads, fetcher.cache.stats.prefetches
+
+        assert run(store, scenario()) == ([50], 1)

@@ -567,13 +567,20 @@ class ColdFetcher:
             await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _prefetch_one(self, ff: FlatMessageFile, offset: int) -> None:
+        key = (ff.topic, ff.queue_id)
+        # Two read-aheads scheduled before either ran (the reader's and a completed load's) can
+        # ask for the same batch, or the reader can start loading it first: then this one joins
+        # that load (or finds the batch cached) instead of loading it again, and is not counted
+        # as a load — but still keeps the read-ahead going once the batch is there.
+        joined = (*key, offset) in self._inflight
         try:
-            await self._load_shared(ff, offset, ahead=True)
-            self.cache.stats.prefetches += 1
+            if joined or self.cache.find(key, offset) is None:
+                await self._load_shared(ff, offset, ahead=True)
+                if not joined:
+                    self.cache.stats.prefetches += 1
         except Exception as e:  # the reader that needs this batch loads it again and sees the error
             log.debug("prefetch of %s/%d at %d failed: %s", ff.topic, ff.queue_id, offset, e)
             return
-        key = (ff.topic, ff.queue_id)
         pos = self._sequential.get(key)
         reader = None if pos is None else self.cache.find(key, pos)
         if reader is not None:  # a sequential reader: keep the batches after its own coming
