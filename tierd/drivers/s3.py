@@ -217,7 +217,7 @@ class RequestBody(Payload):
     def __init__(self, data: bytes) -> None:
         super().__init__(data, content_type="application/octet-stream")
         self._view = memoryview(data)
-        self._size = len(data)
+        self._size = len(data)  # aiohttp's Payload.size (the Content-Length it sends)
         self._pos = 0
 
     def __len__(self) -> int:
@@ -241,7 +241,7 @@ class RequestBody(Payload):
         return self._view.tobytes().decode(encoding, errors)
 
     async def write(self, writer: Any) -> None:
-        await writer.write(self._view)
+        await self.write_with_length(writer, None)
 
     async def write_with_length(self, writer: Any, content_length: int | None) -> None:
         view = self._view if content_length is None else self._view[:content_length]

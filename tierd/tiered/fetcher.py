@@ -343,11 +343,11 @@ class ColdFetcher:
                 self._read_ahead(ff, batch)
             # In slices of DECODE_SLICE, yielding to the loop in between: a prefetch in flight
             # keeps receiving while a long read decodes (one thread, so no fight for the GIL),
-            # and other tasks wait at most one slice. The collector
-            # stays paused over all the slices, not per slice: each re-enable made it collect
-            # the slices' new messages — still alive in ``out`` — pushing them to an older
-            # generation, and enough of those trigger full collections (three per 256 MiB
-            # consume, ~15 % of it). The loop's other tasks allocate few objects meanwhile.
+            # and other tasks wait at most one slice. The collector stays paused over all the
+            # slices, not per slice: each re-enable made it collect the slices' new messages —
+            # still alive in ``out`` — pushing them to an older generation, and enough of those
+            # trigger full collections (three per 256 MiB consume, ~15 % of it). The loop's other
+            # tasks allocate few objects meanwhile.
             with gc_paused(stop - offset):
                 for a in range(offset, stop, DECODE_SLICE):
                     if a > offset:
