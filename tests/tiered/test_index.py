@@ -492,6 +492,91 @@ def test_batch_keys_match_decoded_properties(props: list[dict[str, str]], long_t
     assert list(zip(keys, owners, strict=True)) == expected
 
 
+def per_record_keys(topic: str, props_of: list[bytes]) -> list[tuple[bytes, int]]:
+    """The key cutter batch_keys replaced, one Python step per record, kept as the reference:
+    split on 0x02, name up to the first 0x01, the last non-empty value of KEYS and UNIQ_KEY
+    wins, KEYS split on spaces with blanks dropped, UNIQ_KEY appended, repeats once."""
+    out: list[tuple[bytes, int]] = []
+    for i, props in enumerate(props_of):
+        keys = uniq = b""
+        for item in props.split(b"\x02"):
+            name, sep, value = item.partition(b"\x01")
+            if sep and value:
+                if name == b"KEYS":
+                    keys = value
+                elif name == b"UNIQ_KEY":
+                    uniq = value
+        found = [k for k in keys.split(b" ") if k]
+        if uniq:
+            found.append(uniq)
+        out += [(topic.encode() + b"#" + k, i) for k in dict.fromkeys(found)]
+    return out
+
+
+def raw_record(topic: str, props: bytes, *, body: bytes = b"body", v6: bool = False) -> bytes:
+    """A record whose PROPERTIES field is ``props`` as given (any bytes, not just pairs)."""
+    magic, topic_part = topic_field(topic.encode())
+    host = HOST6 if v6 else HOST
+    return encode_record(body, topic_part, magic, props, 1, 0, 0, 0, 0, T0, host, T0, HOST)
+
+
+# Pieces the random properties are made of: the two names and their look-alikes, both
+# separators, the key separator, non-ASCII, a value holding a name.
+PROP_PIECES = [
+    b"KEYS", b"UNIQ_KEY", b"MYKEYS", b"KEYSX", b"KEY", b"UNIQ_KEYS", b"XUNIQ_KEY", b"TAGS",
+    b"\x01", b"\x02", b" ", b"  ", b"a", b"b", b"k1", "ключ".encode(), "Ü".encode(), b"KEYS\x01",
+    b"\x02KEYS\x01", b"\x02UNIQ_KEY\x01", b"",
+]  # fmt: skip
+
+
+def random_props(rng: np.random.Generator) -> bytes:
+    shape = rng.integers(0, 4)
+    if shape == 0:  # well-formed pairs of chosen names and values
+        items = []
+        for _ in range(rng.integers(0, 5)):
+            name = [b"KEYS", b"UNIQ_KEY", b"TAGS", b"MYKEYS", b"KEYSX", b""][rng.integers(0, 6)]
+            value = b" ".join(PROP_PIECES[j] for j in rng.integers(0, len(PROP_PIECES), rng.integers(0, 4)))
+            items.append(name + b"\x01" + value.replace(b"\x02", b""))
+        tail = b"\x02" if rng.integers(0, 2) else b""
+        return b"\x02".join(items) + (tail if items else b"")
+    if shape == 1:  # any sequence of pieces
+        return b"".join(PROP_PIECES[j] for j in rng.integers(0, len(PROP_PIECES), rng.integers(0, 12)))
+    if shape == 2:  # random bytes from a small alphabet that keeps hitting the separators
+        return bytes(rng.choice(list(b"KEYS\x01\x02 aU"), size=rng.integers(0, 40)))
+    return b"KEYS\x01" + b"x" * int(rng.integers(32000, 32762)) + b"\x02"  # near the maximum length
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_batch_keys_match_the_per_record_cutter(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    fixed = [
+        b"", b"KEYS\x01a\x02", b"TAGS\x01x\x02KEYS\x01a b\x02", b"KEYS\x01a\x02TAGS\x01x",
+        b"KEYS\x01\x02", b"KEYS\x01a\x02KEYS\x01\x02", b"KEYS\x01a\x02KEYS\x01b\x02", b"KEYS\x01 a  b a \x02",
+        b"MYKEYS\x01a\x02", b"KEYSX\x01a\x02", b"TAGS\x01KEYS\x01a\x02", b"TAGS\x01x KEYS\x01a",
+        b"KEYS\x01a\x01b\x02", b"KEYS", b"KEYS\x01", b"UNIQ_KEY\x01u\x02KEYS\x01a u\x02",
+        b"KEYS\x01u\x02UNIQ_KEY\x01u\x02", b"UNIQ_KEY\x01u v\x02", b"UNIQ_KEY\x01\x02", b"\x02\x02KEYS\x01z",
+        "KEYS\x01ключ Ü\x02".encode(), b"KEYS\x01   \x02UNIQ_KEY\x01 \x02",
+    ]  # fmt: skip
+    for _ in range(30):
+        props_of = [random_props(rng) for _ in range(int(rng.integers(1, 60)))]
+        if rng.integers(0, 2):
+            props_of += fixed
+        rng.shuffle(props_of)
+        topic = "T" * 200 if rng.integers(0, 2) else "orders"
+        recs = [
+            raw_record(topic, p, body=b"x" * (i % 3), v6=bool(i % 5 == 0)) for i, p in enumerate(props_of)
+        ]
+        keys, owners = batch_keys(batch(topic, 1, recs, [T0] * len(recs)))
+        assert list(zip(keys, owners.tolist(), strict=True)) == per_record_keys(topic, props_of)
+
+
+def test_batch_keys_of_a_batch_without_keys_or_properties() -> None:
+    recs = [raw_record("t", b""), raw_record("t", b"TAGS\x01x\x02")]
+    keys, owners = batch_keys(batch("t", 0, recs, [T0, T0]))
+    assert keys == []
+    assert owners.tolist() == []
+
+
 def test_a_batch_whose_records_do_not_add_up_is_corruption() -> None:
     good = record("t", 0, {"KEYS": "a"}, T0)
     bad = bytearray(good)

@@ -339,10 +339,9 @@ class ColdIndexService:
         n = len(batch.sizes)
         if n == 0:
             return 0
-        keys, owners = batch_keys(batch)
+        keys, rec = batch_keys(batch)
         added = 0
         if keys:
-            rec = np.asarray(owners, dtype=np.intp)
             added = self.put_items(
                 key_hashes(keys),
                 topic_id,
