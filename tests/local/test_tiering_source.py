@@ -74,6 +74,12 @@ def test_source_units_and_records_are_the_queue_messages(store: BlockingMessageS
         assert hot.store_timestamp("t", 0, 1 + i) == got[i].store_timestamp
         assert hot.position("t", 0, 1 + i) == got[i].commitlog_offset
         pos += size
+    # Into a reused buffer: its first bytes when it is large enough, else a new buffer.
+    big, small = bytearray(b"\xff" * (len(records) + 5)), bytearray(3)
+    into_big, into_small = hot.source_records(units, big), hot.source_records(units, small)
+    assert into_big.obj is big
+    assert into_small.obj is not small
+    assert bytes(into_big) == bytes(into_small) == bytes(records) == bytes(big[: len(records)])
     assert len(set(units.tags_codes.tolist())) == 1  # one tag, one code
     head = units.head(2)
     assert (len(head), head.positions.tolist()) == (2, units.positions[:2].tolist())

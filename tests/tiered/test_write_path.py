@@ -23,7 +23,7 @@ from tierd.tiered.metadata import MetadataStore
 from .conftest import cold_config, run
 
 if TYPE_CHECKING:
-    from tierd.tiered.flatmessage import FlatMessageFile
+    from tierd.tiered.flatmessage import CommittedBatch, FlatMessageFile
     from tierd.tiered.service import TieringService
 
 
@@ -402,3 +402,26 @@ def test_a_segment_rolled_by_age_keeps_the_timestamps_of_its_own_records(tmp_pat
             ]
             assert mine
             assert (info.min_store_timestamp, info.max_store_timestamp) == (min(mine), max(mine)), info
+
+
+def test_batches_handed_over_keep_their_records_when_the_gather_buffer_is_reused(tmp_path: Path) -> None:
+    """The dispatcher gathers every batch into one reused buffer: what it hands on (the flat
+    commitlog's bytes, the index's CommittedBatch) must be copies, not views of that buffer,
+    or the next batch's gather would rewrite them."""
+    with BlockingMessageStore.open(cold_config(tmp_path, group_commit_size=5_000)) as store:
+        assert store.tiering is not None
+        handed: list[CommittedBatch] = []
+        store.tiering.dispatcher.on_committed.append(handed.append)
+        store.put_batch([Message(topic="g", body=b"%04d" % i * 250, queue_id=i % 2) for i in range(40)])
+        assert store.tier_now().committed == 40
+        # Reused, not one per batch: a queue's batches came out of the same buffer.
+        assert store.tiering.dispatcher._scratch is not None
+        assert len(handed) >= 8
+        for b in handed:
+            ends = np.cumsum(b.sizes)
+            bodies = [decode_record(b.records[e - s : e]).body for s, e in zip(b.sizes, ends, strict=True)]
+            first = 2 * b.first_queue_offset + b.queue_id
+            assert bodies == [b"%04d" % (first + 2 * j) * 250 for j in range(len(b.sizes))]
+        for qid in (0, 1):
+            bodies = [decode_record(raw).body for _, raw in cold_records(store, "g", qid)]
+            assert bodies == [b"%04d" % i * 250 for i in range(qid, 40, 2)]

@@ -298,11 +298,16 @@ class CommitLog:
             raise CorruptRecordError(f"commitlog range {offset}+{size} is not stored", position=offset)
         return bytes(f.view[at : at + size])
 
-    def gather(self, offsets: list[int], sizes: list[int]) -> bytearray:
+    def gather(self, offsets: list[int], sizes: list[int], into: bytearray | None = None) -> memoryview:
         """The records at ``offsets`` back to back, copied once into one buffer (the tiering
-        dispatcher's read path: one copy per record instead of a bytes object each)."""
-        out = bytearray(sum(sizes))
-        mv = memoryview(out)
+        dispatcher's read path: one copy per record instead of a bytes object each): the first
+        bytes of ``into`` (a buffer reused from batch to batch: fresh pages would be zeroed and
+        faulted in for every batch), or a new buffer when that is missing or too small. The
+        view's ``obj`` is the buffer used."""
+        total = sum(sizes)
+        if into is None or len(into) < total:
+            into = bytearray(total)
+        mv = memoryview(into)[:total]
         pos = 0
         f = None
         for off, size in zip(offsets, sizes, strict=True):
@@ -315,7 +320,7 @@ class CommitLog:
                 raise CorruptRecordError(f"commitlog range {off}+{size} is not stored", position=off)
             mv[pos : pos + size] = f.view[at : at + size]
             pos += size
-        return out
+        return mv
 
     def store_timestamp_at(self, offset: int) -> int | None:
         """STORETIMESTAMP of the record at ``offset`` without decoding the body; None when the

@@ -724,9 +724,10 @@ class HotStore:
             offset, 0, positions, units["size"].astype(np.int64), units["tags_code"].astype(np.int64)
         )
 
-    def source_records(self, units: SourceUnits) -> bytearray:
-        """The records of ``units`` back to back, copied once into one buffer."""
-        return self.commitlog.gather(units.positions.tolist(), units.sizes.tolist())
+    def source_records(self, units: SourceUnits, into: bytearray | None = None) -> memoryview:
+        """The records of ``units`` back to back, copied once into one buffer (``into`` when it
+        is large enough; see :meth:`CommitLog.gather`)."""
+        return self.commitlog.gather(units.positions.tolist(), units.sizes.tolist(), into)
 
     def store_timestamp(self, topic: str, queue_id: int, offset: int) -> int | None:
         """Store timestamp (ms) of the message at ``offset``; None when the hot store lacks it

@@ -143,7 +143,9 @@ class RateLimiter:
             await asyncio.sleep(-self._available / self.rate)
 
 
-def store_timestamps(records: bytes | bytearray, starts: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+def store_timestamps(
+    records: bytes | bytearray | memoryview, starts: npt.NDArray[np.int64]
+) -> npt.NDArray[np.int64]:
     """STORETIMESTAMP of every record (its position depends on the born-host width)."""
     buf = np.frombuffer(records, np.uint8)
     sysflag = buf[(starts[:, None] + POS_SYSFLAG + _FOUR).ravel()].view(">i4")
@@ -171,6 +173,9 @@ class Dispatcher:
         self.on_failure: Callable[[tuple[str, int], BaseException], None] | None = None
         #: Queues of the rounds in progress (named in the "stuck round" log line).
         self._active: set[tuple[str, int]] = set()
+        #: The gather buffer a queue's batch is copied into (None while a queue holds it; the
+        #: next queue then gathers into a new one): no fresh pages to fault in per batch.
+        self._scratch: bytearray | None = None
         self._sem = asyncio.Semaphore(cfg.max_concurrent_queues)
         self._limiter = RateLimiter(cfg.upload_rate_limit) if cfg.upload_rate_limit else None
         self._retry_at: dict[tuple[str, int], tuple[int, float]] = {}
@@ -393,10 +398,16 @@ class Dispatcher:
             if n < len(units):  # cut by size: the rest may be a sliver worth taking along
                 units = self._with_small_rest(key, units.head(n), backlog)
             sizes = units.sizes
-            records = self.hot.source_records(units)
-            starts = np.cumsum(sizes) - sizes
-            stamps = store_timestamps(records, starts)
-            await ff.append_batch(records, sizes, cold, units.tags_codes, stamps)
+            # The gather buffer is lent to this queue until its batch is appended (append_batch
+            # copies the records); a queue gathering meanwhile uses a new one.
+            records, self._scratch = self.hot.source_records(units, self._scratch), None
+            try:
+                starts = np.cumsum(sizes) - sizes
+                stamps = store_timestamps(records, starts)
+                await ff.append_batch(records, sizes, cold, units.tags_codes, stamps)
+            finally:
+                self._scratch = records.obj  # type: ignore[assignment]
+                del records
             full = ff.uncommitted_batches >= CQ_COMMIT_EVERY
             made = await self._commit(key, ff, full=full, result=result)
             if made is None:

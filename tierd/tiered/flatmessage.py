@@ -138,7 +138,7 @@ class FlatMessageFile:
     # ------------------------------------------------------------------ append / commit
     async def append_batch(
         self,
-        records: bytes | bytearray,
+        records: bytes | bytearray | memoryview,
         sizes: npt.NDArray[np.int64],
         first_queue_offset: int,
         tags_codes: npt.NDArray[np.int64],
