@@ -17,6 +17,7 @@ import pytest
 from tierd.errors import CorruptRecordError, InvalidArgumentError, NotFoundError
 from tierd.format.host import encode_host
 from tierd.format.message_id import offset_msg_id
+from tierd.format.record import HEADER_V4, POS_PHYSICAL_OFFSET, POS_QUEUE_ID
 from tierd.spark.decode import ARROW_SCHEMA, read_range
 from tierd.spark.filters import Constraints, Interval
 from tierd.spark.options import DEFAULT_MAX_PARTITION_BYTES, ReadOptions
@@ -310,6 +311,46 @@ def test_corrupt_body_fails_naming_object_and_offset(tmp_path: Path) -> None:
     assert path in msg
     assert f"position {3 * size}" in msg
     assert "CRC" in msg
+
+
+@pytest.mark.parametrize(
+    ("field", "reason"),
+    [
+        ("topic_length", "size"),
+        ("topic", "does not belong in the flat file of topic 'cq'"),
+        ("properties_length", "size"),
+        ("physical_offset", "PHYSICALOFFSET"),
+        ("queue_id", "does not belong in the flat file of queue 0"),
+    ],
+)
+def test_a_bad_record_tail_or_header_field_is_named(tmp_path: Path, field: str, reason: str) -> None:
+    """The decoder checks the tails of a batch (topic length, topic, properties length) with one
+    gather when they all match; a record where one does not must still be found and named."""
+    url = f"file://{tmp_path}"
+    path, data = craft_queue(
+        url, {}, "cq", 0, [Rec(b"y" * (40 + i), properties={"i": str(i)}) for i in range(6)]
+    )
+    pos = 0
+    starts = []
+    while pos < len(data):
+        starts.append(pos)
+        pos += int.from_bytes(data[pos : pos + 4], "big")
+    at = starts[4]
+    body_end = at + HEADER_V4 + 40 + 4
+    raw = bytearray(data)
+    where = {
+        "topic_length": body_end,
+        "topic": body_end + 1,
+        "properties_length": body_end + 1 + len("cq") + 1,
+        "physical_offset": at + POS_PHYSICAL_OFFSET + 7,
+        "queue_id": at + POS_QUEUE_ID + 3,
+    }[field]
+    raw[where] ^= 0x01
+    (tmp_path / path).write_bytes(bytes(raw))
+    storage, _, ranges = _plan(url)
+    with pytest.raises(CorruptRecordError, match=f"{path} at position {at} .*{reason}") as e:
+        _rows(storage, ranges)
+    assert e.value.detail["position"] == at
 
 
 def test_corrupt_total_size_fails(tmp_path: Path) -> None:

@@ -166,17 +166,20 @@ def frame(data: bytes, fail: Callable[[int, str], CorruptRecordError]) -> Framin
     for the caller (read more, or judge it torn)."""
     unpack = _SIZE.unpack_from
     n = len(data)
+    last = n - 4
+    lo, hi = MIN_RECORD_SIZE, MAX_RECORD_SIZE
     pos = 0
     starts: list[int] = []
     append = starts.append
-    while pos + 4 <= n:
-        size = unpack(data, pos)[0]
-        if size < MIN_RECORD_SIZE or size > MAX_RECORD_SIZE:
-            raise fail(pos, f"total size {size} is not a record size ({MIN_RECORD_SIZE}..{MAX_RECORD_SIZE})")
-        if pos + size > n:
+    while pos <= last:  # the loop runs once per record: locals only, one comparison chain
+        (size,) = unpack(data, pos)
+        if not lo <= size <= hi:
+            raise fail(pos, f"total size {size} is not a record size ({lo}..{hi})")
+        end = pos + size
+        if end > n:
             break
         append(pos)
-        pos += size
+        pos = end
     return Framing(np.array(starts, np.int64), pos)
 
 
@@ -445,27 +448,31 @@ def decode_records(
     v2 = magic == MAGIC_V2
     tlen_width = np.where(v2, 2, 1)
     bad |= (body_len < 0) | (body_end + tlen_width + 2 > ends)
-    body_end_safe = np.where(bad, s, body_end)
-    topic_len = np.where(
-        v2, gather_at(buf, body_end_safe, _U2).astype(np.int64), buf[body_end_safe].astype(np.int64)
-    )
-    topic_start = body_end + tlen_width
-    topic_end = topic_start + topic_len
-    bad |= topic_end + 2 > ends
-    props_len = gather_at(buf, np.where(bad, s, topic_end), _U2).astype(np.int64)
-    bad |= topic_end + 2 + props_len != ends
     phys = head["physical_offset"]
     expected_phys = flat_base + s
     qids = head["queue_id"]
     topic_b = topic.encode()
-    if bad.any():
-        _raise_first(data, s, ends, bad, fail)
+    tails_ok = not bad.any() and _tails_match(buf, body_end, ends, topic_b, v2)
+    if tails_ok:
+        topic_end = body_end + 1 + len(topic_b)
+    else:
+        body_end_safe = np.where(bad, s, body_end)
+        topic_len = np.where(
+            v2, gather_at(buf, body_end_safe, _U2).astype(np.int64), buf[body_end_safe].astype(np.int64)
+        )
+        topic_start = body_end + tlen_width
+        topic_end = topic_start + topic_len
+        bad |= topic_end + 2 > ends
+        props_len = gather_at(buf, np.where(bad, s, topic_end), _U2).astype(np.int64)
+        bad |= topic_end + 2 + props_len != ends
+        if bad.any():
+            _raise_first(data, s, ends, bad, fail)
+        bad |= topic_len != len(topic_b)
     bad |= phys != expected_phys
     bad |= qids != queue_id
-    bad |= topic_len != len(topic_b)
     if bad.any():
         _raise_first(data, s, ends, bad, fail, flat_base=flat_base, topic=topic, queue_id=queue_id)
-    if topic_b and n:
+    if topic_b and n and not tails_ok:
         if n * len(topic_b) <= 64 * 1024 * 1024:
             got = buf[topic_start[:, None] + np.arange(len(topic_b))]
             bad = ~(got == np.frombuffer(topic_b, np.uint8)).all(axis=1)
@@ -562,6 +569,28 @@ def decode_records(
     }
     columns = [made[name] if name in made else build[name]() for name in schema.names]
     return pa.RecordBatch.from_arrays(columns, schema=schema)
+
+
+def _tails_match(
+    buf: npt.NDArray[np.uint8],
+    body_end: npt.NDArray[np.int64],
+    ends: npt.NDArray[np.int64],
+    topic: bytes,
+    v2: npt.NDArray[np.bool_],
+) -> bool:
+    """Does every record end as a record of this queue does — a one-byte topic length (v1), the
+    queue's topic, a properties length that fills the record? One gather of each record's tail
+    instead of three (length byte, topic, properties length), each of which missed the CPU cache
+    once per record. False when any record differs: the caller then checks field by field and
+    names the first bad record."""
+    w = len(topic) + 3
+    if not len(body_end) or len(topic) > 0xFF or v2.any() or (body_end + w > ends).any():
+        return False
+    tails = gather_at(buf, body_end, np.dtype((np.void, w))).view(np.uint8).reshape(-1, w)
+    if not (tails[:, : w - 2] == np.frombuffer(bytes([len(topic)]) + topic, np.uint8)).all():
+        return False
+    props_len = (tails[:, w - 2].astype(np.int64) << 8) | tails[:, w - 1]
+    return bool((body_end + w + props_len == ends).all())
 
 
 def _utf8(b: memoryview) -> bool:
