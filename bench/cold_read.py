@@ -17,7 +17,8 @@ restart), so no round profits from the one before. Reported per server: MB/s of 
 for both per round, medians, the ratio of the medians (target >= 0.5), each round's ratio, and
 the S3 requests of the median consume by operation, and this process's CPU time per message
 (the consume's threads, not the S3 server's; steadier than wall time on a shared machine) with the
-part spent in the garbage collector. ``--server`` moto, seaweedfs or both (default; one after
+part spent in the garbage collector, and the consume's system CPU seconds and minor page faults
+(memory mapped afresh for received bytes). ``--server`` moto, seaweedfs or both (default; one after
 the other).
 
 Usage: ``python bench/cold_read.py [--mib 256] [--queues 16] [--repeat 3] [--server both]``.
@@ -26,6 +27,7 @@ Usage: ``python bench/cold_read.py [--mib 256] [--queues 16] [--repeat 3] [--ser
 from __future__ import annotations
 
 import gc
+import resource
 import statistics
 import sys
 import time
@@ -103,7 +105,7 @@ def consume(cfg: TierdConfig, queues: int) -> dict[str, Any]:
         got = got_bytes = 0
         gc_clock = _GcClock()
         gc.callbacks.append(gc_clock)
-        t, cpu = time.perf_counter(), time.process_time()
+        t, cpu, usage = time.perf_counter(), time.process_time(), resource.getrusage(resource.RUSAGE_SELF)
         for queue in range(queues):
             offset, end = 0, store.max_offset(TOPIC, queue)
             while offset < end:
@@ -114,11 +116,14 @@ def consume(cfg: TierdConfig, queues: int) -> dict[str, Any]:
                 got_bytes += sum(m.size for m in res.messages)
                 offset = res.next_offset
         seconds, cpu = time.perf_counter() - t, time.process_time() - cpu
+        after = resource.getrusage(resource.RUSAGE_SELF)
         gc.callbacks.remove(gc_clock)
         calls = dict(sorted(requests.items()))
     return {
         "seconds": seconds,
         "cpu_seconds": cpu,
+        "system_seconds": after.ru_stime - usage.ru_stime,
+        "minor_faults": after.ru_minflt - usage.ru_minflt,
         "gc_seconds": gc_clock.seconds,
         "messages": got,
         "bytes": got_bytes,
@@ -184,6 +189,8 @@ def run_server(name: str, args: argparse.Namespace, tmp: Path) -> dict[str, Any]
         "ratio_per_round": [round(c / b, 3) for c, b in zip(cold_mb, base_mb, strict=True)],
         "consume_cpu_us_per_message": spread([r["cpu_seconds"] / r["messages"] * 1e6 for r in cold_runs]),
         "consume_gc_us_per_message": spread([r["gc_seconds"] / r["messages"] * 1e6 for r in cold_runs]),
+        "consume_system_cpu_seconds": spread([r["system_seconds"] for r in cold_runs]),
+        "consume_minor_page_faults": spread([r["minor_faults"] for r in cold_runs]),
         "target": TARGET,
         "meets_target": ratio >= TARGET,
         "requests_of_median_round": median_run["requests"],

@@ -13,7 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tierd.drivers._chunks import Chunk
-from tierd.drivers.s3 import Part, S3Driver, S3Root, plan_parts
+from tierd.drivers.s3 import Part, S3Driver, S3Root, plan_parts, receive_into
 from tierd.drivers.segment import ByteRange
 from tierd.errors import (
     BackendError,
@@ -570,3 +570,23 @@ def test_create_object_is_one_conditional_put_and_follows_the_write_policy(
 
     ops = _run(main())
     assert [op for op in ops if op[0] == "PutObject"][:2] == [("PutObject", True), ("PutObject", True)]
+
+
+class _Stream:
+    """A response body without aiohttp's stream underneath: read in pieces."""
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+    async def read(self, n: int) -> bytes:
+        piece, self.data = self.data[:n], self.data[n:]
+        return piece
+
+
+def test_a_get_body_is_received_into_the_buffer_and_never_past_it() -> None:
+    out = bytearray(b"." * 12)
+    with pytest.raises(CorruptionError, match="longer than the 10 bytes"):
+        _run(receive_into(_Stream(b"x" * 10 + b"y" * 5), memoryview(out)[:10]))
+    assert out[10:] == b".."  # nothing written beyond the view
+    assert _run(receive_into(_Stream(b"abc"), memoryview(out))) == 3  # short: the caller decides
+    assert out[:3] == b"abc"

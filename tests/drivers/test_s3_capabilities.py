@@ -220,6 +220,9 @@ def test_a_server_answering_ranges_with_whole_objects_is_worked_around(moto_serv
                     await d.write(6, b"world")
                     assert await d.read(ByteRange(0, 1)) == b"h"
                     assert await d.read(ByteRange(4, 4)) == b"o wo"
+                    into = bytearray(4)
+                    await d.read_into(ByteRange(4, 4), memoryview(into))  # the cold read path's call
+                    assert into == b"o wo"
                     await d.seal()
                     assert await d.read(ByteRange(10, 1)) == b"d"
                     return dict(root.capability_report() or {})

@@ -146,13 +146,13 @@ def test_a_bad_expression_is_refused_before_reading(tmp_path: Path) -> None:
 def _counting(ff: FlatMessageFile) -> list[int]:
     """Lengths of the flat commitlog reads of ``ff`` from now on."""
     lengths: list[int] = []
-    original = ff.read_commitlog
+    original = ff.read_commitlog_into
 
-    async def read_commitlog(flat_offset: int, length: int) -> bytes:
-        lengths.append(length)
-        return await original(flat_offset, length)
+    async def read_commitlog_into(flat_offset: int, out: memoryview) -> int:
+        lengths.append(out.nbytes)
+        return await original(flat_offset, out)
 
-    ff.read_commitlog = read_commitlog  # type: ignore[method-assign]
+    ff.read_commitlog_into = read_commitlog_into  # type: ignore[method-assign]
     return lengths
 
 

@@ -537,3 +537,68 @@ def test_two_read_aheads_of_one_batch_load_it_once(tmp_path: Path) -> None:
             return loads, fetcher.cache.stats.prefetches
 
         assert run(store, scenario()) == ([50], 1)
+
+
+def test_a_batch_still_in_use_keeps_its_buffer_when_the_cache_drops_it(tmp_path: Path) -> None:
+    """Batches decode from pooled receive buffers: one dropped from the cache while a reader
+    still holds it must not be overwritten by the next load (same size: it would fit)."""
+    with _store_with_history(tmp_path, read_ahead_count=50) as store:
+        ff, fetcher = _flat_and_fetcher(store)
+
+        async def scenario() -> tuple[list[bytes], list[bytes], bool, int]:
+            held = await fetcher._load_shared(ff, 0)  # a reader's batch, not decoded yet
+            fetcher.cache.invalidate(("h", 0))  # dropped: its buffer goes back to the pool
+            assert fetcher.pool.bytes > 0
+            nxt = await fetcher._load_shared(ff, 50)  # same size: the idle buffer would fit
+            same = nxt.buffer is held.buffer
+            old = [m.body for m in held.messages(0, 50)]
+            new = [m.body for m in nxt.messages(50, 100)]
+            busy = fetcher.pool.stats.busy
+            await fetcher.aclose()
+            return old, new, same, busy
+
+        old, new, same, busy = run(store, scenario())
+        assert not same
+        assert busy >= 1
+        assert old == [_body(i) for i in range(50)]
+        assert new == [_body(i) for i in range(50, 100)]
+
+
+def test_a_sequential_consume_reuses_the_buffers_of_batches_it_has_read(tmp_path: Path) -> None:
+    # read_ahead_size bounds the pool and the batches kept once read (4 x 60 kB here)
+    with _store_with_history(tmp_path, read_ahead_count=50, read_ahead_size=60_000) as store:
+        ff, fetcher = _flat_and_fetcher(store)
+
+        async def scenario() -> list[bytes]:
+            got = []
+            offset = 0
+            while offset < 400:
+                msgs = await fetcher.read(ff, offset, 32)
+                got += [m.body for m in msgs]
+                offset += len(msgs)
+                assert fetcher.pool.bytes <= fetcher.pool.max_bytes
+                assert fetcher.cache.passed_bytes <= 240_000
+                assert fetcher.cache.bytes <= fetcher.cache.max_bytes
+            await fetcher.aclose()
+            return got
+
+        bodies = run(store, scenario())
+        assert bodies == [_body(i) for i in range(400)]
+        assert fetcher.pool.stats.reused >= 2  # later batches received into earlier ones' memory
+        assert fetcher.pool.stats.allocated < fetcher.cache.stats.backend_reads
+
+
+def test_a_reader_behind_finds_a_batch_another_reader_has_read(tmp_path: Path) -> None:
+    with _store_with_history(tmp_path, read_ahead_count=50) as store:
+        ff, fetcher = _flat_and_fetcher(store)
+
+        async def scenario() -> tuple[int, int, list[bytes]]:
+            await fetcher.read(ff, 0, 50)  # read to the end of batch [0, 50)
+            misses = fetcher.cache.stats.misses
+            behind = await fetcher.read(ff, 10, 20)  # another group, behind it
+            await fetcher.aclose()
+            return misses, fetcher.cache.stats.misses, [m.body for m in behind]
+
+        before, after, bodies = run(store, scenario())
+        assert after == before
+        assert bodies == [_body(i) for i in range(10, 30)]

@@ -27,10 +27,11 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import itertools
 import re
 from abc import abstractmethod
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 import google_crc32c
 
@@ -46,7 +47,9 @@ from tierd.errors import (
 )
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Sequence
+    from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+
+_T = TypeVar("_T")
 
 __all__ = [
     "CHUNK_DIR_SUFFIX",
@@ -236,6 +239,21 @@ class ChunkedDriver(SegmentDriver):
     async def _get(self, key: str, start: int, end: int) -> bytes:
         """Bytes ``[start, end)`` of object ``key``; :class:`SegmentNotFoundError` if it is gone."""
 
+    async def _get_into(self, key: str, start: int, out: memoryview) -> None:
+        """Fill ``out`` with bytes ``[start, start + out.nbytes)`` of object ``key`` (as
+        :meth:`_get`). Default: :meth:`_get`, then one copy; a driver that can receive into
+        ``out`` directly overrides it."""
+        data = await self._get(key, start, start + out.nbytes)
+        if len(data) != out.nbytes:
+            raise CorruptionError(
+                f"segment {self.path!r}: read of {out.nbytes} bytes at {start} of {key!r} returned "
+                f"{len(data)}",
+                key=key,
+                start=start,
+                length=out.nbytes,
+            )
+        out[:] = data
+
     @abstractmethod
     async def _iter_object(self, key: str) -> AsyncIterator[bytes]:
         """Stream the whole object ``key`` in pieces (for verification)."""
@@ -276,19 +294,39 @@ class ChunkedDriver(SegmentDriver):
             f"segment {self.path!r} does not exist at {self.root.url}", path=self.path
         )
 
+    def _pieces(self, layout: Layout, start: int, end: int) -> list[tuple[str, int, int]]:
+        """The (chunk key, start, end) ranges of an open segment's chunks covering ``[start, end)``."""
+        first = bisect.bisect_right(layout.positions, start) - 1
+        pieces: list[tuple[str, int, int]] = []
+        for c in layout.chunks[max(first, 0) :]:
+            if c.position >= end:
+                break
+            lo, hi = max(start, c.position), min(end, c.end)
+            if hi > lo:
+                pieces.append((c.key, lo - c.position, hi - c.position))
+        return pieces
+
+    async def _read_layout_into(self, layout: Layout, start: int, out: memoryview) -> None:
+        if layout.sealed:
+            await self._get_into(self.key, start, out)
+            return
+        sem = asyncio.Semaphore(_READ_CONCURRENCY)
+        pieces = self._pieces(layout, start, start + out.nbytes)
+        at = itertools.accumulate((hi - lo for _, lo, hi in pieces), initial=0)  # where each lands
+
+        async def fetch(piece: tuple[str, int, int], pos: int) -> None:
+            key, lo, hi = piece
+            async with sem:
+                await self._get_into(key, lo, out[pos : pos + hi - lo])
+
+        await asyncio.gather(*(fetch(p, pos) for p, pos in zip(pieces, at, strict=False)))
+
     async def _read_layout(self, layout: Layout, start: int, length: int) -> bytes:
         end = start + length
         if layout.sealed:
             data = await self._get(self.key, start, end)
         else:
-            first = bisect.bisect_right(layout.positions, start) - 1
-            pieces: list[tuple[str, int, int]] = []
-            for c in layout.chunks[max(first, 0) :]:
-                if c.position >= end:
-                    break
-                lo, hi = max(start, c.position), min(end, c.end)
-                if hi > lo:
-                    pieces.append((c.key, lo - c.position, hi - c.position))
+            pieces = self._pieces(layout, start, end)
             sem = asyncio.Semaphore(_READ_CONCURRENCY)
 
             async def fetch(piece: tuple[str, int, int]) -> bytes:
@@ -399,6 +437,24 @@ class ChunkedDriver(SegmentDriver):
 
     async def read(self, byte_range: ByteRange) -> bytes:
         # docstring inherited
+        return await self._read_with(byte_range, self._read_layout)
+
+    async def read_into(self, byte_range: ByteRange, out: memoryview) -> None:
+        # docstring inherited: each chunk's range is received straight into its part of ``out``
+        if out.nbytes != byte_range.length:
+            await super().read_into(byte_range, out)  # raises: the sizes differ
+            return
+
+        async def into(layout: Layout, start: int, _: int) -> None:
+            await self._read_layout_into(layout, start, out)
+
+        await self._read_with(byte_range, into)
+
+    async def _read_with(
+        self, byte_range: ByteRange, read: Callable[[Layout, int, int], Awaitable[_T]]
+    ) -> _T:
+        """``read(layout, start, length)`` on the cached layout (refreshed when the range lies
+        beyond it), and once more on a fresh layout if a chunk vanished meanwhile."""
         cached = self._layout
         layout = cached if cached is not None else await self._refresh()
         if cached is not None and (byte_range.end > layout.size or not layout.exists):
@@ -407,7 +463,7 @@ class ChunkedDriver(SegmentDriver):
             raise self._missing()
         check_readable(self.path, byte_range, layout.size)
         try:
-            return await self._read_layout(layout, byte_range.start, byte_range.length)
+            return await read(layout, byte_range.start, byte_range.length)
         except SegmentNotFoundError:
             # A chunk vanished: the segment was sealed (or deleted) since we looked. Look again once.
             layout = await self._refresh()
@@ -417,7 +473,7 @@ class ChunkedDriver(SegmentDriver):
                 raise SegmentReadError(
                     f"segment {self.path!r} shrank to {layout.size} bytes while reading", path=self.path
                 ) from None
-            return await self._read_layout(layout, byte_range.start, byte_range.length)
+            return await read(layout, byte_range.start, byte_range.length)
 
     def object_bounds(self, start: int, end: int) -> list[int]:
         # docstring inherited: the chunk positions of the cached layout (a sealed segment is one

@@ -462,6 +462,20 @@ class SegmentDriver(ABC):
         sees every write that returned before the read started.
         """
 
+    async def read_into(self, byte_range: ByteRange, out: memoryview) -> None:
+        """Fill ``out`` (writable, ``byte_range.length`` bytes) with the bytes :meth:`read` would
+        return, same rules and errors. For a caller that receives into memory it reuses (the
+        cold read path's batch buffers): a driver that can receive straight into ``out``
+        overrides this and spares a fresh allocation per read — and the page faults of touching
+        it (docs/performance.md, P3). Default: :meth:`read`, then one copy."""
+        if out.nbytes != byte_range.length:
+            raise InvalidRangeError(
+                f"read_into needs a buffer of {byte_range.length} bytes, got {out.nbytes}",
+                length=byte_range.length,
+                buffer=out.nbytes,
+            )
+        out[:] = await self.read(byte_range)
+
     @abstractmethod
     async def write(self, position: int, data: bytes) -> None:
         """Make the segment hold ``data`` at ``[position, position + len(data))``.
@@ -796,6 +810,11 @@ class FileSegment:
         """Read committed bytes: ``length`` is clamped to the commit position, like RocketMQ;
         ``position < 0``, ``position >= commit_position`` or ``length <= 0`` raise
         :class:`~tierd.errors.SegmentReadError`."""
+        self._check_read(position, length)
+        length = min(length, self._commit_position - position)
+        return await self._timed("read", length, self.driver.read(ByteRange(position, length)))
+
+    def _check_read(self, position: int, length: int) -> None:
         if position < 0 or length <= 0 or position >= self._commit_position:
             raise SegmentReadError(
                 f"cannot read {length} bytes at position {position} of segment {self.path}: "
@@ -805,8 +824,15 @@ class FileSegment:
                 length=length,
                 commit_position=self._commit_position,
             )
-        length = min(length, self._commit_position - position)
-        return await self._timed("read", length, self.driver.read(ByteRange(position, length)))
+
+    async def read_into(self, position: int, out: memoryview) -> int:
+        """Like :meth:`read` of ``out.nbytes`` bytes, received into ``out`` (see
+        :meth:`SegmentDriver.read_into`); returns how many bytes were read — fewer only at the
+        commit position, into the head of ``out``."""
+        self._check_read(position, out.nbytes)
+        length = min(out.nbytes, self._commit_position - position)
+        await self._timed("read", length, self.driver.read_into(ByteRange(position, length), out[:length]))
+        return length
 
     def object_bounds(self, start: int, end: int) -> list[int]:
         """Where stored objects meet strictly inside ``[start, end)`` (positions; a hint, see

@@ -40,7 +40,7 @@ from tierd.format.record import (
 )
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Callable, Sequence
 
 # ----------------------------------------------------------------------------- batch encoding
 _HEADER_V4_DTYPE = np.dtype(
@@ -142,7 +142,11 @@ class RecordBatch:
 
     __slots__ = ("_cols", "_hosts", "_identity", "_queue_checked", "data", "sizes", "starts")
 
-    def __init__(self, data: bytes, starts: npt.NDArray[np.int64], sizes: npt.NDArray[np.int64]) -> None:
+    def __init__(
+        self, data: bytes | memoryview, starts: npt.NDArray[np.int64], sizes: npt.NDArray[np.int64]
+    ) -> None:
+        #: The records: ``bytes``, or a view of a reused receive buffer (the cold read path);
+        #: what leaves this object is always ``bytes`` copied out of it.
         self.data = data
         self.starts = starts
         self.sizes = sizes
@@ -229,12 +233,12 @@ class RecordBatch:
         body_start, body_end, _, topic_end, end = (c[start:stop] for c in cols[10:])
         # Column by column, each step a C loop (map over slices, crc32, the constructor): a
         # Python loop body per message cost twice as much (~1.6 µs against ~0.8 µs).
-        cut = self.data.__getitem__
-        bodies = list(map(cut, map(slice, body_start.tolist(), body_end.tolist())))
+        cut = self._cutter()
+        bodies = cut(body_start, body_end)
         crcs = np.fromiter(map(crc32, bodies), np.int64, n)
         if not np.array_equal(crcs & 0x7FFFFFFF, crc):
             return None
-        props = list(map(cut, map(slice, (topic_end + 2).tolist(), end.tolist())))
+        props = cut(topic_end + 2, end)
         try:
             # One check for all: a byte below 0x80 between them cannot complete or start a
             # multi-byte sequence, so the whole is valid UTF-8 exactly when each part is.
@@ -262,6 +266,33 @@ class RecordBatch:
                 crc.tolist(),
             )
         )
+
+    def _cutter(self) -> Callable[[npt.NDArray[np.int64], npt.NDArray[np.int64]], list[bytes]]:
+        """``cut(starts, ends)``: the ``bytes`` of each range of :attr:`data` (C loops: ``map``
+        over slices; a view's slices are copied out with ``tobytes``, ~0.05 µs more each)."""
+        data = self.data
+        if isinstance(data, bytes):
+
+            def cut(starts: npt.NDArray[np.int64], ends: npt.NDArray[np.int64]) -> list[bytes]:
+                return list(map(data.__getitem__, map(slice, starts.tolist(), ends.tolist())))
+
+            return cut
+        view = data
+
+        def cut_view(starts: npt.NDArray[np.int64], ends: npt.NDArray[np.int64]) -> list[bytes]:
+            return list(
+                map(memoryview.tobytes, map(view.__getitem__, map(slice, starts.tolist(), ends.tolist())))
+            )
+
+        return cut_view
+
+    def _bytes(self) -> bytes:
+        """:attr:`data` as ``bytes``. Record by record is the rare path (a damaged batch, IPv6
+        hosts): it works on a copy of a viewed batch, made once, rather than teach every
+        decoder about views."""
+        if not isinstance(self.data, bytes):
+            self.data = bytes(self.data)
+        return self.data
 
     def _is_queue(self, topic: str, queue_id: int, first_queue_offset: int) -> bool:
         """Whether every record belongs to ``topic``/``queue_id`` at consecutive offsets from
@@ -297,12 +328,12 @@ class RecordBatch:
 
     def message(self, i: int) -> MessageExt:
         """Record ``i``, CRC-checked; raises :class:`CorruptRecordError` if it is not valid."""
+        data = self._bytes()
         cols = self._columns()
         if cols is None:
             start = int(self.starts[i])
-            return decode_record(self.data, start, limit=start + int(self.sizes[i]), check_crc=True)
+            return decode_record(data, start, limit=start + int(self.sizes[i]), check_crc=True)
         row = [int(c[i]) for c in cols]
-        data = self.data
         start = row[10] - HEADER_V4
         try:
             topic = data[row[12] : row[13]].decode()
@@ -334,7 +365,7 @@ class RecordBatch:
             born_host,
             store_host,
         ) = row
-        data = self.data
+        data = self._bytes()
         body = data[body_start:body_end]
         if (crc32(body) & 0x7FFFFFFF) != crc:
             raise record_error(f"body CRC mismatch (stored {crc})", body_start - HEADER_V4)

@@ -683,6 +683,28 @@ class SegmentDriverTests(ObjectApiTests):
         assert await d.read(ByteRange(0, 300)) == data
 
     @async_test
+    async def test_read_into_fills_the_buffer_like_read(self, root: DriverRoot) -> None:
+        d = root.driver(PATH)
+        data = _data(4000, seed=5)
+        for a, b in itertools.pairwise([0, 100, 1500, 4000]):  # several writes (chunks)
+            await d.write(a, data[a:b])
+        buf = bytearray(b"\xee" * 4100)
+        for start, length in [(0, 4000), (99, 1403), (1499, 2), (3999, 1)]:
+            view = memoryview(buf)[50 : 50 + length]
+            await d.read_into(ByteRange(start, length), view)
+            assert bytes(view) == data[start : start + length]
+            view.release()
+        assert buf[:50] == b"\xee" * 50  # nothing written outside the view
+        await d.seal()
+        with memoryview(buf)[:1000] as view:
+            await d.read_into(ByteRange(3000, 1000), view)
+        assert bytes(buf[:1000]) == data[3000:]
+        with pytest.raises(SegmentReadError):
+            await d.read_into(ByteRange(3500, 600), memoryview(bytearray(600)))
+        with pytest.raises(InvalidRangeError):
+            await d.read_into(ByteRange(0, 10), memoryview(bytearray(11)))
+
+    @async_test
     async def test_read_past_the_end_is_refused(self, root: DriverRoot) -> None:
         d = root.driver(PATH)
         await d.write(0, b"abcdef")

@@ -36,6 +36,7 @@ from tierd.errors import CorruptionError, CorruptRecordError, LostMessagesError,
 from tierd.format.batch import RecordBatch
 from tierd.format.cq_unit import UNIT_SIZE
 from tierd.subscription import MAX_SCAN_UNITS
+from tierd.tiered.bufferpool import BufferPool
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -104,12 +105,16 @@ class ColdBatch:
     first: int  # queue offset of the first message
     flat_offsets: npt.NDArray[np.int64]
     sizes: npt.NDArray[np.int64]
-    data: bytes  # commitlog bytes from flat_offsets[0]
+    #: Commitlog bytes from flat_offsets[0]: a view of ``buffer`` (messages copy out of it).
+    data: bytes | memoryview
     last_access: float = field(default=0.0)
     #: Column-wise decoder over ``data``, built on first access.
     records: RecordBatch | None = field(default=None)
     #: Consume-queue tags codes of the messages (filtered reads match on them without decoding).
     tags_codes: npt.NDArray[np.int64] | None = field(default=None)
+    #: The pooled receive buffer ``data`` views (given back to the pool when the cache drops
+    #: the batch; reused only once nothing views it — see :mod:`tierd.tiered.bufferpool`).
+    buffer: bytearray | None = field(default=None)
 
     @property
     def end(self) -> int:
@@ -117,8 +122,10 @@ class ColdBatch:
 
     @property
     def nbytes(self) -> int:
-        # data + offsets/sizes + the decoder's columns once built (15 int64 per record)
-        return len(self.data) + self.sizes.nbytes * 2 + len(self.sizes) * 15 * 8
+        # data (its whole buffer) + offsets/sizes + the decoder's columns once built (15 int64
+        # per record)
+        held = len(self.buffer) if self.buffer is not None else len(self.data)
+        return held + self.sizes.nbytes * 2 + len(self.sizes) * 15 * 8
 
     def message(self, queue_offset: int) -> MessageExt:
         return self.messages(queue_offset, queue_offset + 1)[0]
@@ -201,9 +208,24 @@ class CacheStats:
 class ReadAheadCache:
     """Batches by (queue, first offset), LRU within a byte budget, idle expiry."""
 
-    def __init__(self, max_bytes: int, expire_seconds: float) -> None:
+    def __init__(
+        self,
+        max_bytes: int,
+        expire_seconds: float,
+        pool: BufferPool | None = None,
+        *,
+        passed_max_bytes: int | None = None,
+    ) -> None:
         self.max_bytes = max_bytes
         self.expire = expire_seconds
+        #: Where the receive buffers of dropped batches go back to.
+        self.pool = pool
+        #: Bytes of batches a reader has read to their end that stay cached (for readers behind
+        #: it); the oldest passed beyond that are dropped, their buffers reused for the next
+        #: loads. None: no bound but ``max_bytes``.
+        self.passed_max_bytes = passed_max_bytes
+        self._passed: OrderedDict[tuple[str, int, int], int] = OrderedDict()
+        self.passed_bytes = 0
         self._batches: OrderedDict[tuple[str, int, int], ColdBatch] = OrderedDict()
         self._starts: dict[QueueKey, list[int]] = {}
         #: Batches being loaded now, by (topic, queue, first offset): one load per batch.
@@ -237,9 +259,29 @@ class ReadAheadCache:
         self.bytes += batch.nbytes
         self._shrink()
 
+    def passed(self, batch: ColdBatch) -> None:
+        """A reader has read ``batch`` to its end. It stays cached for readers behind (another
+        group, a retry) while the batches passed since hold at most ``passed_max_bytes``; older
+        ones are dropped now instead of when the whole cache is full, so a sequential consume
+        receives into the buffers of what it consumed rather than into new memory (each new
+        page costs a fault — docs/performance.md, P3)."""
+        k = (batch.topic, batch.queue_id, batch.first)
+        if self.passed_max_bytes is None or self._batches.get(k) is not batch:
+            return
+        if k in self._passed:
+            self._passed.move_to_end(k)  # passed again (a reader behind): keep it longer
+            return
+        self._passed[k] = batch.nbytes
+        self.passed_bytes += batch.nbytes
+        while self.passed_bytes > self.passed_max_bytes:
+            self._drop(next(iter(self._passed)))
+
     def _drop(self, k: tuple[str, int, int]) -> None:
         batch = self._batches.pop(k)
         self.bytes -= batch.nbytes
+        self.passed_bytes -= self._passed.pop(k, 0)
+        if self.pool is not None and batch.buffer is not None:
+            self.pool.release(batch.buffer)
         starts = self._starts[(k[0], k[1])]
         starts.remove(k[2])
         if not starts:
@@ -308,10 +350,21 @@ class UnitCache:
             self.bytes -= sum(a.nbytes for a in entry[1])
 
 
+def pool_bytes(cfg: TieredConfig) -> int:
+    """Idle receive buffers a fetcher keeps, and the batches already read to their end it keeps
+    cached: each enough for a sequential reader's batches in flight and ahead
+    (:data:`READ_AHEAD_DEPTH` + 2 of ``read_ahead_size``), at most a quarter of the cache
+    budget."""
+    return min(cfg.cache_max_bytes // 4, (READ_AHEAD_DEPTH + 2) * cfg.read_ahead_size)
+
+
 class ColdFetcher:
     def __init__(self, cfg: TieredConfig) -> None:
         self.cfg = cfg
-        self.cache = ReadAheadCache(cfg.cache_max_bytes, cfg.cache_expire)
+        self.pool = BufferPool(pool_bytes(cfg), cfg.cache_expire)
+        self.cache = ReadAheadCache(
+            cfg.cache_max_bytes, cfg.cache_expire, self.pool, passed_max_bytes=pool_bytes(cfg)
+        )
         self.units = UnitCache(max(UNIT_CACHE_MIN, cfg.cache_max_bytes // 8))
         self._prefetching: set[asyncio.Task[None]] = set()
         self._closed = False
@@ -363,6 +416,8 @@ class ColdFetcher:
                     if len(got) < end - a:  # a bad record: the good ones before it, then stop
                         stop, damaged = a + len(got), True
                         break
+            if stop == batch.end:
+                self.cache.passed(batch)
             offset = stop
         if out:
             self._sequential[key] = offset
@@ -565,6 +620,7 @@ class ColdFetcher:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+        self.pool.clear()
 
     async def _prefetch_one(self, ff: FlatMessageFile, offset: int) -> None:
         key = (ff.topic, ff.queue_id)
@@ -758,11 +814,18 @@ class ColdFetcher:
                 offset=offset,
             )
         length = int(flat[-1] + sizes[-1] - flat[0])
-        data = await ff.read_commitlog(int(flat[0]), length)
+        buffer = self.pool.acquire(length)
+        data = memoryview(buffer)[:length]
+        try:
+            got = await ff.read_commitlog_into(int(flat[0]), data)
+        except BaseException:
+            data.release()
+            self.pool.release(buffer)
+            raise
         self.cache.stats.backend_reads += 1
-        if len(data) != length:
+        if got != length:
             raise CorruptionError(
                 f"short cold commitlog read for {ff.topic}/{ff.queue_id}: wanted {length} "
-                f"bytes at {int(flat[0])}, got {len(data)}"
+                f"bytes at {int(flat[0])}, got {got}"
             )
-        return ColdBatch(ff.topic, ff.queue_id, offset, flat, sizes, data, tags_codes=codes)
+        return ColdBatch(ff.topic, ff.queue_id, offset, flat, sizes, data, tags_codes=codes, buffer=buffer)

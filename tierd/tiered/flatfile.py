@@ -404,20 +404,7 @@ class FlatAppendFile:
     async def read(self, offset: int, length: int) -> bytes:
         """Committed bytes from ``offset``; crosses into the next segment if the range runs past
         the end of the first. Shorter than ``length`` only at the committed end."""
-        if not self.segments:
-            raise SegmentReadError(
-                f"{self.path_of(0)}: cannot read {length} bytes at offset {offset}: no segments",
-                offset=offset,
-                length=length,
-            )
-        if offset < self.min_offset or offset >= self.commit_offset or length <= 0:
-            raise SegmentReadError(
-                f"{self.path_of(self.min_offset)}: cannot read {length} bytes at offset {offset}; "
-                f"committed range is [{self.min_offset}, {self.commit_offset})",
-                offset=offset,
-                length=length,
-            )
-        i = self._segment_index(offset)
+        i = self._check_read(offset, length)
         out: list[bytes] = []
         remaining = length
         while remaining > 0 and i < len(self.segments):
@@ -431,6 +418,39 @@ class FlatAppendFile:
             offset += len(chunk)
             i += 1
         return b"".join(out)
+
+    async def read_into(self, offset: int, out: memoryview) -> int:
+        """:meth:`read` of ``out.nbytes`` bytes received into ``out`` (memory the caller reuses;
+        see :meth:`~tierd.drivers.segment.SegmentDriver.read_into`). Returns the bytes read:
+        fewer only at the committed end."""
+        i = self._check_read(offset, out.nbytes)
+        done = 0
+        while done < out.nbytes and i < len(self.segments):
+            seg = self.segments[i]
+            pos = offset + done - seg.base_offset
+            if pos >= seg.commit_position:
+                break
+            done += await seg.read_into(pos, out[done:])
+            i += 1
+        return done
+
+    def _check_read(self, offset: int, length: int) -> int:
+        """Index of the segment a read of ``length`` bytes at ``offset`` starts in; raises
+        :class:`~tierd.errors.SegmentReadError` outside the committed range."""
+        if not self.segments:
+            raise SegmentReadError(
+                f"{self.path_of(0)}: cannot read {length} bytes at offset {offset}: no segments",
+                offset=offset,
+                length=length,
+            )
+        if offset < self.min_offset or offset >= self.commit_offset or length <= 0:
+            raise SegmentReadError(
+                f"{self.path_of(self.min_offset)}: cannot read {length} bytes at offset {offset}; "
+                f"committed range is [{self.min_offset}, {self.commit_offset})",
+                offset=offset,
+                length=length,
+            )
+        return self._segment_index(offset)
 
     # ------------------------------------------------------------------ expiry
     async def destroy_before(self, offset: int) -> int:

@@ -273,6 +273,11 @@ class FlatMessageFile:
     async def read_commitlog(self, flat_offset: int, length: int) -> bytes:
         return await self.commitlog.read(flat_offset, length)
 
+    async def read_commitlog_into(self, flat_offset: int, out: memoryview) -> int:
+        """Commitlog bytes from ``flat_offset`` received into ``out``; how many (fewer only at
+        the committed end)."""
+        return await self.commitlog.read_into(flat_offset, out)
+
     # ------------------------------------------------------------------ recovery
     async def recover(self) -> int:
         """Make the consume queue reference every whole, valid record the commitlog holds
