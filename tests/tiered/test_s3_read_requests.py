@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import collections
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -126,3 +126,69 @@ def test_a_sequential_consume_finds_the_next_object_loaded_ahead(
         assert fetcher.cache.stats.misses == 2, fetcher.cache.stats
         assert fetcher.cache.stats.prefetches == len(objects) - 2, (fetcher.cache.stats, calls)
         assert most_in_flight <= READ_AHEAD_DEPTH
+
+
+def _log_reads(store: BlockingMessageStore) -> list[tuple[str, str]]:
+    """(read, "start" | "end") of queue seq/0's consume-queue and commitlog reads, in order."""
+    assert store.tiering is not None
+    ff = store.tiering.flat.get("seq", 0)
+    assert ff is not None
+    events: list[tuple[str, str]] = []
+    read_units, read_into = ff.read_units, ff.read_commitlog_into
+
+    async def units(queue_offset: int, count: int) -> Any:
+        events.append(("units", "start"))
+        try:
+            return await read_units(queue_offset, count)
+        finally:
+            events.append(("units", "end"))
+
+    async def commitlog(flat_offset: int, out: memoryview) -> int:
+        events.append(("commitlog", "start"))
+        try:
+            return await read_into(flat_offset, out)
+        finally:
+            events.append(("commitlog", "end"))
+
+    ff.read_units = units  # type: ignore[method-assign]
+    ff.read_commitlog_into = commitlog  # type: ignore[method-assign]
+    return events
+
+
+def test_a_queues_first_batch_reads_its_commitlog_object_with_its_consume_queue(
+    tmp_path: Path, moto_server: S3Server
+) -> None:
+    """A queue's start is where a commitlog segment starts (its metadata says so): the first
+    get sends the commitlog GET without waiting for the consume-queue units, and still checks
+    every record against them. Same GETs as before, one wait instead of two."""
+    store, bucket = _tier(tmp_path, moto_server, 64)
+    chunks = _chunks(moto_server, bucket)
+    with store:
+        store.wait_ready()
+        calls = log_requests(store)
+        events = _log_reads(store)
+        r = store.get("seq", 0, 0, 64, policy="FORCE")
+        assert [m.body for m in r.messages] == [_body(i) for i in range(64)]
+        stats = store.router.fetcher.cache.stats
+        assert (stats.early_reads, stats.early_hits) == (1, 1)
+    assert events.index(("commitlog", "start")) < events.index(("units", "end")), events
+    assert events.count(("commitlog", "start")) == 2  # the first object, then the second's head
+    gets = collections.Counter(path for op, path in calls if op == "GetObject" and "/COMMIT_LOG/" in path)
+    assert gets[f"/{min(chunks)}"] == 1
+
+
+def test_a_wrong_early_guess_costs_a_read_never_a_wrong_message(
+    tmp_path: Path, moto_server: S3Server
+) -> None:
+    store, _ = _tier(tmp_path, moto_server, 64)
+    with store:
+        store.wait_ready()
+        assert store.tiering is not None
+        ff = store.tiering.flat.get("seq", 0)
+        assert ff is not None
+        base = ff.commitlog.segments[0].base_offset
+        ff.commitlog.learn_first_queue_offset(base, 5)  # metadata claiming offset 5 starts there
+        r = store.get("seq", 0, 5, 20, policy="FORCE")
+        assert [m.body for m in r.messages] == [_body(i) for i in range(5, 25)]
+        stats = store.router.fetcher.cache.stats
+        assert (stats.early_reads, stats.early_hits) == (1, 0)

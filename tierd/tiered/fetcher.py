@@ -181,6 +181,25 @@ class ColdBatch:
         return out
 
 
+def _abandon(task: asyncio.Task[EarlyRead]) -> None:
+    """Cancel an early read nobody will use; its failure, if it already failed, is nobody's
+    error (the batch is read, or reported, the normal way): retrieved so asyncio does not log
+    it as never retrieved."""
+    task.cancel()
+    task.add_done_callback(lambda t: None if t.cancelled() else t.exception())
+
+
+@dataclass(frozen=True, slots=True)
+class EarlyRead:
+    """A commitlog read started before the units of its batch were known: ``got`` bytes from
+    flat offset ``start`` in ``data`` (a view of the pooled ``buffer``)."""
+
+    start: int
+    got: int
+    buffer: bytearray
+    data: memoryview
+
+
 class _Unreadable(Exception):
     """A filtered read met a record it cannot read at queue ``offset``: it ends there (internal
     control flow, never leaves this module)."""
@@ -203,6 +222,10 @@ class CacheStats:
     filter_skipped: int = 0
     #: Filtered reads: messages fetched because their tags code matched, whose tag did not.
     filter_collisions: int = 0
+    #: Commitlog reads started with a queue's consume-queue read (see ColdFetcher._read_early),
+    #: and how many of them held the batch.
+    early_reads: int = 0
+    early_hits: int = 0
 
 
 class ReadAheadCache:
@@ -780,6 +803,53 @@ class ColdFetcher:
 
     async def _load(self, ff: FlatMessageFile, offset: int, ahead: bool = False) -> ColdBatch:
         key = (ff.topic, ff.queue_id)
+        early = self._read_early(ff, offset) if self.units.take(key, offset) is None else None
+        try:
+            units = await self._plan_batch(ff, offset, ahead)
+        except BaseException:
+            if early is not None:
+                _abandon(early)
+            raise
+        return await self._fetch(ff, offset, units, early)
+
+    def _read_early(self, ff: FlatMessageFile, offset: int) -> asyncio.Task[EarlyRead] | None:
+        """Start reading the commitlog object a batch at ``offset`` most likely is, before its
+        consume-queue units arrive — when the segment metadata alone tells where it starts:
+        ``offset`` is the first queue offset of a commitlog segment (a queue's start, as a
+        consumer reading from the beginning asks for). Then the two reads of a queue's first
+        batch overlap instead of waiting one for the other. The guess is one stored object (its
+        end known from the driver, no request), at most half of ``read_ahead_size``; it is used
+        only if the units then name a batch inside it, and every record is still checked
+        against its unit. None when nothing is known."""
+        cl = ff.commitlog
+        start = next(
+            (s.base_offset for s in cl.segments if cl.first_queue_offset(s.base_offset) == offset), None
+        )
+        if start is None or start >= cl.commit_offset:
+            return None
+        bounds = cl.object_bounds(start, start + self.cfg.read_ahead_size // 2 + 1)
+        if not bounds:
+            return None
+        length = bounds[0] - start
+        self.cache.stats.backend_reads += 1
+        self.cache.stats.early_reads += 1
+        return asyncio.get_running_loop().create_task(self._read_span(ff, start, length))
+
+    async def _read_span(self, ff: FlatMessageFile, start: int, length: int) -> EarlyRead:
+        buffer = self.pool.acquire(length)
+        data = memoryview(buffer)[:length]
+        try:
+            got = await ff.read_commitlog_into(start, data)
+        except BaseException:
+            data.release()
+            self.pool.release(buffer)
+            raise
+        return EarlyRead(start, got, buffer, data)
+
+    async def _plan_batch(self, ff: FlatMessageFile, offset: int, ahead: bool) -> Units:
+        """The units of the batch at ``offset``: read, cut at ``read_ahead_count``, the byte
+        limit, a hole and the stored objects' bounds; units beyond it are cached."""
+        key = (ff.topic, ff.queue_id)
         flat, sizes, codes = await self._units(ff, offset, ahead)
         if sizes[0] == 0:  # size-0 units: messages lost before they were tiered (a hole)
             kept = np.flatnonzero(sizes)
@@ -800,32 +870,70 @@ class ColdFetcher:
         n = self._align(ff, flat, ends, n, limit)
         if n < len(flat):  # units read beyond this batch serve the next one (no second CQ read)
             self.units.put(key, offset + n, (flat[n:], sizes[n:], codes[n:]))
-        return await self._fetch(ff, offset, (flat[:n], sizes[:n], codes[:n]))
+        return flat[:n], sizes[:n], codes[:n]
 
-    async def _fetch(self, ff: FlatMessageFile, offset: int, units: Units) -> ColdBatch:
+    async def _fetch(
+        self,
+        ff: FlatMessageFile,
+        offset: int,
+        units: Units,
+        early: asyncio.Task[EarlyRead] | None = None,
+    ) -> ColdBatch:
         """The batch of consecutive ``units`` (queue offsets from ``offset``): ONE ranged read
-        of the commitlog bytes they cover, checked to be contiguous and complete."""
+        of the commitlog bytes they cover, checked to be contiguous and complete — or the
+        ``early`` read, when it holds them (see :meth:`_read_early`)."""
         flat, sizes, codes = units
         n = len(flat)
         if np.any(flat[1:n] != flat[: n - 1] + sizes[: n - 1]):
+            if early is not None:
+                _abandon(early)
             raise CorruptionError(
                 f"cold consume queue {ff.topic}/{ff.queue_id} units from {offset} are not "
                 "contiguous in the commitlog",
                 offset=offset,
             )
         length = int(flat[-1] + sizes[-1] - flat[0])
-        buffer = self.pool.acquire(length)
-        data = memoryview(buffer)[:length]
-        try:
-            got = await ff.read_commitlog_into(int(flat[0]), data)
-        except BaseException:
-            data.release()
-            self.pool.release(buffer)
-            raise
-        self.cache.stats.backend_reads += 1
+        got_early = await self._early_result(early, int(flat[0]), length)
+        if got_early is not None:
+            buffer, data = got_early
+            got = length
+        else:
+            buffer, data, got = await self._read_counted(ff, int(flat[0]), length)
         if got != length:
             raise CorruptionError(
                 f"short cold commitlog read for {ff.topic}/{ff.queue_id}: wanted {length} "
                 f"bytes at {int(flat[0])}, got {got}"
             )
         return ColdBatch(ff.topic, ff.queue_id, offset, flat, sizes, data, tags_codes=codes, buffer=buffer)
+
+    async def _read_counted(
+        self, ff: FlatMessageFile, start: int, length: int
+    ) -> tuple[bytearray, memoryview, int]:
+        read = await self._read_span(ff, start, length)
+        self.cache.stats.backend_reads += 1
+        return read.buffer, read.data, read.got
+
+    async def _early_result(
+        self, early: asyncio.Task[EarlyRead] | None, start: int, length: int
+    ) -> tuple[bytearray, memoryview] | None:
+        """The early read's buffer and a view of its first ``length`` bytes when it read
+        ``[start, start + length)`` whole; else None (its buffer goes back to the pool and the
+        caller reads the batch itself — a failed early read is only a wasted request)."""
+        if early is None:
+            return None
+        try:
+            read = await early
+        except asyncio.CancelledError:
+            if not early.cancelled():
+                _abandon(early)
+                raise  # we are being cancelled, not the early read
+            return None
+        except Exception as e:
+            log.debug("early commitlog read at %d failed; reading the batch again: %s", start, e)
+            return None
+        if read.start == start and read.got >= length:
+            self.cache.stats.early_hits += 1
+            return read.buffer, read.data[:length]
+        read.data.release()
+        self.pool.release(read.buffer)
+        return None
