@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from tierd import BlockingMessageStore, Message
+from tierd.drivers import s3 as s3_driver
+from tierd.drivers.s3 import receive_into
 from tierd.testing.s3server import create_bucket
 from tierd.testing.workload import list_objects, log_requests
 from tierd.tiered.fetcher import READ_AHEAD_DEPTH
@@ -192,3 +194,30 @@ def test_a_wrong_early_guess_costs_a_read_never_a_wrong_message(
         assert [m.body for m in r.messages] == [_body(i) for i in range(5, 25)]
         stats = store.router.fetcher.cache.stats
         assert (stats.early_reads, stats.early_hits) == (1, 0)
+
+
+def test_cold_batches_are_received_straight_into_their_buffers(
+    tmp_path: Path, moto_server: S3Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every commitlog GET of a consume streams its body into the batch's pooled buffer (no
+    joined copy of the body first), through the guard that bounds backend calls."""
+    received: list[int] = []
+
+    async def counting(body: Any, out: memoryview) -> int:
+        received.append(out.nbytes)
+        return await receive_into(body, out)
+
+    monkeypatch.setattr(s3_driver, "receive_into", counting)
+    store, bucket = _tier(tmp_path, moto_server, 64)
+    chunks = _chunks(moto_server, bucket)
+    with store:
+        store.wait_ready()
+        calls = log_requests(store)
+        offset = 0
+        while offset < MESSAGES:
+            r = store.get("seq", 0, offset, 64, policy="FORCE")
+            assert [m.body for m in r.messages] == [_body(i) for i in range(offset, r.next_offset)]
+            offset = r.next_offset
+    gets = [path for op, path in calls if op == "GetObject" and "/COMMIT_LOG/" in path]
+    assert len(received) == len(gets) >= len(chunks)
+    assert sum(received) == sum(chunks.values())

@@ -271,6 +271,10 @@ class GuardedDriver(SegmentDriver):
         # docstring inherited
         return await self.root.call("read", self.path, lambda: self.inner.read(byte_range), mutating=False)
 
+    async def read_into(self, byte_range: ByteRange, out: memoryview) -> None:
+        # docstring inherited: the inner driver's own (an S3 body received straight into ``out``)
+        await self.root.call("read", self.path, lambda: self.inner.read_into(byte_range, out), mutating=False)
+
     async def write(self, position: int, data: bytes) -> None:
         # docstring inherited
         await self.root.call("write", self.path, lambda: self.inner.write(position, data), mutating=True)
