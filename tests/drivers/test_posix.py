@@ -11,6 +11,7 @@ import pytest
 
 from tierd.drivers._objects import TEMP_MARKER
 from tierd.drivers.posix import PosixDriver, PosixRoot
+from tierd.drivers.segment import ByteRange
 from tierd.errors import BackendError
 from tierd.testing.segment import SegmentDriverTests
 
@@ -50,6 +51,27 @@ class TestPosixDriver(SegmentDriverTests):
 
         asyncio.run(main())
         assert not os.stat(self._file("a/b")).st_mode & 0o222
+
+    def test_read_into_receives_straight_into_the_buffer(
+        self, root_config: tuple[str, dict[str, Any]], monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """The cold read path receives batches into buffers it reuses: the posix driver reads
+        into them with ``preadv``, never through a ``bytes`` of the range and a second copy."""
+        data = bytes(range(256)) * 64
+
+        async def main() -> bytearray:
+            d = PosixDriver.open_root(*root_config).driver("a/b")
+            await d.write(0, data)
+            monkeypatch.setattr("tierd.drivers.posix._pread_exact", _no_bytes_read)
+            out = bytearray(5000)
+            await d.read_into(ByteRange(1000, 5000), memoryview(out))
+            return out
+
+        assert asyncio.run(main()) == data[1000:6000]
+
+
+def _no_bytes_read(fd: int, length: int, offset: int) -> bytes:
+    raise AssertionError(f"read_into made bytes of [{offset}, {offset + length})")
 
 
 # ---------------------------------------------------------------------------- whole objects

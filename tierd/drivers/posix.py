@@ -52,7 +52,7 @@ from tierd.errors import (
 )
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    from collections.abc import Callable, Mapping
 
 __all__ = ["PosixDriver", "PosixRoot"]
 
@@ -209,6 +209,18 @@ def _pread_exact(fd: int, length: int, offset: int) -> bytes:
     return b"".join(chunks)
 
 
+def _preadv_into(fd: int, out: memoryview, offset: int) -> int:
+    """Fill ``out`` from ``offset`` (fewer bytes only at the end of the file); the bytes read.
+    Received straight into the caller's memory: no ``bytes`` of the range is made."""
+    done = 0
+    while done < out.nbytes:
+        n = os.preadv(fd, [out[done:]], offset + done)
+        if not n:
+            break
+        done += n
+    return done
+
+
 def _pwrite_all(fd: int, data: memoryview, offset: int) -> None:
     while data:
         written = os.pwrite(fd, data, offset)
@@ -323,6 +335,22 @@ class PosixDriver(SegmentDriver):
             os.close(fd)
 
     def _read_sync(self, rng: ByteRange) -> bytes:
+        data = b""
+
+        def read(fd: int) -> int:
+            nonlocal data
+            data = _pread_exact(fd, rng.length, rng.start)
+            return len(data)
+
+        self._read_checked(rng, read)
+        return data
+
+    def _read_into_sync(self, rng: ByteRange, out: memoryview) -> None:
+        self._read_checked(rng, lambda fd: _preadv_into(fd, out, rng.start))
+
+    def _read_checked(self, rng: ByteRange, read: Callable[[int], int]) -> None:
+        """Open the segment's file, check ``rng`` lies inside it, then ``read(fd)`` (the bytes it
+        got): fewer than asked means the file shrank meanwhile, never a short read."""
         try:
             fd = os.open(self.file, os.O_RDONLY | os.O_CLOEXEC)
         except (FileNotFoundError, NotADirectoryError):
@@ -330,14 +358,13 @@ class PosixDriver(SegmentDriver):
         try:
             size = os.fstat(fd).st_size
             check_readable(self.path, rng, size)
-            data = _pread_exact(fd, rng.length, rng.start)
+            got = read(fd)
         finally:
             os.close(fd)
-        if len(data) != rng.length:
+        if got != rng.length:
             raise CorruptionError(
                 f"segment {self.path!r} shrank while reading [{rng.start}, {rng.end})", path=self.path
             )
-        return data
 
     def _seal_sync(self) -> None:
         try:
@@ -391,6 +418,13 @@ class PosixDriver(SegmentDriver):
         # docstring inherited
         data: bytes = await self._run("read", self._read_sync, byte_range)
         return data
+
+    async def read_into(self, byte_range: ByteRange, out: memoryview) -> None:
+        # docstring inherited: preadv straight into ``out``, no intermediate bytes
+        if out.nbytes != byte_range.length:
+            await super().read_into(byte_range, out)  # raises: the sizes differ
+            return
+        await self._run("read", self._read_into_sync, byte_range, out)
 
     async def write(self, position: int, data: bytes) -> None:
         # docstring inherited
