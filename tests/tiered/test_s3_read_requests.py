@@ -14,6 +14,7 @@ import pytest
 from tierd import BlockingMessageStore, Message
 from tierd.drivers import s3 as s3_driver
 from tierd.drivers.s3 import receive_into
+from tierd.errors import BackendError
 from tierd.testing.s3server import create_bucket
 from tierd.testing.workload import list_objects, log_requests
 from tierd.tiered.fetcher import READ_AHEAD_DEPTH
@@ -194,6 +195,33 @@ def test_a_wrong_early_guess_costs_a_read_never_a_wrong_message(
         assert [m.body for m in r.messages] == [_body(i) for i in range(5, 25)]
         stats = store.router.fetcher.cache.stats
         assert (stats.early_reads, stats.early_hits) == (1, 0)
+
+
+def test_a_failed_early_read_is_read_again_never_a_failed_get(tmp_path: Path, moto_server: S3Server) -> None:
+    """The early commitlog read is a guess made before the units arrive: when it fails (a
+    backend fault), the batch is read the normal way and the get still returns its messages,
+    the failed read costing one request."""
+    store, _ = _tier(tmp_path, moto_server, 64)
+    with store:
+        store.wait_ready()
+        assert store.tiering is not None
+        ff = store.tiering.flat.get("seq", 0)
+        assert ff is not None
+        read_into = ff.read_commitlog_into
+        starts: list[int] = []
+
+        async def first_read_fails(flat_offset: int, out: memoryview) -> int:
+            starts.append(flat_offset)
+            if len(starts) == 1:
+                raise BackendError("injected: the early commitlog GET failed")
+            return await read_into(flat_offset, out)
+
+        ff.read_commitlog_into = first_read_fails  # type: ignore[method-assign]
+        r = store.get("seq", 0, 0, 64, policy="FORCE")
+        assert [m.body for m in r.messages] == [_body(i) for i in range(64)]
+        stats = store.router.fetcher.cache.stats
+        assert (stats.early_reads, stats.early_hits) == (1, 0)
+        assert starts[1:2] == starts[:1], starts  # the failed guess, then the batch read again
 
 
 def test_cold_batches_are_received_straight_into_their_buffers(
