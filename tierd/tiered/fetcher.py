@@ -181,7 +181,7 @@ class ColdBatch:
         return out
 
 
-def _abandon(task: asyncio.Task[EarlyRead]) -> None:
+def _abandon(task: asyncio.Task[SpanRead]) -> None:
     """Cancel an early read nobody will use; its failure, if it already failed, is nobody's
     error (the batch is read, or reported, the normal way): retrieved so asyncio does not log
     it as never retrieved."""
@@ -190,9 +190,10 @@ def _abandon(task: asyncio.Task[EarlyRead]) -> None:
 
 
 @dataclass(frozen=True, slots=True)
-class EarlyRead:
-    """A commitlog read started before the units of its batch were known: ``got`` bytes from
-    flat offset ``start`` in ``data`` (a view of the pooled ``buffer``)."""
+class SpanRead:
+    """A commitlog read received into a pooled buffer: ``got`` bytes from flat offset ``start``
+    in ``data`` (a view of ``buffer``). An early read (:meth:`ColdFetcher._read_early`) is one
+    started before the units of its batch were known."""
 
     start: int
     got: int
@@ -384,10 +385,9 @@ def pool_bytes(cfg: TieredConfig) -> int:
 class ColdFetcher:
     def __init__(self, cfg: TieredConfig) -> None:
         self.cfg = cfg
-        self.pool = BufferPool(pool_bytes(cfg), cfg.cache_expire)
-        self.cache = ReadAheadCache(
-            cfg.cache_max_bytes, cfg.cache_expire, self.pool, passed_max_bytes=pool_bytes(cfg)
-        )
+        kept = pool_bytes(cfg)
+        self.pool = BufferPool(kept, cfg.cache_expire)
+        self.cache = ReadAheadCache(cfg.cache_max_bytes, cfg.cache_expire, self.pool, passed_max_bytes=kept)
         self.units = UnitCache(max(UNIT_CACHE_MIN, cfg.cache_max_bytes // 8))
         self._prefetching: set[asyncio.Task[None]] = set()
         self._closed = False
@@ -812,7 +812,7 @@ class ColdFetcher:
             raise
         return await self._fetch(ff, offset, units, early)
 
-    def _read_early(self, ff: FlatMessageFile, offset: int) -> asyncio.Task[EarlyRead] | None:
+    def _read_early(self, ff: FlatMessageFile, offset: int) -> asyncio.Task[SpanRead] | None:
         """Start reading the commitlog object a batch at ``offset`` most likely is, before its
         consume-queue units arrive — when the segment metadata alone tells where it starts:
         ``offset`` is the first queue offset of a commitlog segment (a queue's start, as a
@@ -835,7 +835,7 @@ class ColdFetcher:
         self.cache.stats.early_reads += 1
         return asyncio.get_running_loop().create_task(self._read_span(ff, start, length))
 
-    async def _read_span(self, ff: FlatMessageFile, start: int, length: int) -> EarlyRead:
+    async def _read_span(self, ff: FlatMessageFile, start: int, length: int) -> SpanRead:
         buffer = self.pool.acquire(length)
         data = memoryview(buffer)[:length]
         try:
@@ -844,7 +844,7 @@ class ColdFetcher:
             data.release()
             self.pool.release(buffer)
             raise
-        return EarlyRead(start, got, buffer, data)
+        return SpanRead(start, got, buffer, data)
 
     async def _plan_batch(self, ff: FlatMessageFile, offset: int, ahead: bool) -> Units:
         """The units of the batch at ``offset``: read, cut at ``read_ahead_count``, the byte
@@ -877,7 +877,7 @@ class ColdFetcher:
         ff: FlatMessageFile,
         offset: int,
         units: Units,
-        early: asyncio.Task[EarlyRead] | None = None,
+        early: asyncio.Task[SpanRead] | None = None,
     ) -> ColdBatch:
         """The batch of consecutive ``units`` (queue offsets from ``offset``): ONE ranged read
         of the commitlog bytes they cover, checked to be contiguous and complete — or the
@@ -893,32 +893,25 @@ class ColdFetcher:
                 offset=offset,
             )
         length = int(flat[-1] + sizes[-1] - flat[0])
-        got_early = await self._early_result(early, int(flat[0]), length)
-        if got_early is not None:
-            buffer, data = got_early
-            got = length
-        else:
-            buffer, data, got = await self._read_counted(ff, int(flat[0]), length)
-        if got != length:
+        read = await self._early_result(early, int(flat[0]), length)
+        if read is None:
+            read = await self._read_span(ff, int(flat[0]), length)
+            self.cache.stats.backend_reads += 1
+        if read.got != length:
             raise CorruptionError(
                 f"short cold commitlog read for {ff.topic}/{ff.queue_id}: wanted {length} "
-                f"bytes at {int(flat[0])}, got {got}"
+                f"bytes at {int(flat[0])}, got {read.got}"
             )
-        return ColdBatch(ff.topic, ff.queue_id, offset, flat, sizes, data, tags_codes=codes, buffer=buffer)
-
-    async def _read_counted(
-        self, ff: FlatMessageFile, start: int, length: int
-    ) -> tuple[bytearray, memoryview, int]:
-        read = await self._read_span(ff, start, length)
-        self.cache.stats.backend_reads += 1
-        return read.buffer, read.data, read.got
+        return ColdBatch(
+            ff.topic, ff.queue_id, offset, flat, sizes, read.data, tags_codes=codes, buffer=read.buffer
+        )
 
     async def _early_result(
-        self, early: asyncio.Task[EarlyRead] | None, start: int, length: int
-    ) -> tuple[bytearray, memoryview] | None:
-        """The early read's buffer and a view of its first ``length`` bytes when it read
-        ``[start, start + length)`` whole; else None (its buffer goes back to the pool and the
-        caller reads the batch itself — a failed early read is only a wasted request)."""
+        self, early: asyncio.Task[SpanRead] | None, start: int, length: int
+    ) -> SpanRead | None:
+        """The early read cut to ``[start, start + length)`` when it read that range whole; else
+        None (its buffer goes back to the pool and the caller reads the batch itself — a failed
+        early read is only a wasted request)."""
         if early is None:
             return None
         try:
@@ -933,7 +926,7 @@ class ColdFetcher:
             return None
         if read.start == start and read.got >= length:
             self.cache.stats.early_hits += 1
-            return read.buffer, read.data[:length]
+            return SpanRead(start, length, read.buffer, read.data[:length])
         read.data.release()
         self.pool.release(read.buffer)
         return None
