@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import collections
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 import pytest
 
@@ -22,9 +22,13 @@ from tierd.tiered.fetcher import READ_AHEAD_DEPTH
 from .conftest import cold_config
 
 if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable, Coroutine
     from pathlib import Path
 
     from tierd.testing.s3server import S3Server
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
 
 MESSAGES = 600
 GROUP = 16 * 1024
@@ -137,24 +141,19 @@ def _log_reads(store: BlockingMessageStore) -> list[tuple[str, str]]:
     ff = store.tiering.flat.get("seq", 0)
     assert ff is not None
     events: list[tuple[str, str]] = []
-    read_units, read_into = ff.read_units, ff.read_commitlog_into
 
-    async def units(queue_offset: int, count: int) -> Any:
-        events.append(("units", "start"))
-        try:
-            return await read_units(queue_offset, count)
-        finally:
-            events.append(("units", "end"))
+    def logged(name: str, read: Callable[_P, Awaitable[_R]]) -> Callable[_P, Coroutine[Any, Any, _R]]:
+        async def call(*args: _P.args, **kwargs: _P.kwargs) -> _R:
+            events.append((name, "start"))
+            try:
+                return await read(*args, **kwargs)
+            finally:
+                events.append((name, "end"))
 
-    async def commitlog(flat_offset: int, out: memoryview) -> int:
-        events.append(("commitlog", "start"))
-        try:
-            return await read_into(flat_offset, out)
-        finally:
-            events.append(("commitlog", "end"))
+        return call
 
-    ff.read_units = units  # type: ignore[method-assign]
-    ff.read_commitlog_into = commitlog  # type: ignore[method-assign]
+    ff.read_units = logged("units", ff.read_units)  # type: ignore[method-assign]
+    ff.read_commitlog_into = logged("commitlog", ff.read_commitlog_into)  # type: ignore[method-assign]
     return events
 
 
