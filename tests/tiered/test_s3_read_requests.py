@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from pathlib import Path
 
     from tierd.testing.s3server import S3Server
+    from tierd.tiered.flatmessage import FlatMessageFile
 
 _P = ParamSpec("_P")
 _R = TypeVar("_R")
@@ -135,11 +136,17 @@ def test_a_sequential_consume_finds_the_next_object_loaded_ahead(
         assert most_in_flight <= READ_AHEAD_DEPTH
 
 
-def _log_reads(store: BlockingMessageStore) -> list[tuple[str, str]]:
-    """(read, "start" | "end") of queue seq/0's consume-queue and commitlog reads, in order."""
+def _seq0(store: BlockingMessageStore) -> FlatMessageFile:
+    """The cold files of queue seq/0 (the one :func:`_tier` fills)."""
     assert store.tiering is not None
     ff = store.tiering.flat.get("seq", 0)
     assert ff is not None
+    return ff
+
+
+def _log_reads(store: BlockingMessageStore) -> list[tuple[str, str]]:
+    """(read, "start" | "end") of queue seq/0's consume-queue and commitlog reads, in order."""
+    ff = _seq0(store)
     events: list[tuple[str, str]] = []
 
     def logged(name: str, read: Callable[_P, Awaitable[_R]]) -> Callable[_P, Coroutine[Any, Any, _R]]:
@@ -185,9 +192,7 @@ def test_a_wrong_early_guess_costs_a_read_never_a_wrong_message(
     store, _ = _tier(tmp_path, moto_server, 64)
     with store:
         store.wait_ready()
-        assert store.tiering is not None
-        ff = store.tiering.flat.get("seq", 0)
-        assert ff is not None
+        ff = _seq0(store)
         base = ff.commitlog.segments[0].base_offset
         ff.commitlog.learn_first_queue_offset(base, 5)  # metadata claiming offset 5 starts there
         r = store.get("seq", 0, 5, 20, policy="FORCE")
@@ -203,9 +208,7 @@ def test_a_failed_early_read_is_read_again_never_a_failed_get(tmp_path: Path, mo
     store, _ = _tier(tmp_path, moto_server, 64)
     with store:
         store.wait_ready()
-        assert store.tiering is not None
-        ff = store.tiering.flat.get("seq", 0)
-        assert ff is not None
+        ff = _seq0(store)
         read_into = ff.read_commitlog_into
         starts: list[int] = []
 
