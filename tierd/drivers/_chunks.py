@@ -156,6 +156,19 @@ class Layout:
             return self.sealed_size
         return self.chunks[-1].end if self.chunks else 0
 
+    def pieces(self, start: int, end: int) -> list[tuple[str, int, int]]:
+        """Bytes ``[start, end)`` of an open segment as ``(chunk key, start, end)`` ranges of
+        the chunks that hold them, in order."""
+        first = max(bisect.bisect_right(self.positions, start) - 1, 0)
+        pieces: list[tuple[str, int, int]] = []
+        for c in self.chunks[first:]:
+            if c.position >= end:
+                break
+            lo, hi = max(start, c.position), min(end, c.end)
+            if hi > lo:
+                pieces.append((c.key, lo - c.position, hi - c.position))
+        return pieces
+
     def with_chunk(self, chunk: Chunk) -> Layout:
         """This layout plus ``chunk`` appended at the end (replacing an empty chunk at the same
         position — the create marker)."""
@@ -294,24 +307,12 @@ class ChunkedDriver(SegmentDriver):
             f"segment {self.path!r} does not exist at {self.root.url}", path=self.path
         )
 
-    def _pieces(self, layout: Layout, start: int, end: int) -> list[tuple[str, int, int]]:
-        """The (chunk key, start, end) ranges of an open segment's chunks covering ``[start, end)``."""
-        first = bisect.bisect_right(layout.positions, start) - 1
-        pieces: list[tuple[str, int, int]] = []
-        for c in layout.chunks[max(first, 0) :]:
-            if c.position >= end:
-                break
-            lo, hi = max(start, c.position), min(end, c.end)
-            if hi > lo:
-                pieces.append((c.key, lo - c.position, hi - c.position))
-        return pieces
-
     async def _read_layout_into(self, layout: Layout, start: int, out: memoryview) -> None:
         if layout.sealed:
             await self._get_into(self.key, start, out)
             return
         sem = asyncio.Semaphore(_READ_CONCURRENCY)
-        pieces = self._pieces(layout, start, start + out.nbytes)
+        pieces = layout.pieces(start, start + out.nbytes)
         at = itertools.accumulate((hi - lo for _, lo, hi in pieces), initial=0)  # where each lands
 
         async def fetch(piece: tuple[str, int, int], pos: int) -> None:
@@ -326,7 +327,7 @@ class ChunkedDriver(SegmentDriver):
         if layout.sealed:
             data = await self._get(self.key, start, end)
         else:
-            pieces = self._pieces(layout, start, end)
+            pieces = layout.pieces(start, end)
             sem = asyncio.Semaphore(_READ_CONCURRENCY)
 
             async def fetch(piece: tuple[str, int, int]) -> bytes:

@@ -144,16 +144,7 @@ class SegmentSource:
         objects that hold them: the sealed object, or the chunks the span touches."""
         if self._layout is None:
             return [(self.path, start, end)]
-        chunks = self._layout.chunks
-        first = max(bisect.bisect_right(self._layout.positions, start) - 1, 0)
-        spans: list[tuple[str, int, int]] = []
-        for c in chunks[first:]:
-            if c.position >= end:
-                break
-            lo, hi = max(start, c.position), min(end, c.end)
-            if hi > lo:
-                spans.append((c.key, lo - c.position, hi - c.position))
-        return spans
+        return self._layout.pieces(start, end)
 
     def _check_size(self) -> None:
         """A sealed segment read on its manifest's word: does the object hold what was promised?"""
