@@ -51,10 +51,11 @@ test: lint typecheck pytest
 bench: $(TEST_STAMP)
 	@for b in bench/*.py; do echo "== $$b" >&2; $(BIN)/python $$b || exit 1; done
 
-# The container image, with the docker or podman found here (ENGINE=...; BASE=python:3.x-slim).
+# The container image, with the docker or podman found here (ENGINE=...; BASE=python:3.x-slim with
+# BUILD_BASE=python:3.x, the same Python with a compiler for the build stage).
 image:
 	@test -n "$(ENGINE)" || { echo "make image: no docker or podman on PATH (make test-image builds with a local podman setup; see image/build.py)" >&2; exit 1; }
-	$(ENGINE) build $(if $(BASE),--build-arg BASE=$(BASE)) --build-arg VERSION=$(VERSION) -t $(IMAGE) .
+	$(ENGINE) build $(if $(BASE),--build-arg BASE=$(BASE)) $(if $(BUILD_BASE),--build-arg BUILD_BASE=$(BUILD_BASE)) --build-arg VERSION=$(VERSION) -t $(IMAGE) .
 
 # Build the image offline with podman (a Debian base made with debootstrap; needs root and apt)
 # and smoke-test it: read-only root, non-root user, posix and S3 cold tiers, SIGTERM drain.

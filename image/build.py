@@ -7,10 +7,13 @@ the Debian archive and the Python package index, which is all this project's mac
 2. **Engine settings**: podman with ``runc`` (crun refuses hosts with hybrid cgroups) and explicit
    ``default_ulimits`` (setting RLIMIT_NOFILE from the host's value is refused here), its storage
    in a cache directory of its own — never the machine's default.
-3. **Base image** ``localhost/tierd-pybase:bookworm``: ``debootstrap --variant=minbase`` plus
-   ``python3 python3-venv``, imported with ``podman import``; made once, then reused.
+3. **Base images** ``localhost/tierd-pybase:bookworm``: ``debootstrap --variant=minbase`` plus
+   ``python3 python3-venv``, imported with ``podman import``; and for the build stage
+   ``localhost/tierd-pybuild:bookworm``, the same plus ``gcc`` and ``python3-dev`` (tierd's C
+   batch decoder is compiled there); each made once, then reused.
 4. **Wheels** for tierd's runtime dependencies and build backend, downloaded on the host with pip.
-5. **Build** the repository's ``Dockerfile`` with ``--network none``: ``BASE`` is the local base,
+5. **Build** the repository's ``Dockerfile`` with ``--network none``: ``BASE`` and ``BUILD_BASE``
+   are the local bases,
    pip reads the host's wheels (``PIP_NO_INDEX=1``, ``PIP_FIND_LINKS=/wheels``, mounted read-only).
 
 Every step fails loudly with what to do: a machine that cannot build the image must not look
@@ -30,6 +33,12 @@ from typing import IO
 
 REPO = Path(__file__).resolve().parents[1]
 BASE_IMAGE = "localhost/tierd-pybase:bookworm"
+BUILD_BASE_IMAGE = "localhost/tierd-pybuild:bookworm"
+#: Debian packages of each local base (the build one compiles tierd's C extension).
+BASE_PACKAGES = {
+    BASE_IMAGE: ("python3", "python3-venv"),
+    BUILD_BASE_IMAGE: ("python3", "python3-venv", "gcc", "libc6-dev", "python3-dev"),
+}
 IMAGE = "localhost/tierd:test"
 SUITE = "bookworm"
 APT_PACKAGES = ("podman", "buildah", "debootstrap", "runc")
@@ -126,10 +135,11 @@ def debian_mirror() -> str:
     return "http://deb.debian.org/debian"
 
 
-def ensure_base(podman: Podman) -> str:
-    """The local Python base image (made once with debootstrap, then reused)."""
-    if podman.exists(BASE_IMAGE):
-        return BASE_IMAGE
+def ensure_base(podman: Podman, image: str = BASE_IMAGE) -> str:
+    """A local Python base image with :data:`BASE_PACKAGES` (made once with debootstrap, then
+    reused)."""
+    if podman.exists(image):
+        return image
     if os.geteuid() != 0:
         raise ImageBuildError("making the base image with debootstrap needs root")
     with tempfile.TemporaryDirectory(dir=podman.cache, prefix="rootfs-") as tmp:
@@ -137,10 +147,11 @@ def ensure_base(podman: Podman) -> str:
         bootstrap = ["debootstrap", "--variant=minbase", SUITE, str(rootfs), debian_mirror()]
         _run(bootstrap, "debootstrap", timeout=1200)
         env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-        python = ["apt-get", "install", "-y", "-q", "--no-install-recommends", "python3", "python3-venv"]
+        packages = BASE_PACKAGES[image]
+        install = ["apt-get", "install", "-y", "-q", "--no-install-recommends", *packages]
         _run(
-            ["chroot", str(rootfs), *python],
-            "apt-get install python3 in the base rootfs",
+            ["chroot", str(rootfs), *install],
+            f"apt-get install {' '.join(packages)} in the base rootfs",
             env=env,
             timeout=1200,
         )
@@ -148,15 +159,17 @@ def ensure_base(podman: Podman) -> str:
         tar = subprocess.Popen(["tar", "-C", str(rootfs), "-c", "."], stdout=subprocess.PIPE)
         try:
             _run(
-                [*podman.prefix, "import", "--change", "CMD=/bin/bash", "-", BASE_IMAGE],
+                [*podman.prefix, "import", "--change", "CMD=/bin/bash", "-", image],
                 "podman import",
                 env=podman.env,
                 stdin=tar.stdout,
                 timeout=600,
             )
         finally:
+            if tar.stdout is not None:
+                tar.stdout.close()  # podman has read it; an open pipe is a ResourceWarning
             tar.wait()
-    return BASE_IMAGE
+    return image
 
 
 def ensure_wheels(cache: Path) -> Path:
@@ -185,6 +198,7 @@ def build(image: str = IMAGE) -> tuple[Podman, str]:
     cache = cache_dir()
     podman = Podman(cache)
     base = ensure_base(podman)
+    build_base = ensure_base(podman, BUILD_BASE_IMAGE)
     wheels = ensure_wheels(cache)
     podman.run(
         "build",
@@ -194,6 +208,8 @@ def build(image: str = IMAGE) -> tuple[Podman, str]:
         f"{wheels}:/wheels:ro",
         "--build-arg",
         f"BASE={base}",
+        "--build-arg",
+        f"BUILD_BASE={build_base}",
         "--build-arg",
         "PIP_NO_INDEX=1",
         "--build-arg",

@@ -271,3 +271,30 @@ def test_the_image_tiers_to_s3_and_drains_on_sigterm(image: tuple[Podman, str], 
         assert any(k.startswith("prod/") for k in keys), keys
     finally:
         s3.stop()
+
+
+def test_the_image_decodes_cold_batches_with_the_c_decoder(image: tuple[Podman, str]) -> None:
+    """The build stage compiles tierd's C batch decoder (the runtime stage has no compiler):
+    the image's tierd must use it, not fall back to the Python decoder."""
+    podman, name = image
+    check = "import tierd.format.batch as b, tierd.format._batchdecode as c; print(b.ACCELERATED, c.__file__)"
+    out = podman.run(
+        "run",
+        "--rm",
+        "--read-only",
+        "--user",
+        f"{UID}:{UID}",
+        "--network",
+        "none",
+        "--entrypoint",
+        "/opt/tierd/bin/python",
+        name,
+        "-c",
+        check,
+    )
+    accelerated, path = out.split()
+    assert accelerated == "True"
+    assert path.startswith("/opt/tierd/")
+    assert path.endswith(".so")
+    compilers = podman.run("run", "--rm", "--entrypoint", "/bin/sh", name, "-c", "command -v gcc cc || true")
+    assert compilers.strip() == ""  # compiled in the build stage only
