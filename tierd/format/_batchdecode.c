@@ -285,8 +285,10 @@ static int parse_record(const uint8_t *base, int64_t len, int64_t s, int64_t tot
     const int64_t props_len = ((int64_t)r[topic_end] << 8) | r[topic_end + 1];
     if (topic_end + 2 + props_len != total)
         return 0;
-    /* identity: this queue's record at its offset */
-    if (be_i32(r + POS_QUEUE_ID) != q->queue_id || be_i64(r + POS_QUEUE_OFFSET) != q->first_queue_offset + i ||
+    /* identity: this queue's record at its offset (the sum wraps, as numpy's does, rather
+     * than overflow: signed overflow is undefined in C) */
+    const int64_t offset = (int64_t)((uint64_t)q->first_queue_offset + (uint64_t)i);
+    if (be_i32(r + POS_QUEUE_ID) != q->queue_id || be_i64(r + POS_QUEUE_OFFSET) != offset ||
         topic_len != q->topic_len || memcmp(r + topic_start, q->topic_utf8, (size_t)topic_len) != 0)
         return 0;
     out->r = r;
