@@ -335,3 +335,39 @@ def test_bind_refuses_a_class_it_cannot_fill() -> None:
     got = RecordBatch(memoryview(raw), starts, sizes).queue_messages(0, 4, "refcount-topic", QUEUE_ID, FIRST)
     assert got is not None
     assert type(got[0]) is MessageExt
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.binary(max_size=400),
+    st.lists(st.tuples(st.integers(-(2**63), 2**63 - 1), st.integers(-(2**63), 2**63 - 1)), max_size=8),
+    st.one_of(st.just(FIRST), st.integers(-(2**63), 2**63 - 1)),
+    st.booleans(),
+)
+def test_the_c_decoder_never_reads_outside_its_buffer(
+    raw: bytes, ranges: list[tuple[int, int]], first: int, real_records: bool
+) -> None:
+    """Starts, sizes and offsets the framing check would never let through — negative, past
+    the end, overflowing — over garbage or over real records: the C functions answer (False,
+    None or messages) and never read outside the buffer (a crash here ends the test run)."""
+    from tierd.format import _batchdecode
+
+    if real_records:
+        data, starts, sizes = good_batch(3)
+        raw = bytes(data)
+        ranges = [*zip(starts.tolist(), sizes.tolist(), strict=True), *ranges]
+    starts = np.array([s for s, _ in ranges], np.int64)
+    sizes = np.array([n for _, n in ranges], np.int64)
+    topic = "refcount-topic"
+    checked = _batchdecode.check_queue(raw, starts, sizes, topic.encode(), QUEUE_ID, first)
+    assert checked in (True, False)
+    got = _batchdecode.decode_queue(
+        raw, starts, sizes, 0, len(ranges), topic, topic.encode(), QUEUE_ID, first
+    )
+    assert got is None or len(got) == len(ranges)
+    with pytest.raises(ValueError, match="not inside"):
+        _batchdecode.decode_queue(
+            raw, starts, sizes, 0, len(ranges) + 1, topic, topic.encode(), QUEUE_ID, first
+        )
+    with pytest.raises(TypeError, match="int64"):
+        _batchdecode.check_queue(raw, starts.astype(np.int32), sizes, topic.encode(), QUEUE_ID, first)
