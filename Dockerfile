@@ -25,7 +25,7 @@ COPY pyproject.toml README.md pyspark_tierd.py ./
 COPY tierd ./tierd
 # The wheel is built from the sources above (PEP 517, setuptools); the virtualenv's own pip and
 # setuptools go once tierd is installed: the runtime needs neither. The C decoder is optional
-# for pip (tierd works without it, ~4x the CPU per cold message), not for the image: the build
+# for pip (tierd works without it, 5-7x the CPU per decoded message), not for the image: the build
 # fails if it was not compiled (-I: the installed tierd, not the sources in the working directory).
 RUN python3 -m venv /opt/tierd \
  && /opt/tierd/bin/python -m pip wheel --no-deps --wheel-dir /tmp/dist . \

@@ -141,9 +141,10 @@ def _host_column(raw: npt.NDArray[np.uint64]) -> list[str]:
     """The ``"ip:port"`` of each stored 8-byte IPv4 host. A batch's records nearly always share
     one born and one store host: that case is one decode and a repeated list, not a name
     looked up per message."""
-    n = len(raw)
-    if n == 0 or bool((raw == raw[0]).all()):
-        return [decode_host(int(raw[0]).to_bytes(8, "big"))] * n if n else []
+    if len(raw) == 0:
+        return []
+    if bool((raw == raw[0]).all()):
+        return [decode_host(int(raw[0]).to_bytes(8, "big"))] * len(raw)
     values = raw.tolist()
     names = {v: decode_host(v.to_bytes(8, "big")) for v in set(values)}
     return list(map(names.__getitem__, values))
@@ -180,7 +181,7 @@ def _bind_decoder() -> tuple[Callable[..., bool], Callable[..., list[MessageExt]
 
 _accel = _bind_decoder()
 #: Whether cold batches are decoded by the C extension (else by the Python decoder: the same
-#: messages, ~4x the CPU per message).
+#: messages for 5-7x the CPU: ~1.5 µs per 1 KiB message against ~0.2 µs).
 ACCELERATED: Final = _accel is not None
 
 
@@ -266,8 +267,8 @@ class RecordBatch:
     ) -> list[MessageExt] | None:
         """Records ``[start, stop)`` of a batch that must be consecutive messages of one queue,
         record ``i`` having queue offset ``first_queue_offset + i``, each CRC-checked. What is
-        the same for every record (topic, queue id, offsets) is checked once per batch with
-        numpy, not per message. None when anything differs from that shape (IPv6 hosts, a
+        the same for every record (topic, queue id, offsets) is checked once per batch, not
+        per message. None when anything differs from that shape (IPv6 hosts, a
         foreign record, a bad CRC...): the caller then decodes message by message and reports
         the precise problem. The C decoder does it when it is built (:data:`ACCELERATED`),
         else :meth:`python_queue_messages`; both give the same."""
