@@ -13,7 +13,7 @@ import pytest
 
 from tierd import BlockingMessageStore, Message
 from tierd.drivers import s3 as s3_driver
-from tierd.drivers.s3 import receive_into
+from tierd.drivers.s3 import fill_from
 from tierd.errors import BackendError
 from tierd.testing.s3server import create_bucket
 from tierd.testing.workload import list_objects, log_requests
@@ -81,6 +81,10 @@ def test_a_sequential_consume_reads_each_commitlog_object_once(
     with store:  # opened after tiering: an empty read cache, as after a restart
         store.wait_ready()
         calls = log_requests(store)
+        assert store.tiering is not None
+        lean = store.tiering.root.inner._lean  # type: ignore[attr-defined]
+        assert lean is not None
+        sent_before = lean.sent
         bodies: list[bytes] = []
         offset = 0
         while offset < MESSAGES:
@@ -90,6 +94,9 @@ def test_a_sequential_consume_reads_each_commitlog_object_once(
             bodies += [m.body for m in r.messages]
             offset = r.next_offset
         assert bodies == [_body(i) for i in range(MESSAGES)]
+    # Every GET (commitlog and consume queue) was tierd's lean GET, served at once: one not
+    # served would have been repeated through botocore and logged twice above.
+    assert (lean.sent - sent_before, lean.fell_back) == (sum(op == "GetObject" for op, _ in calls), 0)
     gets = collections.Counter(path for op, path in calls if op == "GetObject" and "/COMMIT_LOG/" in path)
     assert sorted(gets) == sorted(f"/{key}" for key in chunks)
     first = f"/{min(chunks)}"
@@ -233,11 +240,11 @@ def test_cold_batches_are_received_straight_into_their_buffers(
     joined copy of the body first), through the guard that bounds backend calls."""
     received: list[int] = []
 
-    async def counting(body: Any, out: memoryview) -> int:
+    async def counting(piece: Callable[[], Awaitable[bytes]], out: memoryview) -> int:
         received.append(out.nbytes)
-        return await receive_into(body, out)
+        return await fill_from(piece, out)
 
-    monkeypatch.setattr(s3_driver, "receive_into", counting)
+    monkeypatch.setattr(s3_driver, "fill_from", counting)
     store, bucket = _tier(tmp_path, moto_server, 64)
     chunks = _chunks(moto_server, bucket)
     with store:

@@ -37,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import logging
 import os
 import time
@@ -68,6 +69,7 @@ from tierd.drivers._chunks import (
     crc32c,
 )
 from tierd.drivers._objects import listed_paths
+from tierd.drivers.s3fastget import LeanGet
 from tierd.drivers.s3probe import S3Capabilities, WritePolicy, cached_probe, decide
 from tierd.drivers.segment import DriverRoot, validate_object_prefix, validate_segment_path
 from tierd.errors import (
@@ -82,7 +84,7 @@ from tierd.errors import (
 )
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Mapping, Sequence
+    from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 
 __all__ = [
     "MAX_PART",
@@ -92,6 +94,8 @@ __all__ = [
     "RequestBody",
     "S3Driver",
     "S3Root",
+    "body_pieces",
+    "fill_from",
     "map_s3_error",
     "plan_parts",
     "receive_into",
@@ -379,6 +383,10 @@ class S3Root(DriverRoot):
         self._loop: asyncio.AbstractEventLoop | None = None
         self._lock: asyncio.Lock | None = None
         self._probe_lock: asyncio.Lock | None = None
+        #: Called with (operation, URL path) for every lean GET sent (see
+        #: :class:`~tierd.drivers.s3fastget.LeanGet`; tests count requests with it).
+        self.request_observers: list[Callable[[str, str], None]] = []
+        self._lean: LeanGet | None = None
 
     def apply_capability_settings(
         self,
@@ -472,6 +480,8 @@ class S3Root(DriverRoot):
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         state["_fs"] = state["_loop"] = state["_lock"] = state["_probe_lock"] = None
+        state["_lean"] = None
+        state["request_observers"] = []
         return state
 
     @property
@@ -518,6 +528,9 @@ class S3Root(DriverRoot):
                 ) from e
             except Exception as e:
                 raise map_s3_error(e, op="connect", bucket=self.bucket, endpoint=self.endpoint_url) from e
+            # Set up with the client, before anyone can hook its events: the setup prepares
+            # (never sends) one GetObject, which must not count as a request.
+            self._lean = await LeanGet.setup(fs, self.bucket, self.request_observers)
             self._fs = fs
             return fs
 
@@ -532,9 +545,18 @@ class S3Root(DriverRoot):
         except Exception as e:
             raise map_s3_error(e, op=op, bucket=self.bucket, key=key, endpoint=self.endpoint_url) from e
 
+    async def lean_get(self) -> LeanGet | None:
+        """The lean ranged GET for this root's client (set up with the client), or None where
+        the client's own GetObject needs more than a plain signed GET, or after the lean GET was
+        switched off (see :mod:`tierd.drivers.s3fastget`)."""
+        await self.filesystem()
+        lean = self._lean
+        return lean if lean is not None and lean.disabled is None else None
+
     async def aclose(self) -> None:
         # docstring inherited
         fs, self._fs, self._loop, self._lock, self._probe_lock = self._fs, None, None, None, None
+        self._lean = None
         if fs is not None and fs._s3 is not None:
             client = fs._s3
             fs._s3 = None
@@ -737,6 +759,19 @@ class S3Driver(ChunkedDriver):
     async def _get(self, key: str, start: int, end: int) -> bytes:
         if end <= start:
             return b""
+        regular = functools.partial(self._get_regular, key, start, end)
+        lean = await self.root.lean_get()
+        if lean is None:
+            return await regular()
+        return await lean.get(
+            key,
+            start,
+            end - start,
+            receive=functools.partial(self._read_lean, key, start, end),
+            regular=regular,
+        )
+
+    async def _get_regular(self, key: str, start: int, end: int) -> bytes:
         resp = await self.root.call("get_object", key=key, Range=f"bytes={start}-{end - 1}")
         body = resp["Body"]
         try:
@@ -745,32 +780,40 @@ class S3Driver(ChunkedDriver):
             raise map_s3_error(e, op="get_object", bucket=self.root.bucket, key=key) from e
         finally:
             body.close()
-        if len(data) != end - start and not resp.get("ContentRange") and len(data) >= end:
-            # A server that ignores Range answers 200 with the whole object (the probe reports it).
-            return data[start:end]
-        return data
+        return _cut(data, start, end, ranged=bool(resp.get("ContentRange")))
+
+    async def _read_lean(self, key: str, start: int, end: int, response: Any) -> bytes:
+        try:
+            data: bytes = await response.read()
+        except Exception as e:
+            raise map_s3_error(e, op="get_object", bucket=self.root.bucket, key=key) from e
+        return _cut(data, start, end, ranged="Content-Range" in response.headers)
 
     async def _get_into(self, key: str, start: int, out: memoryview) -> None:
         """The body of a ranged GET received piece by piece straight into ``out`` (the caller's
         reused memory), as aiohttp hands the pieces over. ``body.read()`` would keep every piece
         until the end and join them into a new object: the body's size in fresh memory twice per
-        GET, ~2,000 page faults and 5-6 ms of system time for 4 MiB (docs/performance.md, P3)."""
+        GET, ~2,000 page faults and 5-6 ms of system time for 4 MiB (docs/performance.md, P3).
+
+        The request is tierd's lean GET where the client allows it (a third of botocore's CPU
+        per request; :mod:`tierd.drivers.s3fastget`), botocore's otherwise and whenever a lean
+        one is not served; the body is received, checked and its failures mapped the same way
+        on both."""
         length = out.nbytes
         if length == 0:
             return
-        resp = await self.root.call("get_object", key=key, Range=f"bytes={start}-{start + length - 1}")
-        body = resp["Body"]
-        try:
-            if not resp.get("ContentRange") and resp.get("ContentLength") != length:
-                # A server that ignores Range answers 200 with the whole object (see _get).
-                data: bytes = await body.read()
-                out[:] = data[start : start + length]
-                return
-            received = await receive_into(body, out)
-        except Exception as e:
-            raise map_s3_error(e, op="get_object", bucket=self.root.bucket, key=key) from e
-        finally:
-            body.close()
+        regular = functools.partial(self._get_into_regular, key, start, out)
+        lean = await self.root.lean_get()
+        if lean is None:
+            received = await regular()
+        else:
+            received = await lean.get(
+                key,
+                start,
+                length,
+                receive=functools.partial(self._receive_lean, key, start, out),
+                regular=regular,
+            )
         if received != length:
             raise CorruptionError(
                 f"s3://{self.root.bucket}/{key}: ranged GET of {length} bytes at {start} returned {received}",
@@ -779,6 +822,41 @@ class S3Driver(ChunkedDriver):
                 length=length,
                 received=received,
             )
+
+    async def _get_into_regular(self, key: str, start: int, out: memoryview) -> int:
+        length = out.nbytes
+        resp = await self.root.call("get_object", key=key, Range=f"bytes={start}-{start + length - 1}")
+        body = resp["Body"]
+        try:
+            ranged = bool(resp.get("ContentRange")) or resp.get("ContentLength") == length
+            return await self._receive(key, start, out, ranged, body.read, body_pieces(body))
+        finally:
+            body.close()
+
+    async def _receive_lean(self, key: str, start: int, out: memoryview, response: Any) -> int:
+        ranged = "Content-Range" in response.headers or response.content_length == out.nbytes
+        return await self._receive(key, start, out, ranged, response.read, response.content.readany)
+
+    async def _receive(
+        self,
+        key: str,
+        start: int,
+        out: memoryview,
+        ranged: bool,
+        read_all: Callable[[], Awaitable[bytes]],
+        pieces: Callable[[], Awaitable[bytes]],
+    ) -> int:
+        """A ranged GET's body into ``out``; returns the bytes it held. A server that ignores
+        ``Range`` answers 200 with the whole object (no ``Content-Range``, another length; the
+        probe reports it): that object is read and the range cut from it."""
+        try:
+            if not ranged:
+                data = await read_all()
+                out[:] = data[start : start + out.nbytes]
+                return out.nbytes
+            return await fill_from(pieces, out)
+        except Exception as e:
+            raise map_s3_error(e, op="get_object", bucket=self.root.bucket, key=key) from e
 
     async def _iter_object(self, key: str) -> AsyncIterator[bytes]:
         resp = await self.root.call("get_object", key=key)
@@ -908,19 +986,37 @@ class S3Driver(ChunkedDriver):
             raise
 
 
-async def receive_into(body: Any, out: memoryview) -> int:
-    """Copy a GET response body into ``out`` as it arrives; returns the bytes received (more
-    than ``out`` holds is an error, never an overrun). Each piece is the one aiohttp received
-    (``readany``), copied and dropped at once, so the transient memory is a few socket reads'
-    worth, reused by the allocator from one piece to the next. Bodies without aiohttp's stream
-    (another HTTP backend) are read in :data:`RECEIVE_PIECE` pieces."""
+def _cut(data: bytes, start: int, end: int, *, ranged: bool) -> bytes:
+    """The bytes ``[start, end)`` of an object from a ranged GET's body ``data``: the body itself,
+    unless the server ignored ``Range`` and answered 200 with the whole object (no
+    ``Content-Range``, more bytes; the probe reports such servers)."""
+    if len(data) != end - start and not ranged and len(data) >= end:
+        return data[start:end]
+    return data
+
+
+def body_pieces(body: Any) -> Callable[[], Awaitable[bytes]]:
+    """How to take a GET response body (botocore's ``StreamingBody``) piece by piece: the piece
+    aiohttp received (``readany``) where the body is aiohttp's stream, :data:`RECEIVE_PIECE`
+    bytes at a time otherwise (another HTTP backend)."""
     content = getattr(getattr(body, "raw_stream", None), "content", None)
     readany = getattr(content, "readany", None)
+    if readany is not None:
+        return readany  # type: ignore[no-any-return]
+    return functools.partial(body.read, RECEIVE_PIECE)
 
-    async def piece() -> bytes:
-        got: bytes = await (readany() if readany is not None else body.read(RECEIVE_PIECE))
-        return got
 
+async def receive_into(body: Any, out: memoryview) -> int:
+    """Copy a GET response body into ``out`` as it arrives (:func:`fill_from` with
+    :func:`body_pieces`); returns the bytes received."""
+    return await fill_from(body_pieces(body), out)
+
+
+async def fill_from(piece: Callable[[], Awaitable[bytes]], out: memoryview) -> int:
+    """Copy the pieces ``piece()`` returns into ``out`` until an empty one; returns the bytes
+    received (more than ``out`` holds is an error, never an overrun). Each piece is copied and
+    dropped at once, so the transient memory is a few socket reads' worth, reused by the
+    allocator from one piece to the next."""
     pos = 0
     while chunk := await piece():
         end = pos + len(chunk)

@@ -8,7 +8,10 @@ committed is overwritten — without installing the misbehaving server itself.
 
 ``strip_ranges`` also drops ``Range`` from GETs (a server answering ranges with whole objects), and
 ``not_implemented`` answers ``UploadPartCopy`` / ``ListMultipartUploads`` with 501, as s3rver does.
-``honour(key)`` makes a *lying* server: preconditions on keys it accepts reach the upstream (the
+``answer(method, path, headers)`` may answer a request itself with an S3 error (status, code)
+instead of forwarding it — a throttling or failing server, or one that refuses some clients'
+requests — and ``requests`` logs every request (method, path, ``User-Agent``) as the server saw
+it. ``honour(key)`` makes a *lying* server: preconditions on keys it accepts reach the upstream (the
 probe's scratch keys, say) and are stripped everywhere else — a server that passes the probe and
 misbehaves later, for the defence-in-depth tests.
 
@@ -26,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlsplit
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Mapping
 
     from tierd.testing.s3server import S3Server
 
@@ -48,6 +51,7 @@ class PreconditionStrippingProxy:
         honour: Callable[[str], bool] | None = None,
         strip_ranges: bool = False,
         not_implemented: frozenset[str] = frozenset(),
+        answer: Callable[[str, str, Mapping[str, str]], tuple[int, str] | None] | None = None,
     ) -> None:
         self.upstream = upstream
         self.honour = honour
@@ -57,6 +61,11 @@ class PreconditionStrippingProxy:
         #: Also drop ``Range`` from GETs: a server that answers every ranged read with the whole
         #: object (s3rver does for ``bytes=0-0``).
         self.strip_ranges = strip_ranges
+        #: Decides per request (method, path, headers) whether to answer it with an S3 error
+        #: (HTTP status, S3 error code) instead of forwarding it; None forwards everything.
+        self.answer = answer
+        #: Every request received: (method, path, User-Agent).
+        self.requests: list[tuple[str, str, str]] = []
         #: Requests whose preconditions were dropped, by header name.
         self.stripped: dict[str, int] = {name: 0 for name in STRIPPED}
         self._lock = threading.Lock()
@@ -128,12 +137,12 @@ class PreconditionStrippingProxy:
                     return "ListMultipartUploads"
                 return self.command
 
-            def _refuse(self, operation: str) -> None:
+            def _refuse(self, operation: str, status: int = 501, code: str = "NotImplemented") -> None:
                 data = (
-                    '<?xml version="1.0" encoding="UTF-8"?><Error><Code>NotImplemented</Code>'
-                    f"<Message>{operation} is not implemented</Message></Error>"
+                    f'<?xml version="1.0" encoding="UTF-8"?><Error><Code>{code}</Code>'
+                    f"<Message>{operation} refused by the test proxy ({code})</Message></Error>"
                 ).encode()
-                self.send_response(501, "Not Implemented")
+                self.send_response(status)
                 self.send_header("Content-Type", "application/xml")
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
@@ -142,8 +151,18 @@ class PreconditionStrippingProxy:
             def _forward(self) -> None:
                 body = self._body()
                 operation = self._operation()
+                with proxy._lock:
+                    proxy.requests.append((self.command, self.path, self.headers.get("User-Agent", "")))
                 if operation in proxy.not_implemented:
                     self._refuse(operation)
+                    return
+                canned = (
+                    proxy.answer(self.command, self.path, dict(self.headers.items()))
+                    if proxy.answer
+                    else None
+                )
+                if canned is not None:
+                    self._refuse(operation, *canned)
                     return
                 headers = {k: v for k, v in self.headers.items() if k.lower() not in _HOP}
                 if proxy._strip(self.command, self.path):

@@ -1,0 +1,300 @@
+"""A lean ranged GET for the S3 driver's cold reads: signed by tierd, sent on botocore's session.
+
+Why: a cold consume issues a ranged ``GetObject`` per batch, and botocore's per-request pipeline
+(parameter validation, serialisation, endpoint-ruleset resolution, event hooks, user-agent
+building, a new signer per request, response parsing) plus s3fs's wrapper costs tierd ~1-1.5 ms
+of CPU per request on top of receiving the body — CPU the consume, bound by one GIL, cannot
+spare (docs/performance.md, P3). The request itself never varies in shape: ``GET`` of one
+object path with a ``Range`` header. So :class:`LeanGet` builds it once per client from what
+the client itself resolved and sends each one with a handful of string operations and a SigV4
+signature (:mod:`tierd.drivers.sigv4`).
+
+What stays the client's own, so that nothing about *where* and *as whom* differs from a botocore
+call:
+
+* **Endpoint, addressing style, region and signing name** come from the client: at setup, one
+  regular ``GetObject`` of a marker key goes through s3fs and botocore as every call does and is
+  stopped just before it would be sent (a ``before-send`` hook answers it; nothing reaches the
+  server). The prepared request shows the URL prefix objects live under (path or virtual-host
+  style, any endpoint path), the signature and credential scope botocore chose, and every
+  header it adds — so ``s3_additional_kwargs`` (SSE-C keys...), requester pays, another
+  signature version or an endpoint needing more show up there and keep botocore's pipeline.
+* **Credentials** are the client's credential object, frozen per request
+  (``get_frozen_credentials``), so refreshing credentials (assumed roles, instance metadata)
+  refresh exactly as for botocore's own requests; anonymous clients send unsigned requests.
+* **Transport**: the request goes through the client's own HTTP session (aiobotocore's
+  ``AIOHTTPSession.send``): the same connection pool, TLS verification, client certificate,
+  proxies and timeouts, and its translation of transport failures.
+
+When the lean GET is not used at all (:meth:`LeanGet.setup` returns None and says why, once):
+settings that add headers to GetObject (SSE-C keys in ``s3_additional_kwargs``, requester
+pays, ...; SSE-S3/KMS settings apply to writes only and do not count), a signature other than
+SigV4 or none, an endpoint that needs a query string, an HTTP backend other than aiohttp. Not sent: botocore's
+``x-amz-checksum-mode`` (S3 returns no checksum for a ranged GET, and every record tierd reads
+carries its own CRC, checked on every cold read).
+
+When one request is not served (:meth:`LeanGet.get` then runs the caller's regular path,
+botocore's, for that request): any answer other than 200/206 and any failure before the body.
+The regular path then does what it always did — botocore's and s3fs's retries of transient
+faults (5xx, throttling, dropped connections), the error parsing and :func:`map_s3_error`'s
+translation — so errors and retries are the regular path's by construction, at the cost of one
+extra request when something is wrong. If the regular path succeeds where a lean GET was
+*refused* (3xx, 400, 401, 403: a redirect to another region, a signature the server did not
+accept), the lean GET is switched off for this client with a warning: tierd would otherwise pay
+two requests per read. Failures while the body arrives are the caller's to map, as for a
+regular GET (the body stream is the same aiohttp stream).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, TypeVar
+from urllib.parse import quote, urlsplit
+
+import botocore
+from aiobotocore.awsrequest import AioAWSResponse
+from aiobotocore.httpsession import AIOHTTPSession
+from botocore.awsrequest import AWSPreparedRequest
+
+from tierd import __version__
+from tierd.drivers.sigv4 import ALGORITHM, Credentials, sign_headers
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
+
+    import s3fs
+
+__all__ = ["REFUSED", "LeanGet"]
+
+log = logging.getLogger(__name__)
+_T = TypeVar("_T")
+
+#: The key of the GetObject prepared (never sent) at setup to learn how the client builds one.
+MARKER = "tierd-lean-get-marker"
+#: Statuses meaning the server refused the request as tierd built it (not a missing object, not
+#: a transient fault): if botocore's request then succeeds, tierd's differs and is switched off.
+REFUSED = frozenset({301, 302, 307, 308, 400, 401, 403})
+#: Headers of botocore's GetObject that a lean GET replaces with its own (or leaves out, see
+#: the module doc); any other header means the request needs more than a plain signed GET.
+_KNOWN_HEADERS = frozenset(
+    {
+        "range",
+        "user-agent",
+        "x-amz-date",
+        "x-amz-content-sha256",
+        "x-amz-security-token",
+        "authorization",
+        "amz-sdk-invocation-id",
+        "amz-sdk-request",
+        "x-amz-checksum-mode",
+    }
+)
+_USER_AGENT = f"tierd/{__version__} lean-get"
+#: Seconds between two log lines about lean GETs not served (the rest are counted).
+LOG_INTERVAL = 60.0
+
+
+class _NoBody:
+    """The body of the response that stops the setup's prepared request: empty."""
+
+    async def read(self) -> bytes:
+        return b""
+
+
+@dataclass
+class LeanGet:
+    """Ranged GETs of one bucket's objects on one aiobotocore client (see module doc).
+
+    Bound to the client it was set up from: a new client (another event loop, after
+    ``aclose``) needs a new one."""
+
+    bucket: str
+    #: ``scheme://host[:port]`` and the path prefix objects live under (ends with ``/``).
+    origin: str
+    host: str
+    base_path: str
+    #: Credential scope (None: the client is anonymous and requests go unsigned).
+    region: str | None
+    service: str | None
+    credentials: Any = field(repr=False)
+    session: AIOHTTPSession = field(repr=False)
+    #: Called for every request sent: (operation, ``"/" + key``), e.g. ``("GetObject",
+    #: "/prefix/key")`` — what botocore's ``before-call`` hook sees as ``url_path`` (tests and
+    #: the benchmarks count requests with it).
+    observers: list[Callable[[str, str], None]] = field(default_factory=list, repr=False)
+    #: Requests sent / not served (repeated on the regular path).
+    sent: int = 0
+    fell_back: int = 0
+    #: Why the lean GET was switched off after it was set up (None while it is on).
+    disabled: str | None = None
+    _logged_at: float = field(default=-LOG_INTERVAL, repr=False)
+    _held: int = field(default=0, repr=False)
+
+    @classmethod
+    async def setup(
+        cls, fs: s3fs.S3FileSystem, bucket: str, observers: list[Callable[[str, str], None]]
+    ) -> LeanGet | None:
+        """A lean GET for ``bucket`` on ``fs``'s client, or None (logged once, with the reason)
+        when this client's requests need more than a plain signed GET (see module doc)."""
+        client = await fs.get_s3(bucket)
+        made: LeanGet | str
+        if not isinstance(client._endpoint.http_session, AIOHTTPSession):
+            made = f"the client's HTTP session is {type(client._endpoint.http_session).__name__}"
+        else:
+            prepared = await cls._prepare(fs, client, bucket)
+            made = (
+                prepared
+                if isinstance(prepared, str)
+                else cls._from_request(prepared, bucket, client, observers)
+            )
+        if isinstance(made, str):
+            log.info("S3 cold reads of s3://%s use botocore's request pipeline: %s", bucket, made)
+            return None
+        log.info(
+            "S3 cold reads of s3://%s use tierd's lean GET (%s, %s%s)",
+            bucket,
+            f"SigV4, region {made.region}" if made.region else "unsigned",
+            made.origin,
+            made.base_path,
+        )
+        return made
+
+    @staticmethod
+    async def _prepare(fs: s3fs.S3FileSystem, client: Any, bucket: str) -> Any:
+        """botocore's prepared request for a ranged GetObject of :data:`MARKER`, made through
+        s3fs's call path (so with everything s3fs and botocore add) and never sent; or why
+        there is none."""
+        prepared: list[Any] = []
+
+        def stop(request: Any, **_: Any) -> AioAWSResponse:
+            prepared.append(request)
+            return AioAWSResponse(request.url, 404, {}, _NoBody())
+
+        event = "before-send.s3.GetObject"
+        client.meta.events.register_first(event, stop)
+        try:
+            await fs._call_s3("get_object", Bucket=bucket, Key=MARKER, Range="bytes=0-0")
+        except Exception as e:  # the 404 answered above, or no request at all
+            error = e
+        finally:
+            client.meta.events.unregister(event, stop)
+        if not prepared:
+            return f"botocore prepared no GetObject ({type(error).__name__})"
+        return prepared[0]
+
+    @classmethod
+    def _from_request(
+        cls, request: Any, bucket: str, client: Any, observers: list[Callable[[str, str], None]]
+    ) -> LeanGet | str:
+        parts = urlsplit(str(request.url))
+        if parts.query or not parts.path.endswith("/" + MARKER):
+            return "botocore's GetObject URL is not the object's path alone"
+        headers = {str(name).lower(): value for name, value in request.headers.items()}
+        auth = headers.get("authorization")
+        auth = auth.decode() if isinstance(auth, bytes) else auth
+        algorithm, _, fields = (auth or "").partition(" ")
+        if auth is not None and algorithm != ALGORITHM:
+            return f"botocore signs GetObject with {algorithm}, not plain SigV4"
+        extra = sorted(set(headers) - _KNOWN_HEADERS)
+        if extra:  # names only: values may be keys (SSE-C)
+            return f"botocore's GetObject carries {', '.join(extra)}"
+        base = dict(
+            bucket=bucket,
+            origin=f"{parts.scheme}://{parts.netloc}",
+            host=parts.netloc,
+            base_path=parts.path[: -len(MARKER)],
+            session=client._endpoint.http_session,
+            observers=observers,
+        )
+        if auth is None:
+            if client.meta.config.signature_version is not botocore.UNSIGNED:
+                return "botocore's GetObject is neither signed nor anonymous"
+            return cls(region=None, service=None, credentials=None, **base)
+        scope = fields.partition("Credential=")[2].partition(",")[0].split("/")
+        credentials = client._request_signer._credentials
+        if len(scope) < 5 or scope[-1] != "aws4_request" or credentials is None:
+            return "botocore's SigV4 credential scope is not one tierd can sign for"
+        return cls(region=scope[-3], service=scope[-2], credentials=credentials, **base)
+
+    def _observe(self, path: str) -> None:
+        # botocore's url_path for GetObject is "/{Key+}" whatever the addressing style.
+        for observer in self.observers:
+            observer("GetObject", path)
+
+    async def get(
+        self,
+        key: str,
+        start: int,
+        length: int,
+        *,
+        receive: Callable[[Any], Awaitable[_T]],
+        regular: Callable[[], Awaitable[_T]],
+    ) -> _T:
+        """GET ``length`` (> 0) bytes of ``key`` from ``start``; ``receive(response)`` takes the
+        body from aiohttp's response (the caller copies it where it belongs, handles a server
+        that ignored ``Range``, maps failures while it arrives) and its result is returned. When
+        the request is not served, ``regular()`` (botocore's GET) runs instead."""
+        path = self.base_path + quote(key, safe="/~")
+        headers = {"Range": f"bytes={start}-{start + length - 1}"}
+        if self.region is not None:
+            frozen = await self.credentials.get_frozen_credentials()
+            headers.update(
+                sign_headers(
+                    Credentials(frozen.access_key, frozen.secret_key, frozen.token),
+                    region=self.region,
+                    service=self.service or "s3",
+                    method="GET",
+                    host=self.host,
+                    path=path,
+                    headers=headers,
+                )
+            )
+        headers["Host"] = self.host
+        headers["User-Agent"] = _USER_AGENT
+        if self.observers:
+            self._observe("/" + key)
+        self.sent += 1
+        try:
+            response = await self.session.send(
+                AWSPreparedRequest("GET", self.origin + path, headers, None, True)
+            )
+        except Exception as e:
+            return await self._fall_back(key, None, e, regular)
+        raw = response.raw
+        try:
+            if response.status_code in (200, 206):
+                return await receive(raw)
+            with contextlib.suppress(Exception):  # the regular path will meet any fault again
+                await raw.read()  # a small error document: read it so the connection is reused
+        finally:
+            raw.release()
+        return await self._fall_back(key, response.status_code, None, regular)
+
+    async def _fall_back(
+        self, key: str, status: int | None, error: BaseException | None, regular: Callable[[], Awaitable[_T]]
+    ) -> _T:
+        self.fell_back += 1
+        now = time.monotonic()
+        if now - self._logged_at >= LOG_INTERVAL:
+            held, self._held, self._logged_at = self._held, 0, now
+            log.info(
+                "lean GET of s3://%s/%s not served (%s); repeated through botocore%s",
+                self.bucket,
+                key,
+                f"HTTP {status}" if status is not None else type(error).__name__,
+                f" [{held} more in the last {LOG_INTERVAL:.0f} s]" if held else "",
+            )
+        else:
+            self._held += 1
+        received = await regular()
+        if status in REFUSED and self.disabled is None:
+            self.disabled = f"the server answered HTTP {status} where botocore's GET succeeded"
+            log.warning(
+                "S3 cold reads of s3://%s switch to botocore's request pipeline: %s",
+                self.bucket,
+                self.disabled,
+            )
+        return received
