@@ -15,11 +15,12 @@ reads each body whole — the same bytes, with no decoding.
 store opened for the round (opening, not timed, leaves it with an empty read cache, as after a
 restart), so no round profits from the one before. Reported per server: MB/s of commitlog bytes
 for both per round, medians, the ratio of the medians (target >= 0.5), each round's ratio, and
-the S3 requests of the median consume by operation, and this process's CPU time per message
-(the consume's threads, not the S3 server's; steadier than wall time on a shared machine) with the
-part spent in the garbage collector, and the consume's system CPU seconds and minor page faults
-(memory mapped afresh for received bytes). ``--server`` moto, seaweedfs or both (default; one after
-the other).
+the S3 requests of the median consume by operation (``lean_gets_of_median_round``: how many of
+its GETs went out as tierd's lean GET, and how many of those were repeated through botocore),
+and this process's CPU time per message (the consume's threads, not the S3 server's; steadier
+than wall time on a shared machine) with the part spent in the garbage collector, and the
+consume's system CPU seconds and minor page faults (memory mapped afresh for received bytes).
+``--server`` moto, seaweedfs or both (default; one after the other).
 
 Usage: ``python bench/cold_read.py [--mib 256] [--queues 16] [--repeat 3] [--server both]``.
 """
@@ -40,6 +41,7 @@ from tierd.testing.workload import (
     TOPIC,
     bench_main,
     count_requests,
+    lean_gets,
     list_objects,
     produce_keyed,
     spread,
@@ -99,6 +101,7 @@ def consume(cfg: TierdConfig, queues: int) -> dict[str, Any]:
     with BlockingMessageStore.open(cfg) as store:
         store.wait_ready()
         requests = count_requests(store)
+        lean_before = lean_gets(store)
         # Opening leaves tens of thousands of objects in reference cycles (the S3 client's
         # models): collected here, not by a full collection inside the timed consume.
         gc.collect()
@@ -119,6 +122,7 @@ def consume(cfg: TierdConfig, queues: int) -> dict[str, Any]:
         after = resource.getrusage(resource.RUSAGE_SELF)
         gc.callbacks.remove(gc_clock)
         calls = dict(sorted(requests.items()))
+        lean_after = lean_gets(store)
     return {
         "seconds": seconds,
         "cpu_seconds": cpu,
@@ -128,6 +132,7 @@ def consume(cfg: TierdConfig, queues: int) -> dict[str, Any]:
         "messages": got,
         "bytes": got_bytes,
         "requests": calls,
+        "lean_gets": {k: lean_after[k] - lean_before[k] for k in lean_after},
     }
 
 
@@ -194,6 +199,7 @@ def run_server(name: str, args: argparse.Namespace, tmp: Path) -> dict[str, Any]
         "target": TARGET,
         "meets_target": ratio >= TARGET,
         "requests_of_median_round": median_run["requests"],
+        "lean_gets_of_median_round": median_run["lean_gets"],
         "baseline_objects": len(keys),
         "setup": {k: v for k, v in made.items() if k != "paths"},
     }

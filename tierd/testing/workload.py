@@ -138,6 +138,14 @@ def _hook_requests(store: BlockingMessageStore, hook: Callable[..., None]) -> No
     )
 
 
+def lean_gets(store: BlockingMessageStore) -> dict[str, int]:
+    """How many lean GETs (``tierd.drivers.s3fastget``) the store's S3 root sent so far, and how
+    many of them were repeated through botocore (all zero where botocore's pipeline is used)."""
+    assert store.tiering is not None
+    lean = store.tiering.root.inner._lean  # type: ignore[attr-defined]
+    return {"sent": lean.sent if lean else 0, "fell_back": lean.fell_back if lean else 0}
+
+
 def list_objects(server: S3Server, bucket: str, prefix: str) -> list[tuple[str, int]]:
     """(key, size) of every object under ``prefix``, in key order."""
     client = server.boto3_client()
