@@ -28,7 +28,7 @@ from tierd.testing.s3proxy import PreconditionStrippingProxy
 from tierd.testing.s3server import S3Server, create_bucket, free_port
 
 if TYPE_CHECKING:
-    from collections.abc import Coroutine, Mapping
+    from collections.abc import Callable, Coroutine, Mapping
 
 _T = TypeVar("_T")
 DATA = bytes(range(256)) * 64  # 16 KiB
@@ -55,6 +55,11 @@ async def _read_both(root: S3Root, path: str, start: int, length: int) -> tuple[
     out = bytearray(length)
     await driver.read_into(ByteRange(start, length), memoryview(out))
     return bytes(out), await root.driver(path).read(ByteRange(start, length))
+
+
+async def _no_lean(cls: type[LeanGet], *args: Any) -> None:
+    """Stands in for :meth:`LeanGet.setup`: every GET takes botocore's pipeline (the before)."""
+    return None
 
 
 # ---------------------------------------------------------------------------- signing
@@ -140,6 +145,32 @@ def test_ranged_reads_are_lean_gets_the_server_accepts(s3_server: S3Server, s3_b
     assert lean.region == s3_server.region
 
 
+async def _refreshing(server: S3Server, source: Callable[[], object]) -> dict[str, Any]:
+    """s3fs options for ``server`` with credentials that refresh: they expire within botocore's
+    mandatory refresh window, so every freeze refreshes them, calling ``source()`` first (count
+    the refreshes, or raise to make them fail)."""
+
+    async def refresh() -> dict[str, Any]:
+        source()
+        soon = datetime.datetime.now(datetime.UTC) + datetime.timedelta(seconds=30)
+        return {
+            "access_key": server.access_key,
+            "secret_key": server.secret_key,
+            "token": None,
+            "expiry_time": soon.isoformat(),
+        }
+
+    session = AioSession()
+    session._credentials = AioRefreshableCredentials.create_from_metadata(
+        await refresh(), refresh, "tierd-test"
+    )
+    return {
+        "endpoint_url": server.endpoint_url,
+        "session": session,
+        "client_kwargs": {"region_name": server.region},
+    }
+
+
 def test_refreshing_credentials_are_frozen_per_request(seaweedfs_server: S3Server) -> None:
     """Credentials that refresh (assumed roles, instance metadata) are the client's own object,
     asked for a frozen copy per request: each lean GET uses what botocore would use then."""
@@ -147,24 +178,8 @@ def test_refreshing_credentials_are_frozen_per_request(seaweedfs_server: S3Serve
     _put(seaweedfs_server, bucket, "cold/seg", DATA)
     refreshed: list[int] = []
 
-    async def refresh() -> dict[str, Any]:
-        refreshed.append(1)
-        soon = datetime.datetime.now(datetime.UTC) + datetime.timedelta(seconds=30)
-        return {
-            "access_key": seaweedfs_server.access_key,
-            "secret_key": seaweedfs_server.secret_key,
-            "token": None,
-            "expiry_time": soon.isoformat(),
-        }
-
     async def main() -> LeanGet:
-        session = AioSession()
-        # Expiring within botocore's mandatory refresh window: every freeze refreshes them.
-        session._credentials = AioRefreshableCredentials.create_from_metadata(
-            await refresh(), refresh, "tierd-test"
-        )
-        options = {"endpoint_url": seaweedfs_server.endpoint_url, "session": session}
-        options["client_kwargs"] = {"region_name": seaweedfs_server.region}
+        options = await _refreshing(seaweedfs_server, lambda: refreshed.append(1))
         async with S3Root(f"s3://{bucket}/cold", options) as root:
             lean = await root.lean_get()
             assert lean is not None
@@ -179,6 +194,39 @@ def test_refreshing_credentials_are_frozen_per_request(seaweedfs_server: S3Serve
 
     lean = _run(main())
     assert (lean.sent, lean.fell_back) == (4, 0)
+
+
+def test_credentials_failing_to_refresh_give_the_regular_error(
+    seaweedfs_server: S3Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """When refreshing the credentials fails at a read, the lean GET is not sent and the read
+    raises what botocore's GET raises then (a BackendError naming the failure)."""
+    bucket = create_bucket(seaweedfs_server)
+    _put(seaweedfs_server, bucket, "cold/seg", DATA)
+
+    async def read() -> tuple[type[BaseException], str, int]:
+        down: list[bool] = []
+
+        def source() -> None:
+            if down:
+                raise RuntimeError("the credential source is down")
+
+        options = await _refreshing(seaweedfs_server, source)
+        async with S3Root(f"s3://{bucket}/cold", options) as root:
+            await root.filesystem()
+            down.append(True)  # from here on every refresh fails
+            read = root.driver("seg")._get_into("cold/seg", 0, memoryview(bytearray(10)))
+            with pytest.raises(TierdError) as exc:
+                await read
+            lean = root._lean
+            return type(exc.value), str(exc.value), lean.fell_back if lean else -1
+
+    lean = _run(read())
+    monkeypatch.setattr(LeanGet, "setup", classmethod(_no_lean))
+    regular = _run(read())
+    assert lean[:2] == regular[:2]
+    assert lean[0] is BackendError
+    assert (lean[2], regular[2]) == (1, -1)
 
 
 def test_anonymous_clients_send_unsigned_lean_gets(moto_server: S3Server) -> None:
@@ -371,10 +419,6 @@ def test_a_refused_lean_get_switches_to_botocore(
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1
     assert "botocore's request pipeline" in warnings[0].getMessage()
-
-
-async def _no_lean(cls: type[LeanGet], *args: Any) -> None:
-    return None
 
 
 @pytest.mark.parametrize("into", [True, False])

@@ -139,17 +139,20 @@ class LeanGet:
     ) -> LeanGet | None:
         """A lean GET for ``bucket`` on ``fs``'s client, or None (logged once, with the reason)
         when this client's requests need more than a plain signed GET (see module doc)."""
-        client = await fs.get_s3(bucket)
         made: LeanGet | str
-        if not isinstance(client._endpoint.http_session, AIOHTTPSession):
-            made = f"the client's HTTP session is {type(client._endpoint.http_session).__name__}"
-        else:
-            prepared = await cls._prepare(fs, client, bucket)
-            made = (
-                prepared
-                if isinstance(prepared, str)
-                else cls._from_request(prepared, bucket, client, observers)
-            )
+        try:
+            client = await fs.get_s3(bucket)  # with cache_regions, the bucket's own client
+            if not isinstance(client._endpoint.http_session, AIOHTTPSession):
+                made = f"the client's HTTP session is {type(client._endpoint.http_session).__name__}"
+            else:
+                prepared = await cls._prepare(fs, client, bucket)
+                made = (
+                    prepared
+                    if isinstance(prepared, str)
+                    else cls._from_request(prepared, bucket, client, observers)
+                )
+        except Exception as e:  # the regular path meets (and reports) whatever this was
+            made = f"setting it up failed ({type(e).__name__})"
         if isinstance(made, str):
             log.info("S3 cold reads of s3://%s use botocore's request pipeline: %s", bucket, made)
             return None
@@ -238,9 +241,30 @@ class LeanGet:
         that ignored ``Range``, maps failures while it arrives) and its result is returned. When
         the request is not served, ``regular()`` (botocore's GET) runs instead."""
         path = self.base_path + quote(key, safe="/~")
-        headers = {"Range": f"bytes={start}-{start + length - 1}"}
+        if self.observers:
+            self._observe("/" + key)
+        self.sent += 1
+        try:
+            headers = await self._headers(path, f"bytes={start}-{start + length - 1}")
+            response = await self.session.send(
+                AWSPreparedRequest("GET", self.origin + path, headers, None, True)
+            )
+        except Exception as e:  # credentials that fail to refresh included: botocore will say
+            return await self._fall_back(key, None, e, regular)
+        raw = response.raw
+        try:
+            if response.status_code in (200, 206):
+                return await receive(raw)
+            with contextlib.suppress(Exception):  # the regular path will meet any fault again
+                await raw.read()  # a small error document: read it so the connection is reused
+        finally:
+            raw.release()
+        return await self._fall_back(key, response.status_code, None, regular)
+
+    async def _headers(self, path: str, byte_range: str) -> dict[str, str]:
+        headers = {"Range": byte_range}
         if self.region is not None:
-            frozen = await self.credentials.get_frozen_credentials()
+            frozen = await self.credentials.get_frozen_credentials()  # refreshes when due
             headers.update(
                 sign_headers(
                     Credentials(frozen.access_key, frozen.secret_key, frozen.token),
@@ -254,24 +278,7 @@ class LeanGet:
             )
         headers["Host"] = self.host
         headers["User-Agent"] = _USER_AGENT
-        if self.observers:
-            self._observe("/" + key)
-        self.sent += 1
-        try:
-            response = await self.session.send(
-                AWSPreparedRequest("GET", self.origin + path, headers, None, True)
-            )
-        except Exception as e:
-            return await self._fall_back(key, None, e, regular)
-        raw = response.raw
-        try:
-            if response.status_code in (200, 206):
-                return await receive(raw)
-            with contextlib.suppress(Exception):  # the regular path will meet any fault again
-                await raw.read()  # a small error document: read it so the connection is reused
-        finally:
-            raw.release()
-        return await self._fall_back(key, response.status_code, None, regular)
+        return headers
 
     async def _fall_back(
         self, key: str, status: int | None, error: BaseException | None, regular: Callable[[], Awaitable[_T]]
