@@ -86,7 +86,9 @@ def cluster(tmp_path: Path) -> Iterator[str]:
                 with urllib.request.urlopen(f"http://127.0.0.1:{ui}/json/", timeout=2) as r:
                     if json.load(r).get("aliveworkers", 0) >= 1:
                         break
-            except OSError:
+            except (OSError, ValueError):
+                # Not listening yet, or (seen in CI) the UI answering before its status page
+                # has a body: an empty reply is not JSON. Both mean "not up yet".
                 pass
             if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
                 tails = {f.name: f.read_text()[-2000:] for f in logs.glob("*.out")}
