@@ -43,7 +43,7 @@ import os
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import urlsplit
 
 import s3fs
@@ -85,6 +85,8 @@ from tierd.errors import (
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+
+_T = TypeVar("_T")
 
 __all__ = [
     "MAX_PART",
@@ -759,17 +761,29 @@ class S3Driver(ChunkedDriver):
     async def _get(self, key: str, start: int, end: int) -> bytes:
         if end <= start:
             return b""
-        regular = functools.partial(self._get_regular, key, start, end)
-        lean = await self.root.lean_get()
-        if lean is None:
-            return await regular()
-        return await lean.get(
+        return await self._ranged_get(
             key,
             start,
             end - start,
             receive=functools.partial(self._read_lean, key, start, end),
-            regular=regular,
+            regular=functools.partial(self._get_regular, key, start, end),
         )
+
+    async def _ranged_get(
+        self,
+        key: str,
+        start: int,
+        length: int,
+        *,
+        receive: Callable[[Any], Awaitable[_T]],
+        regular: Callable[[], Awaitable[_T]],
+    ) -> _T:
+        """One ranged GET: tierd's lean GET where the client allows it (``receive`` takes its
+        response), else ``regular()``, botocore's (see :meth:`LeanGet.get`)."""
+        lean = await self.root.lean_get()
+        if lean is None:
+            return await regular()
+        return await lean.get(key, start, length, receive=receive, regular=regular)
 
     async def _get_regular(self, key: str, start: int, end: int) -> bytes:
         resp = await self.root.call("get_object", key=key, Range=f"bytes={start}-{end - 1}")
@@ -802,18 +816,13 @@ class S3Driver(ChunkedDriver):
         length = out.nbytes
         if length == 0:
             return
-        regular = functools.partial(self._get_into_regular, key, start, out)
-        lean = await self.root.lean_get()
-        if lean is None:
-            received = await regular()
-        else:
-            received = await lean.get(
-                key,
-                start,
-                length,
-                receive=functools.partial(self._receive_lean, key, start, out),
-                regular=regular,
-            )
+        received = await self._ranged_get(
+            key,
+            start,
+            length,
+            receive=functools.partial(self._receive_lean, key, start, out),
+            regular=functools.partial(self._get_into_regular, key, start, out),
+        )
         if received != length:
             raise CorruptionError(
                 f"s3://{self.root.bucket}/{key}: ranged GET of {length} bytes at {start} returned {received}",
