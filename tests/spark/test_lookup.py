@@ -73,13 +73,13 @@ class Recording(ColdStorage):
         super().__init__(url, so)
         self.paths: list[str] = []
 
-    def cat(self, path: str, start: int, end: int) -> bytes:
+    def cat(self, path: str, start: int, end: int, *, records: bool = False) -> bytes:
         self.paths.append(path)
-        return super().cat(path, start, end)
+        return super().cat(path, start, end, records=records)
 
-    def cat_spans(self, spans: Any) -> list[bytes]:
+    def cat_spans(self, spans: Any, *, records: bool = False) -> list[bytes]:
         self.paths += [p for p, _, _ in spans]
-        return super().cat_spans(spans)
+        return super().cat_spans(spans, records=records)
 
 
 def _run(

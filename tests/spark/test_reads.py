@@ -153,13 +153,13 @@ def test_open_segments_are_read_in_whole_chunk_objects(moto_server: S3Server, mo
     finds: list[str] = []
     real_cat, real_spans, real_find = storage.cat, storage.cat_spans, storage.fs.find
 
-    def cat(path: str, start: int, end: int) -> bytes:
+    def cat(path: str, start: int, end: int, **kw: Any) -> bytes:
         spans.append((path, start, end))
-        return real_cat(path, start, end)
+        return real_cat(path, start, end, **kw)
 
-    def cat_spans(many: list[tuple[str, int, int]]) -> list[bytes]:
+    def cat_spans(many: list[tuple[str, int, int]], **kw: Any) -> list[bytes]:
         spans.extend(many)
-        return real_spans(many)
+        return real_spans(many, **kw)
 
     def find(path: str, **kw: Any) -> Any:
         finds.append(path)
@@ -206,6 +206,35 @@ def test_s3_requests_planning_and_reading_an_open_segment(moto_server: S3Server)
         assert _bodies(_read(storage, ranges)) == [(i, r.body) for i, r in enumerate(recs)]
     assert planning == ["get_object"] * 2 + ["list_objects_v2"] * 2  # broker + queue manifest
     assert reading == ["get_object", "list_objects_v2"]
+
+
+def test_records_are_read_without_botocores_response_checksum(
+    moto_server: S3Server, monkeypatch: Any
+) -> None:
+    """Commitlog records go through a second client that does not ask for (nor check) response
+    checksums — the decoder checks every record — while manifests, listings and consume queue
+    units keep the regular client's validation; a user's own setting wins."""
+    bucket = create_bucket(moto_server)
+    url, so = f"s3://{bucket}/cold", moto_server.storage_options
+    recs = _recs(20, seed=10)
+    craft_queue(url, so, "t", 0, recs)
+    storage, ranges = _plan(url, so)
+
+    def refused(*args: Any, **kw: Any) -> bytes:
+        raise AssertionError("records read through the regular client")
+
+    monkeypatch.setattr(storage.fs, "cat_file", refused)
+    assert _bodies(_read(storage, ranges)) == [(i, r.body) for i, r in enumerate(recs)]
+    assert storage.records_fs is not storage.fs
+    assert storage.records_fs.s3.meta.config.response_checksum_validation == "when_required"
+    assert storage.fs.s3.meta.config.response_checksum_validation == "when_supported"
+    assert storage.records_fs.session is storage.fs.session  # one session: models loaded once
+    own = {**so, "config_kwargs": {"response_checksum_validation": "when_supported"}}
+    storage, ranges = _plan(url, own)
+    assert _bodies(_read(storage, ranges)) == [(i, r.body) for i, r in enumerate(recs)]
+    assert storage.records_fs.s3.meta.config.response_checksum_validation == "when_supported"
+    file_storage = ColdStorage("file:///tmp")
+    assert file_storage.records_fs is file_storage.fs
 
 
 def test_a_sealed_segment_is_read_without_listing_it(moto_server: S3Server) -> None:

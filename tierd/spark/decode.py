@@ -732,7 +732,7 @@ def _read_pieces(
     read's end is simply read again, whole, by the next one. Open segments are read chunk by
     chunk (:meth:`SegmentSource.read_end`), whose ends are record boundaries anyway."""
     pos = r.start
-    ahead = pool.submit(src.read, pos, src.read_end(pos, piece, end)) if pos < end else None
+    ahead = pool.submit(src.read, pos, src.read_end(pos, piece, end), records=True) if pos < end else None
     while ahead is not None:
         data = ahead.result()
         ahead = None
@@ -742,10 +742,10 @@ def _read_pieces(
         nxt = pos + framing.consumed
         if read_end < end:
             if framing.consumed:
-                ahead = pool.submit(src.read, nxt, src.read_end(nxt, piece, end))
+                ahead = pool.submit(src.read, nxt, src.read_end(nxt, piece, end), records=True)
             else:  # one record longer than the read: read it whole
                 need = _SIZE.unpack_from(data, 0)[0] if len(data) >= 4 else 4
-                ahead = pool.submit(src.read, pos, min(end, pos + max(need, len(data) + 1)))
+                ahead = pool.submit(src.read, pos, min(end, pos + max(need, len(data) + 1)), records=True)
         if framing.consumed:
             yield decode_records(
                 data,

@@ -94,22 +94,24 @@ class SegmentSource:
         i = bisect.bisect_right(positions, hi) - 1  # last chunk starting at or before hi
         return positions[i] if positions[i] > start else hi
 
-    def read(self, start: int, end: int) -> bytes:
+    def read(self, start: int, end: int, *, records: bool = False) -> bytes:
         """Bytes ``[start, end)``; a short read is corruption (the object shrank or lied).
 
         The chunks of an open segment that the span touches are fetched concurrently (one
-        fsspec ``cat_ranges``) and joined only if there are several."""
+        fsspec ``cat_ranges``) and joined only if there are several. ``records``: the bytes are
+        commitlog records that the caller checks record by record (see
+        :meth:`ColdStorage.records_fs`)."""
         if end <= start:
             return b""
         spans = self.spans(start, end)
         try:
             if len(spans) == 1:
-                data = self.storage.cat(*spans[0])
+                data = self.storage.cat(*spans[0], records=records)
             else:
-                data = b"".join(self.storage.cat_spans(spans))
+                data = b"".join(self.storage.cat_spans(spans, records=records))
         except SegmentNotFoundError as e:
             if self._layout is not None and self._sealed_since():
-                return self.read(start, end)
+                return self.read(start, end, records=records)
             raise _missing(self.url) from e
         except BackendError:
             self._check_size()  # a range past the end of a shorter object fails on S3 (416)
@@ -193,6 +195,8 @@ class ColdStorage:
         self.fs: Any = fs
         self.root = root.rstrip("/")
         self.scheme = scheme or "file"
+        self._options = options
+        self._records_fs: Any = None
         #: Requests sent and bytes read so far (this process; diagnostics and benchmarks).
         self.requests = 0
         self.bytes_read = 0
@@ -245,21 +249,60 @@ class ColdStorage:
         method = getattr(creds, "method", None)
         return str(method) if method else None
 
-    def cat(self, path: str, start: int, end: int) -> bytes:
-        """Bytes ``[start, end)`` of the object at full path ``path``."""
+    @property
+    def records_fs(self) -> Any:
+        """The filesystem that reads commitlog records (:meth:`SegmentSource.read` with
+        ``records``): on S3, one whose client does not validate response checksums.
+
+        Why that is safe: every record read this way is checked by the decoder — its framing
+        (the TOTALSIZE chain, magic, every length), its PHYSICALOFFSET, topic and queue id, the
+        UTF-8 of its properties and the CRC of its body — before any row is returned. And S3
+        returns no checksum for a ranged GET (every read here is one), so against S3 nothing
+        changes; the S3 driver's lean GET does not ask for one either. What it saves is the
+        CRC32 that botocore computes in Python's ``binascii`` over every byte of a response
+        when a server sends a whole-object checksum anyway (moto does): ~0.1 s of a Spark
+        worker's CPU per 200 MB read (docs/performance.md, P6). Manifests, listings, consume
+        queue units and key index files — bytes without a CRC of their own — keep the regular
+        client and its validation. A ``response_checksum_validation`` the user set in
+        ``config_kwargs`` is kept. The two clients share one botocore session (credentials
+        and settings are the same: both are made from the same storage options)."""
+        if self._records_fs is None:
+            if self.scheme not in ("s3", "s3a"):
+                self._records_fs = self.fs
+            else:
+                from fsspec.core import url_to_fs
+
+                options = dict(self._options)
+                config = dict(options.get("config_kwargs") or {})
+                config.setdefault("response_checksum_validation", "when_required")
+                options["config_kwargs"] = config
+                # On the regular client's botocore session: its loaded service model and
+                # endpoint rules are shared (a client of its own held ~35,000 more objects,
+                # which PySpark's gc.collect() after every task walks: +15 ms per task).
+                self.fs.s3  # noqa: B018 - connects: the session exists from then on
+                options.setdefault("session", self.fs.session)
+                self._records_fs = url_to_fs(self.url, **options)[0]
+        return self._records_fs
+
+    def cat(self, path: str, start: int, end: int, *, records: bool = False) -> bytes:
+        """Bytes ``[start, end)`` of the object at full path ``path`` (``records``: commitlog
+        records, read through :attr:`records_fs`)."""
+        fs = self.records_fs if records else self.fs
         try:
-            data: bytes = self.fs.cat_file(path, start=start, end=end)
+            data: bytes = fs.cat_file(path, start=start, end=end)
         except Exception as e:
             raise self._fail("read", path, e) from e
         self._count(1, len(data))
         return data
 
-    def cat_spans(self, spans: Sequence[tuple[str, int, int]]) -> list[bytes]:
-        """Byte ranges ``(full path, start, end)`` of several objects, fetched concurrently."""
+    def cat_spans(self, spans: Sequence[tuple[str, int, int]], *, records: bool = False) -> list[bytes]:
+        """Byte ranges ``(full path, start, end)`` of several objects, fetched concurrently
+        (``records``: as for :meth:`cat`)."""
         if not spans:
             return []
+        fs = self.records_fs if records else self.fs
         try:
-            got = self.fs.cat_ranges(
+            got = fs.cat_ranges(
                 [p for p, _, _ in spans], [a for _, a, _ in spans], [b for _, _, b in spans], on_error="raise"
             )
         except Exception as e:
