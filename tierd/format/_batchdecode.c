@@ -245,17 +245,18 @@ typedef struct {
     const uint8_t *r; /* the record */
     int64_t total;
     int64_t body_len;
+    int64_t topic_start;
+    int64_t topic_len;
     int64_t props_start;
     int64_t props_len;
 } Record;
 
 /*
- * Record i of the batch (at starts[i], sizes[i] bytes) checked as RecordBatch._columns and
- * _is_queue check it: framing that adds up inside the buffer, magic v1 or v2, IPv4 hosts, and
- * this queue's topic, queue id and offset. 1 and *out filled when it is, else 0.
+ * The record at s of `total` bytes, framed: inside the buffer, its TOTALSIZE, magic v1 or v2,
+ * IPv4 hosts, and body, topic and properties lengths that add up to the total. 1 and *out
+ * filled when it is, else 0. Who the record belongs to is the caller's to check.
  */
-static int parse_record(const uint8_t *base, int64_t len, int64_t s, int64_t total, Py_ssize_t i,
-                        const Queue *q, Record *out) {
+static int frame_record(const uint8_t *base, int64_t len, int64_t s, int64_t total, Record *out) {
     /* framing: everything read below lies inside [s, s + total), so inside the buffer */
     if (s < 0 || total < HEADER_V4 + 3 || total > len || s > len - total)
         return 0;
@@ -285,18 +286,35 @@ static int parse_record(const uint8_t *base, int64_t len, int64_t s, int64_t tot
     const int64_t props_len = ((int64_t)r[topic_end] << 8) | r[topic_end + 1];
     if (topic_end + 2 + props_len != total)
         return 0;
-    /* identity: this queue's record at its offset (the sum wraps, as numpy's does, rather
-     * than overflow: signed overflow is undefined in C) */
-    const int64_t offset = (int64_t)((uint64_t)q->first_queue_offset + (uint64_t)i);
-    if (be_i32(r + POS_QUEUE_ID) != q->queue_id || be_i64(r + POS_QUEUE_OFFSET) != offset ||
-        topic_len != q->topic_len || memcmp(r + topic_start, q->topic_utf8, (size_t)topic_len) != 0)
-        return 0;
     out->r = r;
     out->total = total;
     out->body_len = body_len;
+    out->topic_start = topic_start;
+    out->topic_len = topic_len;
     out->props_start = topic_end + 2;
     out->props_len = props_len;
     return 1;
+}
+
+/* Whether a framed record's topic is the queue's. */
+static int same_topic(const Record *rec, const char *topic, Py_ssize_t topic_len) {
+    return rec->topic_len == topic_len && memcmp(rec->r + rec->topic_start, topic, (size_t)topic_len) == 0;
+}
+
+/*
+ * Record i of the batch (at starts[i], sizes[i] bytes) checked as RecordBatch._columns and
+ * _is_queue check it: framed (frame_record), and this queue's topic, queue id and offset. 1 and
+ * *out filled when it is, else 0.
+ */
+static int parse_record(const uint8_t *base, int64_t len, int64_t s, int64_t total, Py_ssize_t i,
+                        const Queue *q, Record *out) {
+    if (!frame_record(base, len, s, total, out))
+        return 0;
+    /* identity: this queue's record at its offset (the sum wraps, as numpy's does, rather
+     * than overflow: signed overflow is undefined in C) */
+    const int64_t offset = (int64_t)((uint64_t)q->first_queue_offset + (uint64_t)i);
+    return be_i32(out->r + POS_QUEUE_ID) == q->queue_id && be_i64(out->r + POS_QUEUE_OFFSET) == offset &&
+           same_topic(out, q->topic_utf8, q->topic_len);
 }
 
 /* The buffers a call reads: the records, and their starts and sizes (int64 vectors). */
@@ -564,12 +582,256 @@ static PyObject *bind(PyObject *module, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* ------------------------------------------------------------------ the Spark decoder */
+/*
+ * tierd.spark.decode turns a 16 MiB piece of a commitlog segment into Arrow columns. What costs
+ * there, per record, in Python is the TOTALSIZE chain, a CRC call per body and the field checks;
+ * frame_records() and spark_check() do those in one C loop each. The body CRC is ISA-L's
+ * (the function isal.isal_zlib uses for crc32, found in its extension by tierd.spark.decode and
+ * checked against isal_zlib.crc32 before use: bind_crc32()), called with no Python object per
+ * body. The contract: spark_check() accepts a batch only when every record is one the Python
+ * decoder accepts, with the same values; for anything else (IPv6 hosts, any bad record) it
+ * says so and the caller decodes the batch in Python, which names the bad record. Every offset
+ * is checked against the buffer first, so no input can make this code read outside it.
+ */
+
+typedef uint32_t (*crc32_fn)(uint32_t init, const unsigned char *buf, uint64_t len);
+static crc32_fn body_crc32 = NULL;
+
+PyDoc_STRVAR(bind_crc32_doc,
+             "bind_crc32(address, /)\n--\n\n"
+             "Use the C function at address, uint32_t f(uint32_t init, const unsigned char *buf, "
+             "uint64_t len) with zlib's crc32 semantics, for body CRCs (spark_check, crc32).");
+
+static PyObject *bind_crc32(PyObject *module, PyObject *arg) {
+    (void)module;
+    void *p = PyLong_AsVoidPtr(arg);
+    if (p == NULL) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_ValueError, "address must not be 0");
+        return NULL;
+    }
+    body_crc32 = (crc32_fn)p;
+    Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(crc32_doc, "crc32(data, /)\n--\n\nzlib's CRC-32 of data with the bound function.");
+
+static PyObject *crc32_bound(PyObject *module, PyObject *arg) {
+    (void)module;
+    if (body_crc32 == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "crc32 before bind_crc32()");
+        return NULL;
+    }
+    Py_buffer view;
+    if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0)
+        return NULL;
+    uint32_t crc = body_crc32(0, (const unsigned char *)view.buf, (uint64_t)view.len);
+    PyBuffer_Release(&view);
+    return PyLong_FromUnsignedLong(crc);
+}
+
+PyDoc_STRVAR(frame_records_doc,
+             "frame_records(data, starts, min_size, max_size, /)\n--\n\n"
+             "Follow the TOTALSIZE chain from byte 0: write the start of each complete record into "
+             "starts (a writable int64 vector with room for len(data) // min_size + 1) and return "
+             "(count, consumed, -1, 0); stop at a record running past the end. A total size outside "
+             "[min_size, max_size] ends the walk with (count, consumed, its position, the size).");
+
+static PyObject *frame_records(PyObject *module, PyObject *args) {
+    PyObject *data_obj, *starts_obj;
+    long long lo, hi;
+    (void)module;
+    if (!PyArg_ParseTuple(args, "OOLL:frame_records", &data_obj, &starts_obj, &lo, &hi))
+        return NULL;
+    if (lo < 4) {
+        PyErr_SetString(PyExc_ValueError, "min_size must be at least 4");
+        return NULL;
+    }
+    Py_buffer data, starts;
+    if (PyObject_GetBuffer(data_obj, &data, PyBUF_SIMPLE) < 0)
+        return NULL;
+    if (PyObject_GetBuffer(starts_obj, &starts, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) {
+        PyBuffer_Release(&data);
+        return NULL;
+    }
+    PyObject *result = NULL;
+    const int64_t n = (int64_t)data.len;
+    if (!is_int64_vector(&starts, "starts"))
+        goto done;
+    if (starts.len / 8 < n / lo + 1) {
+        PyErr_SetString(PyExc_ValueError, "starts has no room for every record");
+        goto done;
+    }
+    const uint8_t *base = (const uint8_t *)data.buf;
+    int64_t *out = (int64_t *)starts.buf;
+    int64_t pos = 0, count = 0, bad = -1, bad_size = 0;
+    Py_BEGIN_ALLOW_THREADS /* plain C over buffers held until the end: the read-ahead runs on */
+    while (pos <= n - 4) {
+        const int64_t size = be_i32(base + pos);
+        if (size < lo || size > hi) {
+            bad = pos;
+            bad_size = size;
+            break;
+        }
+        if (size > n - pos)
+            break;
+        out[count++] = pos; /* count <= pos / lo < n / lo + 1 */
+        pos += size;
+    }
+    Py_END_ALLOW_THREADS
+    result = Py_BuildValue("LLLL", (long long)count, (long long)pos, (long long)bad, (long long)bad_size);
+done:
+    PyBuffer_Release(&starts);
+    PyBuffer_Release(&data);
+    return result;
+}
+
+/* One row of spark_check()'s output: the fields a batch's columns are built from, native-endian
+ * except the two hosts (their stored bytes). tierd.spark.decode declares the same layout. */
+typedef struct {
+    int64_t queue_offset;
+    int64_t physical_offset;
+    int64_t born_timestamp;
+    int64_t store_timestamp;
+    uint8_t born_host[8];
+    uint8_t store_host[8];
+    int64_t props_start; /* in the buffer */
+    int32_t sysflag;
+    int32_t reconsume_times;
+} SparkRow;
+
+_Static_assert(sizeof(SparkRow) == 64, "SparkRow is 64 bytes, as tierd.spark.decode declares");
+
+/* Acquire a writable, C-contiguous buffer of at least `need` bytes (0), or set an exception (-1). */
+static int writable(PyObject *obj, Py_buffer *view, Py_ssize_t need, const char *name) {
+    if (PyObject_GetBuffer(obj, view, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0)
+        return -1;
+    if (view->len < need) {
+        PyBuffer_Release(view);
+        PyErr_Format(PyExc_ValueError, "%s has %zd bytes, %zd needed", name, view->len, need);
+        return -1;
+    }
+    return 0;
+}
+
+PyDoc_STRVAR(spark_check_doc,
+             "spark_check(data, starts, end, flat_base, topic_utf8, queue_id, rows, body_offsets, "
+             "bodies, /)\n--\n\n"
+             "Check the records at starts (int64; the last one ends at end) as tierd.spark.decode "
+             "does — magic, lengths adding up to the total size, this queue's topic and queue id, "
+             "PHYSICALOFFSET == flat_base + start, the body CRC, UTF-8 properties — and fill rows "
+             "(64 bytes per record), body_offsets (int32, one more than the records) and bodies "
+             "(the bodies end to end). Returns -1 when every record passed, else the index of the "
+             "first record that is not such a record with IPv4 hosts (nothing else is promised of "
+             "the outputs then).");
+
+static PyObject *spark_check(PyObject *module, PyObject *args) {
+    PyObject *data_obj, *starts_obj, *rows_obj, *offsets_obj, *bodies_obj;
+    long long end, flat_base, queue_id;
+    const char *topic;
+    Py_ssize_t topic_len;
+    (void)module;
+    if (!PyArg_ParseTuple(args, "OOLLy#LOOO:spark_check", &data_obj, &starts_obj, &end, &flat_base, &topic,
+                          &topic_len, &queue_id, &rows_obj, &offsets_obj, &bodies_obj))
+        return NULL;
+    if (body_crc32 == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "spark_check before bind_crc32()");
+        return NULL;
+    }
+    Py_buffer data, starts, rows, offsets, bodies;
+    int held = 0;
+    PyObject *result = NULL;
+    if (PyObject_GetBuffer(data_obj, &data, PyBUF_SIMPLE) < 0)
+        goto done;
+    held = 1;
+    if (PyObject_GetBuffer(starts_obj, &starts, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0)
+        goto done;
+    held = 2;
+    if (!is_int64_vector(&starts, "starts"))
+        goto done;
+    const Py_ssize_t count = starts.len / 8;
+    if (writable(rows_obj, &rows, count * (Py_ssize_t)sizeof(SparkRow), "rows") < 0)
+        goto done;
+    held = 3;
+    if (writable(offsets_obj, &offsets, (count + 1) * 4, "body_offsets") < 0)
+        goto done;
+    held = 4;
+    if (writable(bodies_obj, &bodies, 0, "bodies") < 0)
+        goto done;
+    held = 5;
+
+    const uint8_t *base = (const uint8_t *)data.buf;
+    const int64_t len = (int64_t)data.len;
+    const int64_t *st = (const int64_t *)starts.buf;
+    SparkRow *row = (SparkRow *)rows.buf;
+    int32_t *off = (int32_t *)offsets.buf;
+    uint8_t *out = (uint8_t *)bodies.buf;
+    const int64_t room = (int64_t)bodies.len < INT32_MAX ? (int64_t)bodies.len : INT32_MAX;
+    int64_t used = 0;
+    Py_ssize_t i = 0;
+    if (end < 0 || end > len)
+        goto checked;
+    off[0] = 0;
+    Py_BEGIN_ALLOW_THREADS /* plain C over buffers held until the end: the read-ahead runs on */
+    for (; i < count; i++, row++) {
+        const int64_t s = st[i];
+        const int64_t e = i + 1 < count ? st[i + 1] : end;
+        Record rec;
+        if (!frame_record(base, end, s, e - s, &rec)) /* inside [0, end): see the check of end */
+            break;
+        const uint8_t *r = rec.r;
+        const int64_t body_len = rec.body_len;
+        /* this queue's record, where the flat file says (wrapping sum: see parse_record) */
+        if (!same_topic(&rec, topic, topic_len) || be_i32(r + POS_QUEUE_ID) != queue_id ||
+            be_i64(r + POS_PHYSICAL_OFFSET) != (int64_t)((uint64_t)flat_base + (uint64_t)s))
+            break;
+        if ((body_crc32(0, r + HEADER_V4, (uint64_t)body_len) & 0x7FFFFFFFu) != be_u32(r + POS_BODY_CRC))
+            break;
+        if (!utf8_valid(r + rec.props_start, rec.props_len))
+            break;
+        if (body_len > room - used)
+            break;
+        memcpy(out + used, r + HEADER_V4, (size_t)body_len);
+        used += body_len;
+        off[i + 1] = (int32_t)used;
+        row->queue_offset = be_i64(r + POS_QUEUE_OFFSET);
+        row->physical_offset = be_i64(r + POS_PHYSICAL_OFFSET);
+        row->born_timestamp = be_i64(r + POS_BORN_TIMESTAMP);
+        row->store_timestamp = be_i64(r + POS_STORE_TIMESTAMP);
+        memcpy(row->born_host, r + POS_BORN_HOST, 8);
+        memcpy(row->store_host, r + POS_STORE_HOST, 8);
+        row->props_start = s + rec.props_start;
+        row->sysflag = be_i32(r + POS_SYSFLAG);
+        row->reconsume_times = be_i32(r + POS_RECONSUME_TIMES);
+    }
+    Py_END_ALLOW_THREADS
+checked:
+    result = PyLong_FromSsize_t(i == count ? -1 : i);
+done:
+    if (held > 4)
+        PyBuffer_Release(&bodies);
+    if (held > 3)
+        PyBuffer_Release(&offsets);
+    if (held > 2)
+        PyBuffer_Release(&rows);
+    if (held > 1)
+        PyBuffer_Release(&starts);
+    if (held > 0)
+        PyBuffer_Release(&data);
+    return result;
+}
+
 /* ------------------------------------------------------------------ the module */
 
 static PyMethodDef methods[] = {
     {"bind", bind, METH_VARARGS, bind_doc},
     {"check_queue", check_queue, METH_VARARGS, check_queue_doc},
     {"decode_queue", decode_queue, METH_VARARGS, decode_queue_doc},
+    {"bind_crc32", bind_crc32, METH_O, bind_crc32_doc},
+    {"crc32", crc32_bound, METH_O, crc32_doc},
+    {"frame_records", frame_records, METH_VARARGS, frame_records_doc},
+    {"spark_check", spark_check, METH_VARARGS, spark_check_doc},
     {NULL, NULL, 0, NULL},
 };
 

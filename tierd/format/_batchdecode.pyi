@@ -4,6 +4,7 @@ from collections.abc import Callable
 
 import numpy as np
 import numpy.typing as npt
+import pyarrow as pa
 
 from tierd.format.message_ext import MessageExt
 
@@ -29,3 +30,22 @@ def decode_queue(
     first_queue_offset: int,
     /,
 ) -> list[MessageExt] | None: ...
+
+# The Spark decoder's functions (tierd.spark.decode).
+def bind_crc32(address: int, /) -> None: ...
+def crc32(data: bytes | bytearray | memoryview, /) -> int: ...
+def frame_records(
+    data: bytes | bytearray | memoryview, starts: npt.NDArray[np.int64], min_size: int, max_size: int, /
+) -> tuple[int, int, int, int]: ...
+def spark_check(
+    data: bytes | bytearray | memoryview,
+    starts: npt.NDArray[np.int64],
+    end: int,
+    flat_base: int,
+    topic_utf8: bytes,
+    queue_id: int,
+    rows: npt.NDArray[np.void],
+    body_offsets: pa.Buffer,
+    bodies: pa.Buffer,
+    /,
+) -> int: ...

@@ -1,8 +1,12 @@
 """Commitlog bytes → Arrow record batches, column-wise (FORMATS §1.1).
 
-A Spark task spends its time per row, so nothing here builds a Python object per record except
-what cannot be avoided: one memoryview slice per body and one ``crc32`` call per body (the
-CRC check is not optional). Everything else is numpy over the whole buffer (fixed header fields
+A Spark task spends its time per row, so nothing here builds a Python object per record. Where
+the C extension is built (:data:`COMPILED`), the TOTALSIZE chain, every record's checks and body
+CRC, its fixed fields and the body column are one C pass each (``frame_records``,
+``spark_check`` in ``tierd/format/_batchdecode.c``); a batch that pass does not take whole
+(IPv6 hosts, any damage) is decoded by the Python path below, which names the bad record. That
+path's only per-record Python objects are one memoryview slice and one ``crc32`` call per body
+(the CRC check is not optional). Everything else is numpy over the whole buffer (fixed header fields
 gathered at per-record positions, so IPv4 and IPv6 hosts mix freely) or pyarrow compute
 (properties split into the map column, KEYS into the array column, TAGS looked up). Hosts are
 decoded once per distinct value, message ids by :func:`tierd.format.message_id.offset_msg_ids`.
@@ -26,6 +30,7 @@ import pyarrow.compute as pc
 
 from tierd.errors import CorruptRecordError
 from tierd.format.batch import gather_at
+from tierd.format.compiled import SparkFunctions, spark_functions
 from tierd.format.host import decode_host
 from tierd.format.message_id import offset_msg_ids
 from tierd.format.properties import KEY_SEPARATOR, PROPERTY_KEYS, PROPERTY_TAGS, PROPERTY_UNIQ_KEY
@@ -59,6 +64,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ARROW_SCHEMA",
+    "COMPILED",
     "MAX_RECORD_SIZE",
     "MIN_RECORD_SIZE",
     "Framing",
@@ -146,6 +152,32 @@ _HEAD_V4: Final = np.dtype(
 #: The same bytes as an opaque item, which numpy gathers with one copy per record.
 _HEAD_BYTES: Final = np.dtype((np.void, HEADER_V4))
 _V6_FLAGS: Final = SYSFLAG_BORNHOST_V6 | SYSFLAG_STOREHOST_V6
+#: One row of the compiled check's output (``SparkRow`` in ``_batchdecode.c``): the fields the
+#: columns are built from, native-endian but for the hosts (their stored bytes, as ``_HEAD_V4``
+#: has them). Named as ``_HEAD_V4``'s fields, so the column code takes either.
+_ROW: Final = np.dtype(
+    {
+        "names": [
+            "queue_offset",
+            "physical_offset",
+            "born_timestamp",
+            "store_timestamp",
+            "born_host",
+            "store_host",
+            "props_start",
+            "sysflag",
+            "reconsume_times",
+        ],
+        "formats": ["=i8", "=i8", "=i8", "=i8", _U8, _U8, "=i8", "=i4", "=i4"],
+        "offsets": [0, 8, 16, 24, 32, 40, 48, 56, 60],
+        "itemsize": 64,
+    }
+)
+
+_COMPILED: SparkFunctions | None = spark_functions()
+#: Whether framing, record checks and the body column are done in C (``_batchdecode.c``); else
+#: in Python, with the same results.
+COMPILED: Final = _COMPILED is not None
 
 
 class Framing:
@@ -164,10 +196,16 @@ def frame(data: bytes, fail: Callable[[int, str], CorruptRecordError]) -> Framin
     """Starts of the complete records at the head of ``data``. A TOTALSIZE that cannot be a
     record is corruption (``fail(position, reason)``); a record running past the end is left
     for the caller (read more, or judge it torn)."""
-    unpack = _SIZE.unpack_from
-    n = len(data)
-    last = n - 4
     lo, hi = MIN_RECORD_SIZE, MAX_RECORD_SIZE
+    n = len(data)
+    if _COMPILED is not None:
+        found = np.empty(n // lo + 1, np.int64)
+        count, consumed, bad, size = _COMPILED.frame_records(data, found, lo, hi)
+        if bad >= 0:
+            raise fail(bad, f"total size {size} is not a record size ({lo}..{hi})")
+        return Framing(found[:count], consumed)
+    unpack = _SIZE.unpack_from
+    last = n - 4
     pos = 0
     starts: list[int] = []
     append = starts.append
@@ -428,65 +466,77 @@ def decode_records(
     ends[:-1] = s[1:]
     if n:
         ends[-1] = end
-    sizes = ends - s
-    # Framing yields records of MIN_RECORD_SIZE or more, so every header is inside ``buf``.
-    head = gather_at(buf, s, _HEAD_BYTES).view(_HEAD_V4)
-    magic = head["magic"]
-    sysflag = head["sysflag"].astype(np.int64)
-    #: Both hosts of every record are IPv4 (the usual case): every field is in ``head``.
-    v4 = not (sysflag & _V6_FLAGS).any()
-    born_v6 = (sysflag & SYSFLAG_BORNHOST_V6) != 0
-    store_v6 = (sysflag & SYSFLAG_STOREHOST_V6) != 0
-    born_len = np.where(born_v6, 20, 8)
-    store_len = np.where(store_v6, 20, 8)
-    header = HEADER_V4 - 16 + born_len + store_len
-    bad = ((magic != MAGIC_V1) & (magic != MAGIC_V2)) | (sizes < header + 3)
-    safe = np.where(bad, s, s + header - 4)  # keep gathers in bounds until the record is judged
-    body_len = (head["body_len"] if v4 else gather_at(buf, safe, _I4)).astype(np.int64)
-    body_start = s + header
-    body_end = body_start + body_len
-    v2 = magic == MAGIC_V2
-    tlen_width = np.where(v2, 2, 1)
-    bad |= (body_len < 0) | (body_end + tlen_width + 2 > ends)
-    phys = head["physical_offset"]
-    expected_phys = flat_base + s
-    qids = head["queue_id"]
-    topic_b = topic.encode()
-    tails_ok = not bad.any() and _tails_match(buf, body_end, ends, topic_b, v2)
-    if tails_ok:
-        topic_end = body_end + 1 + len(topic_b)
-    else:
-        body_end_safe = np.where(bad, s, body_end)
-        topic_len = np.where(
-            v2, gather_at(buf, body_end_safe, _U2).astype(np.int64), buf[body_end_safe].astype(np.int64)
-        )
-        topic_start = body_end + tlen_width
-        topic_end = topic_start + topic_len
-        bad |= topic_end + 2 > ends
-        props_len = gather_at(buf, np.where(bad, s, topic_end), _U2).astype(np.int64)
-        bad |= topic_end + 2 + props_len != ends
-        if bad.any():
-            _raise_first(data, s, ends, bad, fail)
-        bad |= topic_len != len(topic_b)
-    bad |= phys != expected_phys
-    bad |= qids != queue_id
-    if bad.any():
-        _raise_first(data, s, ends, bad, fail, flat_base=flat_base, topic=topic, queue_id=queue_id)
-    if topic_b and n and not tails_ok:
-        if n * len(topic_b) <= 64 * 1024 * 1024:
-            got = buf[topic_start[:, None] + np.arange(len(topic_b))]
-            bad = ~(got == np.frombuffer(topic_b, np.uint8)).all(axis=1)
+    checked = _compiled_check(data, s, end, flat_base, topic, queue_id) if _COMPILED is not None else None
+    body_col: pa.Array | None = None
+    if checked is not None:  # every record good, IPv4 hosts: the usual batch
+        head, body_col = checked
+        v4 = True
+        sysflag = head["sysflag"].astype(np.int64)
+        born_v6 = store_v6 = np.zeros(n, np.bool_)
+        born_len = store_len = np.full(n, 8, np.int64)
+        phys = head["physical_offset"]
+        topic_end = head["props_start"] - 2
+        body_len = np.diff(np.frombuffer(body_col.buffers()[1], np.int32, n + 1)).astype(np.int64)
+    else:  # checked here, and the first bad record named
+        sizes = ends - s
+        # Framing yields records of MIN_RECORD_SIZE or more, so every header is inside ``buf``.
+        head = gather_at(buf, s, _HEAD_BYTES).view(_HEAD_V4)
+        magic = head["magic"]
+        sysflag = head["sysflag"].astype(np.int64)
+        #: Both hosts of every record are IPv4 (the usual case): every field is in ``head``.
+        v4 = not (sysflag & _V6_FLAGS).any()
+        born_v6 = (sysflag & SYSFLAG_BORNHOST_V6) != 0
+        store_v6 = (sysflag & SYSFLAG_STOREHOST_V6) != 0
+        born_len = np.where(born_v6, 20, 8)
+        store_len = np.where(store_v6, 20, 8)
+        header = HEADER_V4 - 16 + born_len + store_len
+        bad = ((magic != MAGIC_V1) & (magic != MAGIC_V2)) | (sizes < header + 3)
+        safe = np.where(bad, s, s + header - 4)  # keep gathers in bounds until the record is judged
+        body_len = (head["body_len"] if v4 else gather_at(buf, safe, _I4)).astype(np.int64)
+        body_start = s + header
+        body_end = body_start + body_len
+        v2 = magic == MAGIC_V2
+        tlen_width = np.where(v2, 2, 1)
+        bad |= (body_len < 0) | (body_end + tlen_width + 2 > ends)
+        phys = head["physical_offset"]
+        expected_phys = flat_base + s
+        qids = head["queue_id"]
+        topic_b = topic.encode()
+        tails_ok = not bad.any() and _tails_match(buf, body_end, ends, topic_b, v2)
+        if tails_ok:
+            topic_end = body_end + 1 + len(topic_b)
         else:
-            bad = np.array([data[a : a + len(topic_b)] != topic_b for a in topic_start.tolist()])
+            body_end_safe = np.where(bad, s, body_end)
+            topic_len = np.where(
+                v2, gather_at(buf, body_end_safe, _U2).astype(np.int64), buf[body_end_safe].astype(np.int64)
+            )
+            topic_start = body_end + tlen_width
+            topic_end = topic_start + topic_len
+            bad |= topic_end + 2 > ends
+            props_len = gather_at(buf, np.where(bad, s, topic_end), _U2).astype(np.int64)
+            bad |= topic_end + 2 + props_len != ends
+            if bad.any():
+                _raise_first(data, s, ends, bad, fail)
+            bad |= topic_len != len(topic_b)
+        bad |= phys != expected_phys
+        bad |= qids != queue_id
         if bad.any():
             _raise_first(data, s, ends, bad, fail, flat_base=flat_base, topic=topic, queue_id=queue_id)
-    mv = memoryview(data)
-    bodies = map(mv.__getitem__, map(slice, body_start.tolist(), body_end.tolist()))  # no list
-    crc = np.fromiter(map(crc32, bodies), np.int64, n) & 0x7FFFFFFF
-    stored = head["body_crc"].astype(np.int64)
-    bad = crc != stored
-    if bad.any():
-        _raise_first(data, s, ends, bad, fail)
+        if topic_b and n and not tails_ok:
+            if n * len(topic_b) <= 64 * 1024 * 1024:
+                got = buf[topic_start[:, None] + np.arange(len(topic_b))]
+                bad = ~(got == np.frombuffer(topic_b, np.uint8)).all(axis=1)
+            else:
+                bad = np.array([data[a : a + len(topic_b)] != topic_b for a in topic_start.tolist()])
+            if bad.any():
+                _raise_first(data, s, ends, bad, fail, flat_base=flat_base, topic=topic, queue_id=queue_id)
+        mv = memoryview(data)
+        bodies = map(mv.__getitem__, map(slice, body_start.tolist(), body_end.tolist()))  # no list
+        crc = np.fromiter(map(crc32, bodies), np.int64, n) & 0x7FFFFFFF
+        stored = head["body_crc"].astype(np.int64)
+        bad = crc != stored
+        if bad.any():
+            _raise_first(data, s, ends, bad, fail)
     queue_offsets = head["queue_offset"].astype(np.int64)
     store_ms = (head["store_timestamp"] if v4 else gather_at(buf, s + POS_BORN_HOST + born_len, _I8)).astype(
         np.int64
@@ -494,6 +544,7 @@ def decode_records(
     keep = select(queue_offsets, store_ms) if select is not None else None
     if keep is not None:
         idx = np.flatnonzero(keep)
+        body_col = body_col.take(pa.array(idx)) if body_col is not None else None
         s, ends, body_len, head = s[idx], ends[idx], body_len[idx], head[idx]
         sysflag, born_v6, store_v6, born_len, store_len = (
             sysflag[idx],
@@ -514,10 +565,14 @@ def decode_records(
     props_start = topic_end + 2
     props = _spans(whole, props_start, ends, pa.string())
     try:
-        props.validate(full=True)  # UTF-8
+        if body_col is None:  # the compiled check has validated every row's UTF-8
+            props.validate(full=True)
     except pa.ArrowInvalid:
         bad_rows = np.array(
-            [not _utf8(mv[a:b]) for a, b in zip(props_start.tolist(), ends.tolist(), strict=True)]
+            [
+                not _utf8(memoryview(data)[a:b])
+                for a, b in zip(props_start.tolist(), ends.tolist(), strict=True)
+            ]
         )
         _raise_first(data, s, ends, bad_rows, fail)
     # Only the wanted columns are built (a user schema may select some; validation above is
@@ -530,6 +585,7 @@ def decode_records(
         keep = select_properties(made["tags"], made["keys"], made["uniq_key"])
         if not keep.all():
             idx = np.flatnonzero(keep)
+            body_col = body_col.take(pa.array(idx)) if body_col is not None else None
             s, ends, body_len, head = s[idx], ends[idx], body_len[idx], head[idx]
             sysflag, born_v6, store_v6, born_len, store_len = (
                 sysflag[idx],
@@ -558,7 +614,11 @@ def decode_records(
         "physical_offset": lambda: pa.array(phys.astype(np.int64)),
         "store_timestamp": lambda: pa.array(store_ms * 1000, ts),
         "born_timestamp": lambda: pa.array(head["born_timestamp"].astype(np.int64) * 1000, ts),
-        "body": lambda: _spans(whole, body_start, body_start + body_len, pa.binary()),
+        "body": lambda: (
+            body_col
+            if body_col is not None
+            else _spans(whole, body_start, body_start + body_len, pa.binary())
+        ),
         "sys_flag": lambda: pa.array(sysflag.astype(np.int32)),
         "reconsume_times": lambda: pa.array(
             (head["reconsume_times"] if v4 else gather_at(buf, store_host_pos + store_len, _I4)).astype(
@@ -569,6 +629,37 @@ def decode_records(
     }
     columns = [made[name] if name in made else build[name]() for name in schema.names]
     return pa.RecordBatch.from_arrays(columns, schema=schema)
+
+
+def _compiled_check(
+    data: bytes, starts: npt.NDArray[np.int64], end: int, flat_base: int, topic: str, queue_id: int
+) -> tuple[npt.NDArray[np.void], pa.Array] | None:
+    """Every record checked in C as :func:`decode_records` checks it, and its fields and the body
+    column built on the way: (rows of ``_ROW``, body column), or None when any record is not a
+    good one of this queue with IPv4 hosts — the caller then checks in Python, which names the
+    first bad record. The body column's buffers come from Arrow's memory pool, whose pages a
+    steady scan reuses (a fresh 16 MiB allocation per batch was page faults all along)."""
+    assert _COMPILED is not None
+    n = len(starts)
+    if n == 0:
+        return None
+    rows = np.empty(n, _ROW)
+    offsets = pa.allocate_buffer(4 * (n + 1))
+    bodies = pa.allocate_buffer(max(0, end - n * MIN_RECORD_SIZE))
+    bad = _COMPILED.spark_check(
+        data,
+        np.ascontiguousarray(starts, np.int64),
+        end,
+        flat_base,
+        topic.encode(),
+        queue_id,
+        rows,
+        offsets,
+        bodies,
+    )
+    if bad >= 0:
+        return None
+    return rows, pa.Array.from_buffers(pa.binary(), n, [None, offsets, bodies])
 
 
 def _tails_match(
