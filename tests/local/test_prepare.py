@@ -138,7 +138,10 @@ def test_batches_a_rule_rejects_are_left_to_the_general_loop(
 def test_ipv6_store_host_takes_the_general_loop() -> None:
     p = preparer("[::1]:10911")
     assert p._prepare_plain([OK, OK], 0) is None
-    assert not p.prepare([OK, OK], 0).uniform_v4
+    assert p._encode_plain([OK, OK], 0) is None
+    batch = p.prepare([OK, OK], 0)
+    assert isinstance(batch, PreparedBatch)
+    assert not batch.uniform_v4
 
 
 def test_round_robin_moves_on_per_batch_on_both_paths() -> None:
@@ -160,5 +163,6 @@ def test_keys_in_other_collections_are_still_accepted(keys: frozenset[str]) -> N
     assert tail.endswith(b"KEYS\x01k\x02")
     assert list(index_keys) == ["t#k"]
     batch = p.prepare([Message(topic="t", body=b"x", keys=keys)] * 2, 0)  # type: ignore[arg-type]
+    assert isinstance(batch, PreparedBatch)  # not the C encoder's: a set is not a tuple or list
     assert batch.index_keys == ["t#k", "t#k"]
     assert batch.tails[0].endswith(b"KEYS\x01k\x02")

@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 
     from tierd.format.message_ext import MessageExt
     from tierd.local.dispatch import DispatchBatch, SingleRecord
-    from tierd.local.prepare import PreparedBatch, PreparedOne
+    from tierd.local.prepare import EncodedBatch, PreparedBatch, PreparedOne
 
 log = logging.getLogger(__name__)
 
@@ -68,16 +68,19 @@ class CommitLog:
         return self.files.max_offset
 
     # ------------------------------------------------------------------ append
-    def append(self, batch: PreparedBatch) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], int]:
+    def append(
+        self, batch: PreparedBatch | EncodedBatch
+    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], int]:
         """Append a prepared batch; return (queue offsets, physical offsets, end offset).
 
         All-or-nothing: the layout is planned and every file it needs is created *before* a byte
         is written or a queue offset assigned, so a failure (disk full) leaves no half batch
         behind — no phantom records, no holes in queue offsets."""
         from tierd.local.dispatch import DispatchBatch
+        from tierd.local.prepare import EncodedBatch, stamp
 
-        n = len(batch.bodies)
         sizes = batch.sizes
+        n = len(sizes)
         ends = np.cumsum(sizes)
         with self.lock:
             current = self.files.last_file()
@@ -97,7 +100,14 @@ class CommitLog:
                 current = f
                 rel = int(ends[i - 1]) if i else 0
                 phys[i:k] = f.file_from_offset + f.wrote - rel + ends[i:k] - sizes[i:k]
-                f.write_pieces(self._encode(batch, i, k, qoffs, phys, store_ts))
+                if isinstance(batch, EncodedBatch):
+                    # The records are encoded; write where and when they landed, then the run.
+                    stop = stamp(
+                        batch.records, rel, k - i, batch.queue_id, int(qoffs[i]), int(phys[i]), store_ts
+                    )
+                    f.write_pieces([memoryview(batch.records)[rel:stop]])
+                else:
+                    f.write_pieces(self._encode(batch, i, k, qoffs, phys, store_ts))
             end = self.files.max_offset
             self.on_append(DispatchBatch.from_prepared(batch, qoffs, phys, store_ts, end))
         return qoffs, phys, end
@@ -220,14 +230,15 @@ class CommitLog:
             f.wrote = f.size
         return self.files.writable_file(self.files.max_offset)
 
-    def _assign_queue_offsets(self, batch: PreparedBatch) -> npt.NDArray[np.int64]:
+    def _assign_queue_offsets(self, batch: PreparedBatch | EncodedBatch) -> npt.NDArray[np.int64]:
         table = self.queue_offsets
+        n = len(batch.sizes)
         if len(batch.groups) == 1:
             key = batch.groups[0][0]
             base = table.get(key, 0)
-            table[key] = base + len(batch.bodies)
-            return np.arange(base, base + len(batch.bodies), dtype=np.int64)
-        qoffs = np.empty(len(batch.bodies), np.int64)
+            table[key] = base + n
+            return np.arange(base, base + n, dtype=np.int64)
+        qoffs = np.empty(n, np.int64)
         for key, idx in batch.groups:
             base = table.get(key, 0)
             table[key] = base + len(idx)

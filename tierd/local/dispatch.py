@@ -39,7 +39,7 @@ if TYPE_CHECKING:
 
     from tierd.local.consumequeue import ConsumeQueue
     from tierd.local.index import IndexService
-    from tierd.local.prepare import GroupKey, PreparedBatch
+    from tierd.local.prepare import EncodedBatch, GroupKey, PreparedBatch
 
 log = logging.getLogger(__name__)
 #: After a small round the reput thread pauses this long so puts accumulate into one merged
@@ -78,7 +78,7 @@ class DispatchBatch:
     @classmethod
     def from_prepared(
         cls,
-        b: PreparedBatch,
+        b: PreparedBatch | EncodedBatch,
         qoffs: npt.NDArray[np.int64],
         phys: npt.NDArray[np.int64],
         store_ts: int,

@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING, Generic, TypeVar
 from tierd.errors import CorruptionError, ResourceExhaustedError, StoreClosedError, StoreFullError
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterator
+    from collections.abc import Callable, Iterator, Sequence
     from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -386,7 +386,7 @@ class MappedFile(FixedFile):
         if end > self.wrote:
             self.wrote = end
 
-    def write_pieces(self, pieces: list[bytes]) -> None:
+    def write_pieces(self, pieces: Sequence[bytes | memoryview]) -> None:
         """Append ``pieces`` at the write position with gathering
         ``pwritev`` calls: one kernel copy into the page cache — the very pages the mapping
         shows (Linux has one page cache for both) — made with the GIL released, where a join

@@ -9,10 +9,12 @@ and the dispatcher work on whole columns.
 from __future__ import annotations
 
 import itertools
+import logging
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 from operator import attrgetter, ne
+from typing import TYPE_CHECKING, Final, NamedTuple
 
 import numpy as np
 import numpy.typing as npt
@@ -41,6 +43,11 @@ from tierd.local.validation import (
     check_topic,
 )
 from tierd.message import Message
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+log = logging.getLogger(__name__)
 
 GroupKey = tuple[str, int]
 
@@ -88,6 +95,71 @@ class PreparedBatch:
     index_messages: list[int]
     #: All records have IPv4 born/store hosts and one born host: the numpy encoder applies.
     uniform_v4: bool
+
+
+@dataclass(slots=True)
+class EncodedBatch:
+    """A plain batch already encoded by the C encoder (:mod:`tierd.local._batchencode`): the
+    records back to back in one buffer, complete but for their queue id, queue offset, physical
+    offset and store timestamp, which the commitlog writes under its lock (``stamp``) right
+    before the buffer goes to the file. One topic and one queue (``groups`` has one entry)."""
+
+    records: bytearray
+    sizes: npt.NDArray[np.int64]
+    queue_id: int
+    queue_ids: npt.NDArray[np.int32]
+    tags_codes: npt.NDArray[np.int64]
+    groups: list[tuple[GroupKey, npt.NDArray[np.intp]]]
+    index_keys: list[str]
+    index_messages: list[int]
+
+
+class _Encoder(NamedTuple):
+    """The C encoder's two calls (see ``_batchencode.pyi``)."""
+
+    encode_plain: Callable[..., tuple[bytearray, bytes, bytes, int] | None]
+    stamp: Callable[..., int]
+
+
+def _bind_encoder() -> _Encoder | None:
+    """The C plain-batch encoder bound to :class:`Message`, the body CRC function and the plain
+    batch's defaults; None where it is not built (the extension is optional: no compiler at
+    install time) or does not fit the class — then the Python passes below do the same work."""
+    try:
+        from tierd.local._batchencode import bind, encode_plain, stamp
+    except ImportError:
+        log.debug("tierd.local._batchencode is not built: put_batch encodes in Python")
+        return None
+    try:
+        bind(Message, crc32, _PLAIN_DEFAULTS)
+    except TypeError as e:
+        log.warning("the C batch encoder does not fit Message (%s): put_batch encodes in Python", e)
+        return None
+    return _Encoder(encode_plain, stamp)
+
+
+_encoder = _bind_encoder()
+
+
+def stamp(
+    records: bytearray,
+    start: int,
+    count: int,
+    queue_id: int,
+    first_queue_offset: int,
+    first_phys: int,
+    store_ts: int,
+) -> int:
+    """Write the placement of ``count`` records of an :class:`EncodedBatch` from byte ``start``
+    (queue id, queue offsets from ``first_queue_offset``, physical offsets from ``first_phys``,
+    the store timestamp); return the byte after the last one."""
+    assert _encoder is not None  # an EncodedBatch exists only when the encoder does
+    return int(_encoder.stamp(records, start, count, queue_id, first_queue_offset, first_phys, store_ts))
+
+
+#: Whether the usual ``put_batch`` is checked and encoded by the C extension (~0.2 µs a 1 KiB
+#: message against ~0.85 µs for the Python passes and the numpy header build).
+ACCELERATED: Final = _encoder is not None
 
 
 class Preparer:
@@ -190,14 +262,64 @@ class Preparer:
             index_keys,
         )
 
-    def prepare(self, messages: Sequence[Message], now_ms: int) -> PreparedBatch:
-        """Columns for ``messages``. Messages without a queue id go, per topic, to one queue chosen
-        round-robin per call (a batch lands in one queue, as RocketMQ's batch send does)."""
+    def prepare(self, messages: Sequence[Message], now_ms: int) -> PreparedBatch | EncodedBatch:
+        """Columns for ``messages`` (or, for the usual batch, its records already encoded).
+        Messages without a queue id go, per topic, to one queue chosen round-robin per call (a
+        batch lands in one queue, as RocketMQ's batch send does)."""
         n = len(messages)
         if n == 0:
             raise InvalidArgumentError("put_batch needs at least one message")
+        encoded = self._encode_plain(messages, now_ms) if _encoder is not None else None
+        if encoded is not None:
+            return encoded
         plain = self._prepare_plain(messages, now_ms)
         return plain if plain is not None else self._prepare_general(messages, now_ms)
+
+    def _encode_plain(self, messages: Sequence[Message], now_ms: int) -> EncodedBatch | None:
+        """The batch :meth:`_prepare_plain` accepts, checked and encoded by the C encoder in two
+        loops; None for any other batch (the C code applies the same rules, and a test holds
+        both to byte-identical records), which then takes the Python paths."""
+        assert _encoder is not None
+        first = messages[0]
+        if type(first) is not Message or type(first.topic) is not str or len(self.store_host) != 8:
+            return None
+        topic = first.topic
+        # Validates the topic; message 0's topic error is the first the general path reports too.
+        magic, topic_part = self._topic(topic)
+        out = _encoder.encode_plain(
+            messages,
+            topic,
+            topic_part,
+            magic,
+            self.max_body,
+            self.max_body + RECORD_OVERHEAD_LIMIT,
+            MAX_PROPERTIES_LENGTH,
+            self.store_host,
+            now_ms,
+        )
+        if out is None:
+            return None
+        records, raw_sizes, index_keys, keys_per_message = out
+        n = len(messages)
+        index_msgs: list[int]
+        if keys_per_message == 1:
+            index_msgs = list(range(n))
+        elif keys_per_message == 0:
+            index_msgs = []
+        else:
+            counts = np.fromiter(map(len, map(_KEYS, messages)), np.intp, count=n)
+            index_msgs = np.repeat(np.arange(n), counts).tolist()
+        qid = self._next_queue(topic)
+        return EncodedBatch(
+            records=records,
+            sizes=np.frombuffer(raw_sizes, np.int64),
+            queue_id=qid,
+            queue_ids=np.full(n, qid, np.int32),
+            tags_codes=np.zeros(n, np.int64),
+            groups=[((topic, qid), np.arange(n, dtype=np.intp))],
+            index_keys=index_keys,
+            index_messages=index_msgs,
+        )
 
     def _prepare_general(self, messages: Sequence[Message], now_ms: int) -> PreparedBatch:
         """Any batch, one message at a time: every rule checked, every field honoured."""
