@@ -13,15 +13,18 @@ from __future__ import annotations
 from types import MappingProxyType
 from typing import TYPE_CHECKING
 
+import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from tierd import BlockingMessageStore, Message
 from tierd.errors import InvalidPropertiesError
+from tierd.format.key_hash import key_hash, key_hashes
 from tierd.format.properties import MAX_PROPERTIES_LENGTH
 from tierd.format.record import encode_record
 from tierd.local import prepare as prepare_module
+from tierd.local.dispatch import DispatchBatch
 from tierd.local.prepare import EncodedBatch, PreparedBatch, stamp
 from tierd.local.validation import build_properties
 
@@ -84,7 +87,7 @@ def check_against_python(msgs: list[Message]) -> EncodedBatch:
     assert stamp(enc.records, 0, len(msgs), enc.queue_id, 17, 4096, STORE_TS) == len(enc.records)
     assert bytes(enc.records) == reference(fast, msgs, enc.queue_id, 17, 4096)
     assert enc.sizes.tolist() == want.sizes.tolist()
-    assert enc.index_keys == want.index_keys
+    assert enc.index_hashes.tolist() == key_hashes(want.index_keys).tolist()
     assert enc.index_messages == want.index_messages
     assert enc.queue_ids.tolist() == want.queue_ids.tolist()
     assert enc.tags_codes.tolist() == want.tags_codes.tolist()
@@ -118,7 +121,7 @@ def test_batches_with_keys_are_byte_identical(
 @pytest.mark.parametrize("n", [1, 2, 1000])
 def test_batches_without_keys_are_byte_identical(n: int) -> None:
     enc = check_against_python([Message(topic="t", body=b"%d" % i) for i in range(n)])
-    assert enc.index_keys == []
+    assert len(enc.index_hashes) == 0
     assert enc.index_messages == []
 
 
@@ -126,7 +129,7 @@ def test_the_benchmarked_shape_and_a_v2_topic() -> None:
     enc = check_against_python(
         [Message(topic="bench", body=bytes(1024), keys=(f"key-{i}",)) for i in range(1000)]
     )
-    assert enc.index_keys[:2] == ["bench#key-0", "bench#key-1"]
+    assert enc.index_hashes[:2].tolist() == [key_hash("bench#key-0"), key_hash("bench#key-1")]
     check_against_python([Message(topic="x" * 130, body=b"v2", keys=("é", "ключ"))] * 3)
 
 
@@ -285,3 +288,35 @@ def test_batches_through_the_store_are_byte_identical_across_file_rolls(
     assert store.hot.wait_dispatched(10)
     for m, res in results[::13]:
         assert [x.commitlog_offset for x in store.query("t", m.keys[0])] == [res.commitlog_offset]
+
+
+@given(st.text(alphabet=st.characters(exclude_categories=["Cs"]), max_size=40))
+def test_the_c_key_hash_is_the_key_indexs_hash(key: str) -> None:
+    """MurmurHash3 in C against ``mmh3`` for every length (the tail cases) and any text."""
+    from tierd.local import _batchencode
+
+    assert _batchencode.key_hash(key.encode()) == key_hash(key)
+
+
+def test_dispatch_merges_hashed_batches_with_keyed_ones() -> None:
+    """A reput round may take a C-encoded batch (hashes), single puts and a Python-prepared
+    batch (keys) at once: one hash column in commitlog order, each entry on its message."""
+    p = preparer()
+    enc = p._encode_plain([Message(topic="t", body=b"x", keys=("a", "b")), OK], NOW)
+    py = p._prepare_general([Message(topic="t", body=b"y", keys=("c",), tags="g")], NOW)
+    assert enc is not None
+    qoffs, phys = np.arange(2, dtype=np.int64), np.array([0, 100], np.int64)
+    single = (("t", 1), 0, 200, 100, 0, STORE_TS, "t#s", 300)
+    merged = DispatchBatch.merge(
+        [
+            DispatchBatch.from_prepared(enc, qoffs, phys, STORE_TS, 200),
+            single,
+            DispatchBatch.from_prepared(py, qoffs[:1], np.array([300], np.int64), STORE_TS, 400),
+        ]
+    )
+    assert merged.index_hashes is not None
+    assert merged.index_hashes.tolist() == key_hashes(["t#a", "t#b", "t#k", "t#s", "t#c"]).tolist()
+    assert merged.index_messages == [0, 0, 1, 2, 3]
+    keyed = DispatchBatch.merge([single, DispatchBatch.from_prepared(py, qoffs[:1], phys[:1], STORE_TS, 400)])
+    assert keyed.index_hashes is None
+    assert keyed.index_keys == ["t#s", "t#c"]

@@ -7,7 +7,7 @@
  * and list the pieces of the write. encode_plain() does both in two loops over the messages:
  * the first checks every rule and sizes each record, the second writes the records back to back
  * into one new buffer (header, body, topic, properties: "KEYS" 0x01 keys 0x02) with their body
- * CRCs, and makes the "topic#key" strings the key index needs. The fields that depend on where
+ * CRCs, and the key index's hashes of the "topic#key" strings (never made as strings). The fields that depend on where
  * and when the batch lands (queue id, queue offset, physical offset, store timestamp) are
  * written by stamp() under the commitlog lock, just before the buffer is written to the file.
  *
@@ -64,6 +64,62 @@ static inline void put_u64(uint8_t *p, uint64_t v) {
 
 static inline uint32_t get_u32(const uint8_t *p) {
     return ((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | p[3];
+}
+
+/* The key index's hash (tierd/format/key_hash.py): MurmurHash3 x86 32-bit, seed 0, of the UTF-8
+ * "topic#key", the value mmh3.hash(key, 0, signed=False) gives. Blocks are read little-endian
+ * byte by byte, as the reference algorithm defines them, on any host. */
+static inline uint32_t rotl32(uint32_t x, int r) { return (x << r) | (x >> (32 - r)); }
+
+static inline uint32_t mix_block(uint32_t k) {
+    k *= 0xcc9e2d51u;
+    k = rotl32(k, 15);
+    return k * 0x1b873593u;
+}
+
+static uint32_t murmur3_32(const uint8_t *data, size_t len) {
+    uint32_t h = 0;
+    size_t blocks = len / 4;
+    for (size_t i = 0; i < blocks; i++) {
+        const uint8_t *b = data + 4 * i;
+        uint32_t k = (uint32_t)b[0] | ((uint32_t)b[1] << 8) | ((uint32_t)b[2] << 16) | ((uint32_t)b[3] << 24);
+        h ^= mix_block(k);
+        h = rotl32(h, 13);
+        h = h * 5 + 0xe6546b64u;
+    }
+    const uint8_t *tail = data + 4 * blocks;
+    uint32_t k = 0;
+    switch (len & 3) {
+    case 3:
+        k ^= (uint32_t)tail[2] << 16; /* fall through */
+    case 2:
+        k ^= (uint32_t)tail[1] << 8; /* fall through */
+    case 1:
+        k ^= tail[0];
+        h ^= mix_block(k);
+        break;
+    default:
+        break;
+    }
+    h ^= (uint32_t)len;
+    h ^= h >> 16;
+    h *= 0x85ebca6bu;
+    h ^= h >> 13;
+    h *= 0xc2b2ae35u;
+    h ^= h >> 16;
+    return h;
+}
+
+PyDoc_STRVAR(key_hash_doc, "key_hash(data, /) -> int\n--\n\nThe key index's hash of the bytes data (for tests).");
+
+static PyObject *key_hash(PyObject *module, PyObject *arg) {
+    Py_buffer b;
+    (void)module;
+    if (PyObject_GetBuffer(arg, &b, PyBUF_SIMPLE) < 0)
+        return NULL;
+    uint32_t h = murmur3_32(b.buf, (size_t)b.len);
+    PyBuffer_Release(&b);
+    return PyLong_FromUnsignedLong(h);
 }
 
 /* ------------------------------------------------------------------ Message's slots */
@@ -266,14 +322,14 @@ static int check_plain(const Plain *p, int64_t *sizes, int64_t *props_lengths, P
     return 1;
 }
 
-/* Pass 2: the records into out (sized by pass 1) and the index keys into index_keys. No Python
+/* Pass 2: the records into out (sized by pass 1) and the key hashes into hashes. No Python
  * code runs between the passes, but the CRC function may release the GIL: every write is checked
  * against the record's size from pass 1 and the objects in use are held, so a message changed
  * meanwhile by another thread (through object.__setattr__) fails the call instead of writing
  * outside the buffer. */
 static int write_plain(const Plain *p, const int64_t *sizes, const int64_t *props_lengths, uint8_t *out,
-                       Py_ssize_t total_keys, const uint8_t host[8], int64_t born_ts, PyObject *key_prefix,
-                       PyObject *index_keys) {
+                       Py_ssize_t total_keys, const uint8_t host[8], int64_t born_ts, uint8_t *scratch,
+                       Py_ssize_t prefix_len, uint32_t *hashes) {
     PyObject **items = PySequence_Fast_ITEMS(p->messages); /* a tuple: its items cannot change */
     Py_ssize_t key_at = 0;
     int rc = -1;
@@ -337,13 +393,11 @@ static int write_plain(const Plain *p, const int64_t *sizes, const int64_t *prop
                     *r++ = ' ';
                 memcpy(r, u.data, (size_t)u.len);
                 r += u.len;
+                /* scratch holds "topic#" and room for the longest key pass 1 allowed */
+                memcpy(scratch + prefix_len, u.data, (size_t)u.len);
+                hashes[key_at++] = murmur3_32(scratch, (size_t)(prefix_len + u.len));
                 Py_XDECREF(owned);
-                PyObject *index_key = PyUnicode_Concat(key_prefix, key);
                 Py_DECREF(key);
-                if (index_key == NULL)
-                    goto error_held;
-                PyList_SET_ITEM(index_keys, key_at, index_key); /* steals */
-                key_at++;
             }
             *r++ = 0x02;
         }
@@ -376,8 +430,9 @@ PyDoc_STRVAR(encode_plain_doc,
              "store_host, born_timestamp, /)\n--\n\n"
              "The records of a plain batch (see Preparer._prepare_plain) back to back, without queue id, "
              "queue offset, physical offset and store timestamp (see stamp()): (records bytearray, sizes "
-             "as native int64 bytes, index keys 'topic#key' in message order, keys per message: 0 or 1 "
-             "when every message has at most one, else -1). None for any other batch.");
+             "as native int64 bytes, the key index's hashes of 'topic#key' in message order as native uint32 "
+             "bytes, keys per message: 0 or 1 when every message has at most one, else -1). None for any "
+             "other batch.");
 
 static PyObject *encode_plain(PyObject *module, PyObject *args) {
     PyObject *seq, *topic;
@@ -393,8 +448,9 @@ static PyObject *encode_plain(PyObject *module, PyObject *args) {
     if (!PyArg_ParseTuple(args, "OUy*Innny*L:encode_plain", &seq, &topic, &topic_part, &magic, &p.max_body,
                           &p.max_record, &p.max_properties, &host, &born_ts))
         return NULL;
-    PyObject *result = NULL, *records = NULL, *sizes_obj = NULL, *props_obj = NULL, *index_keys = NULL,
-             *key_prefix = NULL, *pinned = NULL;
+    PyObject *result = NULL, *records = NULL, *sizes_obj = NULL, *props_obj = NULL, *hashes_obj = NULL,
+             *pinned = NULL;
+    uint8_t *scratch = NULL;
     if ((!PyList_CheckExact(seq) && !PyTuple_CheckExact(seq)) || host.len != 8 ||
         PySequence_Fast_GET_SIZE(seq) == 0) {
         result = Py_NewRef(Py_None);
@@ -423,22 +479,31 @@ static PyObject *encode_plain(PyObject *module, PyObject *args) {
         result = Py_NewRef(Py_None);
         goto done;
     }
-    records = PyByteArray_FromStringAndSize(NULL, total_bytes);
-    index_keys = PyList_New(total_keys);
-    key_prefix = PyUnicode_FromFormat("%U#", topic);
-    if (records == NULL || index_keys == NULL || key_prefix == NULL)
+    Py_ssize_t topic_len;
+    const char *topic_utf8 = PyUnicode_AsUTF8AndSize(topic, &topic_len);
+    if (topic_utf8 == NULL)
         goto done;
+    records = PyByteArray_FromStringAndSize(NULL, total_bytes);
+    hashes_obj = PyBytes_FromStringAndSize(NULL, total_keys * (Py_ssize_t)sizeof(uint32_t));
+    scratch = PyMem_Malloc((size_t)(topic_len + 1 + p.max_properties));
+    if (records == NULL || hashes_obj == NULL || scratch == NULL) {
+        if (scratch == NULL)
+            PyErr_NoMemory();
+        goto done;
+    }
+    memcpy(scratch, topic_utf8, (size_t)topic_len);
+    scratch[topic_len] = '#';
     if (write_plain(&p, sizes, props, (uint8_t *)PyByteArray_AS_STRING(records), total_keys, host.buf, born_ts,
-                    key_prefix, index_keys) < 0)
+                    scratch, topic_len + 1, (uint32_t *)PyBytes_AS_STRING(hashes_obj)) < 0)
         goto done;
     int per_message = total_keys == 0 ? 0 : (total_keys == p.n ? 1 : -1);
-    result = Py_BuildValue("(OOOi)", records, sizes_obj, index_keys, per_message);
+    result = Py_BuildValue("(OOOi)", records, sizes_obj, hashes_obj, per_message);
 done:
     Py_XDECREF(records);
     Py_XDECREF(sizes_obj);
     Py_XDECREF(props_obj);
-    Py_XDECREF(index_keys); /* a partly filled list holds NULLs: list dealloc skips them */
-    Py_XDECREF(key_prefix);
+    Py_XDECREF(hashes_obj);
+    PyMem_Free(scratch);
     Py_XDECREF(pinned);
     PyBuffer_Release(&topic_part);
     PyBuffer_Release(&host);
@@ -496,6 +561,7 @@ static PyMethodDef methods[] = {
     {"bind", bind, METH_VARARGS, bind_doc},
     {"encode_plain", encode_plain, METH_VARARGS, encode_plain_doc},
     {"stamp", stamp, METH_VARARGS, stamp_doc},
+    {"key_hash", key_hash, METH_O, key_hash_doc},
     {NULL, NULL, 0, NULL},
 };
 

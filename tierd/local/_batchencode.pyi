@@ -16,7 +16,7 @@ def encode_plain(
     store_host: bytes,
     born_timestamp: int,
     /,
-) -> tuple[bytearray, bytes, list[str], int] | None: ...
+) -> tuple[bytearray, bytes, bytes, int] | None: ...
 def stamp(
     records: bytearray,
     start: int,
@@ -27,3 +27,4 @@ def stamp(
     store_timestamp: int,
     /,
 ) -> int: ...
+def key_hash(data: bytes, /) -> int: ...

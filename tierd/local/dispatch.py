@@ -20,6 +20,7 @@ import numpy as np
 import numpy.typing as npt
 
 from tierd.format.cq_unit import encode_units, tags_code
+from tierd.format.key_hash import key_hashes
 from tierd.format.properties import (
     KEY_SEPARATOR,
     PROPERTY_KEYS,
@@ -33,13 +34,14 @@ from tierd.format.record import (
     SYSFLAG_TRANSACTION_ROLLBACK,
     RecordView,
 )
+from tierd.local.prepare import EncodedBatch
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
 
     from tierd.local.consumequeue import ConsumeQueue
     from tierd.local.index import IndexService
-    from tierd.local.prepare import EncodedBatch, GroupKey, PreparedBatch
+    from tierd.local.prepare import GroupKey, PreparedBatch
 
 log = logging.getLogger(__name__)
 #: After a small round the reput thread pauses this long so puts accumulate into one merged
@@ -70,6 +72,9 @@ class DispatchBatch:
     store_timestamps: npt.NDArray[np.int64]
     index_keys: list[str]
     index_messages: list[int]
+    #: The key index's hashes of the entries, when the put path computed them (the C batch
+    #: encoder: ``index_keys`` is then empty); else None and the index hashes ``index_keys``.
+    index_hashes: npt.NDArray[np.uint32] | None = None
 
     @property
     def last_timestamp(self) -> int:
@@ -92,8 +97,9 @@ class DispatchBatch:
             sizes=b.sizes,
             tags_codes=b.tags_codes,
             store_timestamps=np.full(len(phys), store_ts, np.int64),
-            index_keys=b.index_keys,
+            index_keys=[] if isinstance(b, EncodedBatch) else b.index_keys,
             index_messages=b.index_messages,
+            index_hashes=b.index_hashes if isinstance(b, EncodedBatch) else None,
         )
 
     @classmethod
@@ -120,12 +126,21 @@ class DispatchBatch:
         group_parts: dict[GroupKey, list[npt.NDArray[np.intp]]] = {}
         keys: list[str] = []
         key_msgs: list[int] = []
+        # Batches whose hashes the put path computed keep them; if any did, the others' keys
+        # are hashed here (the index would hash them anyway) so one column covers all.
+        hashed = any(b.index_hashes is not None for b in batches)
+        hash_parts: list[npt.NDArray[np.uint32]] = []
         base = 0
         for b in batches:
             for key, idx in b.groups:
                 group_parts.setdefault(key, []).append(idx + base if base else idx)
-            if b.index_keys:
-                keys.extend(b.index_keys)
+            if b.index_messages:
+                if not hashed:
+                    keys.extend(b.index_keys)
+                else:
+                    hash_parts.append(
+                        b.index_hashes if b.index_hashes is not None else key_hashes(b.index_keys)
+                    )
                 key_msgs.extend(m + base for m in b.index_messages)
             base += len(b.offsets)
         return cls(
@@ -138,6 +153,9 @@ class DispatchBatch:
             store_timestamps=np.concatenate([b.store_timestamps for b in batches]),
             index_keys=keys,
             index_messages=key_msgs,
+            index_hashes=(np.concatenate(hash_parts) if hash_parts else np.empty(0, np.uint32))
+            if hashed
+            else None,
         )
 
     @classmethod
@@ -260,9 +278,12 @@ class ReputService:
                 units = encode_units(batch.offsets[idx], batch.sizes[idx], batch.tags_codes[idx])
                 first = int(batch.queue_offsets[idx[0]])
             cq.put_units(first, units)
-        if batch.index_keys:
+        if batch.index_messages:
             msgs = np.asarray(batch.index_messages, np.intp)
-            self.index.put_batch(batch.index_keys, batch.offsets[msgs], batch.store_timestamps[msgs])
+            if batch.index_hashes is not None:
+                self.index.put_hashes(batch.index_hashes, batch.offsets[msgs], batch.store_timestamps[msgs])
+            else:
+                self.index.put_batch(batch.index_keys, batch.offsets[msgs], batch.store_timestamps[msgs])
         if len(batch.offsets):
             self.dispatched_timestamp = batch.last_timestamp
         self.dispatched_offset = batch.end

@@ -687,11 +687,21 @@ class IndexService:
         contributes three entries with the same offset) in commitlog order. Entries below the
         newest file's end offset are replays and skipped; a batch may fill one file and continue
         in the next."""
-        n = len(keys)
+        if len(keys):
+            self.put_hashes(key_hashes(keys), phy_offsets, timestamps_ms)
+
+    def put_hashes(
+        self,
+        hashes: npt.NDArray[np.uint32],
+        phy_offsets: Sequence[int] | npt.NDArray[np.int64],
+        timestamps_ms: Sequence[int] | npt.NDArray[np.int64],
+    ) -> None:
+        """:meth:`put_batch` for entries whose :func:`~tierd.format.key_hash.key_hash` the caller
+        computed (the C batch encoder hashes ``topic#key`` while it encodes the records)."""
+        h, phy, ts = _as_columns(hashes, phy_offsets, timestamps_ms)
+        n = len(h)
         if n == 0:
             return
-        hashes = key_hashes(keys)
-        h, phy, ts = _as_columns(hashes, phy_offsets, timestamps_ms)
         with self._write_lock:
             self._check_ready()
             start = 0

@@ -110,7 +110,8 @@ class EncodedBatch:
     queue_ids: npt.NDArray[np.int32]
     tags_codes: npt.NDArray[np.int64]
     groups: list[tuple[GroupKey, npt.NDArray[np.intp]]]
-    index_keys: list[str]
+    #: The key index's hashes of the ``topic#key`` strings, which are never made as strings.
+    index_hashes: npt.NDArray[np.uint32]
     index_messages: list[int]
 
 
@@ -157,7 +158,7 @@ def stamp(
     return int(_encoder.stamp(records, start, count, queue_id, first_queue_offset, first_phys, store_ts))
 
 
-#: Whether the usual ``put_batch`` is checked and encoded by the C extension (~0.2 µs a 1 KiB
+#: Whether the usual ``put_batch`` is checked and encoded by the C extension (~0.15 µs a 1 KiB
 #: message against ~0.85 µs for the Python passes and the numpy header build).
 ACCELERATED: Final = _encoder is not None
 
@@ -299,7 +300,7 @@ class Preparer:
         )
         if out is None:
             return None
-        records, raw_sizes, index_keys, keys_per_message = out
+        records, raw_sizes, raw_hashes, keys_per_message = out
         n = len(messages)
         index_msgs: list[int]
         if keys_per_message == 1:
@@ -317,7 +318,7 @@ class Preparer:
             queue_ids=np.full(n, qid, np.int32),
             tags_codes=np.zeros(n, np.int64),
             groups=[((topic, qid), np.arange(n, dtype=np.intp))],
-            index_keys=index_keys,
+            index_hashes=np.frombuffer(raw_hashes, np.uint32),
             index_messages=index_msgs,
         )
 
