@@ -320,3 +320,14 @@ def test_dispatch_merges_hashed_batches_with_keyed_ones() -> None:
     keyed = DispatchBatch.merge([single, DispatchBatch.from_prepared(py, qoffs[:1], phys[:1], STORE_TS, 400)])
     assert keyed.index_hashes is None
     assert keyed.index_keys == ["t#s", "t#c"]
+
+
+def test_a_batch_beyond_the_buffer_limit_is_written_from_its_bodies(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The C path copies the bodies into one buffer; past the limit the Python path takes the
+    batch, so memory never holds a huge batch twice."""
+    msgs = [Message(topic="t", body=bytes(100), keys=("k",))] * 10
+    total = 10 * (88 + 100 + 2 + 2 + len("KEYS\x01k\x02"))
+    monkeypatch.setattr(prepare_module, "ENCODE_BUFFER_LIMIT", total)
+    assert isinstance(preparer().prepare(msgs, NOW), EncodedBatch)
+    monkeypatch.setattr(prepare_module, "ENCODE_BUFFER_LIMIT", total - 1)
+    assert isinstance(preparer().prepare(msgs, NOW), PreparedBatch)

@@ -427,12 +427,12 @@ changed:
 
 PyDoc_STRVAR(encode_plain_doc,
              "encode_plain(messages, topic, topic_part, magic, max_body, max_record, max_properties, "
-             "store_host, born_timestamp, /)\n--\n\n"
+             "store_host, born_timestamp, max_buffer, /)\n--\n\n"
              "The records of a plain batch (see Preparer._prepare_plain) back to back, without queue id, "
              "queue offset, physical offset and store timestamp (see stamp()): (records bytearray, sizes "
              "as native int64 bytes, the key index's hashes of 'topic#key' in message order as native uint32 "
              "bytes, keys per message: 0 or 1 when every message has at most one, else -1). None for any "
-             "other batch.");
+             "other batch, and for one whose records exceed max_buffer bytes.");
 
 static PyObject *encode_plain(PyObject *module, PyObject *args) {
     PyObject *seq, *topic;
@@ -445,8 +445,9 @@ static PyObject *encode_plain(PyObject *module, PyObject *args) {
         PyErr_SetString(PyExc_RuntimeError, "encode_plain before bind()");
         return NULL;
     }
-    if (!PyArg_ParseTuple(args, "OUy*Innny*L:encode_plain", &seq, &topic, &topic_part, &magic, &p.max_body,
-                          &p.max_record, &p.max_properties, &host, &born_ts))
+    Py_ssize_t max_buffer;
+    if (!PyArg_ParseTuple(args, "OUy*Innny*Ln:encode_plain", &seq, &topic, &topic_part, &magic, &p.max_body,
+                          &p.max_record, &p.max_properties, &host, &born_ts, &max_buffer))
         return NULL;
     PyObject *result = NULL, *records = NULL, *sizes_obj = NULL, *props_obj = NULL, *hashes_obj = NULL,
              *pinned = NULL;
@@ -475,7 +476,7 @@ static PyObject *encode_plain(PyObject *module, PyObject *args) {
     int plain = check_plain(&p, sizes, props, &total_keys, &total_bytes);
     if (plain < 0)
         goto done;
-    if (plain == 0) {
+    if (plain == 0 || total_bytes > max_buffer) {
         result = Py_NewRef(Py_None);
         goto done;
     }

@@ -15,6 +15,7 @@ def encode_plain(
     max_properties: int,
     store_host: bytes,
     born_timestamp: int,
+    max_buffer: int,
     /,
 ) -> tuple[bytearray, bytes, bytes, int] | None: ...
 def stamp(
