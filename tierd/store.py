@@ -25,6 +25,7 @@ from tierd.errors import InvalidArgumentError, StoreClosedError, TierdError
 from tierd.groups import ConsumerGroups, GroupInfo
 from tierd.inventory import QueueInfo, SegmentRow, check_kind, live_segments, queue_infos
 from tierd.local.store import MAX_GET_COUNT, HotStore, PutBatchResult
+from tierd.local.validation import check_key
 from tierd.longpoll import ArrivalNotifier
 from tierd.message import GetResult, GetStatus, Message, PutResult, ReadPolicy
 from tierd.offsets import ConsumerOffsets, check_group
@@ -294,6 +295,7 @@ class _StoreCore:
             raise InvalidArgumentError(f"max_count must be a positive integer, got {max_count!r}")
         if begin > end:
             raise InvalidArgumentError(f"begin ({begin}) must not be after end ({end})")
+        check_key(key)
         self._hot()
         await self._cold_loaded()
         return await self.router.query(topic, key, max_count, begin, end)

@@ -183,11 +183,11 @@ def test_any_other_shape_is_declined_as_the_python_plain_path_declines_it(other:
 
 
 def test_a_key_that_is_not_utf8_is_left_to_the_python_paths() -> None:
-    """A lone surrogate cannot be encoded: declined, so ``prepare`` fails as it did before the
-    C encoder existed."""
+    """A lone surrogate cannot be encoded: declined, so the Python paths refuse it with their
+    typed error naming the key."""
     bad = Message(topic="t", body=b"x", keys=("\udcff",))
     assert encode(preparer(), [OK, bad]) is None
-    with pytest.raises(UnicodeEncodeError):
+    with pytest.raises(InvalidPropertiesError, match="surrogate"):
         preparer().prepare([OK, bad], NOW)
 
 

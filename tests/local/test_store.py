@@ -308,6 +308,12 @@ def test_query_respects_time_range(store: BlockingMessageStore) -> None:
         (Message(topic="t", body=b"x", born_timestamp=2**63), InvalidArgumentError, "born_timestamp"),
         (Message(topic="t", body=b"x", born_timestamp=-1), InvalidArgumentError, "born_timestamp"),
         (Message(topic="t", body=b"x", born_timestamp="1"), InvalidArgumentError, "born_timestamp"),  # type: ignore[arg-type]
+        # A lone surrogate (JSON's "\\udcff" decodes to one) has no UTF-8 form: it used to escape
+        # every put path as an untyped UnicodeEncodeError.
+        (Message(topic="t", body=b"x", keys=["\udcff"]), InvalidPropertiesError, "surrogate.*udcff"),
+        (Message(topic="t", body=b"x", keys=("ok", "a\ud800b")), InvalidPropertiesError, "surrogate.*ud800"),
+        (Message(topic="t", body=b"x", tags="\udcff"), InvalidPropertiesError, "surrogate"),
+        (Message(topic="t", body=b"x", properties={"p": "\udcff"}), InvalidPropertiesError, "surrogate"),
     ],
 )
 def test_bad_input_gets_a_typed_error_and_writes_nothing(
@@ -321,6 +327,51 @@ def test_bad_input_gets_a_typed_error_and_writes_nothing(
         store.put_batch([message, message])
     assert store.hot.commitlog.max_offset == 0
     assert isinstance(error("x"), ValueError)
+
+
+LOOKUP_OF_A_LONE_SURROGATE = """
+import sys
+from tierd import BlockingMessageStore, Message
+from tierd.errors import InvalidArgumentError
+from tierd.format.key_hash import key_hash, key_hashes
+from tests.local.conftest import small_config
+
+with BlockingMessageStore.open(small_config(__import__("pathlib").Path(sys.argv[1]))) as store:
+    store.put(Message(topic="t", body=b"x", keys=("ok",)))
+    lookups = (lambda: store.query("t", "\\udcff"), lambda: store.hot.query("t", "a\\udcffb", 8, 0, 2**62))
+    for lookup in lookups:
+        try:
+            lookup()
+        except InvalidArgumentError as e:
+            print(type(e).__name__, "surrogate" in str(e))
+    for hashing in (lambda: key_hash("t#\\udcff"), lambda: key_hashes(["t#a", "t#\\udcff"])):
+        try:
+            hashing()
+        except UnicodeEncodeError as e:
+            print(type(e).__name__)
+    print("found", len(store.query("t", "ok")))
+"""
+
+
+def test_a_lookup_of_a_key_utf8_cannot_encode_is_a_typed_error(tmp_path: Path) -> None:
+    """mmh3's C code crashed the process (SIGSEGV) hashing a string with a lone surrogate, so a
+    lookup of such a key took the whole store down. The lookups run in a child process so that,
+    without the checks, this test fails instead of killing pytest."""
+    r = subprocess.run(
+        [sys.executable, "-c", LOOKUP_OF_A_LONE_SURROGATE, str(tmp_path / "store")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=Path(__file__).parents[2],
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.splitlines() == [
+        "InvalidArgumentError True",
+        "InvalidArgumentError True",
+        "UnicodeEncodeError",
+        "UnicodeEncodeError",
+        "found 1",
+    ]
 
 
 def test_other_argument_errors(store: BlockingMessageStore) -> None:

@@ -9,7 +9,7 @@ functions here, so one hash serves both tiers.
 from __future__ import annotations
 
 from itertools import repeat
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import mmh3
 import numpy as np
@@ -27,6 +27,8 @@ def index_key(topic: str, key: str) -> str:
 
 def key_hash(key: str) -> int:
     """Unsigned 32-bit mmh3 (seed 0) of the UTF-8 ``key`` (already ``topic#key``)."""
+    if not key.isascii():
+        key.encode()  # UnicodeEncodeError for a lone surrogate, which crashes mmh3's C code
     return int(mmh3.hash(key, 0, signed=False))
 
 
@@ -37,5 +39,9 @@ def key_hashes(keys: Sequence[str] | Sequence[bytes]) -> npt.NDArray[np.uint32]:
     if keys and isinstance(keys[0], bytes):
         hashes: Iterator[int] = map(mmh3.mmh3_32_uintdigest, keys)
     else:
+        texts = cast("Sequence[str]", keys)
+        if not all(map(str.isascii, texts)):
+            for text in texts:
+                text.encode()  # UnicodeEncodeError for a lone surrogate, which crashes mmh3's C code
         hashes = map(mmh3.hash, keys, repeat(0), repeat(False))
     return np.fromiter(hashes, dtype=np.uint32, count=len(keys))

@@ -487,7 +487,11 @@ class Preparer:
             per_message = all_keys if len(all_keys) == n else list(map(" ".join, keys_col))
             # Each message's KEYS value and its 0x02 terminator, encoded in one call; 0x01
             # cannot occur in a key (checked above), so it splits them apart again.
-            pieces = ("\x02\x01".join(per_message) + "\x02").encode().split(b"\x01")
+            try:
+                pieces = ("\x02\x01".join(per_message) + "\x02").encode().split(b"\x01")
+            except UnicodeEncodeError:
+                return None  # a lone surrogate in a key: the general path names it
+
             piece_lengths = list(map(len, pieces))
             if max(piece_lengths) + len(_KEYS_PREFIX) > MAX_PROPERTIES_LENGTH:
                 return None

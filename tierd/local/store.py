@@ -47,7 +47,7 @@ from tierd.local.mapped_file import FileCache, PendingDirSyncs, open_files_limit
 from tierd.local.prepare import Preparer
 from tierd.local.quarantine import COPY_LIMIT, Quarantine
 from tierd.local.recovery import scan_commitlog
-from tierd.local.validation import RECORD_OVERHEAD_LIMIT, check_queue, check_topic
+from tierd.local.validation import RECORD_OVERHEAD_LIMIT, check_key, check_queue, check_topic
 from tierd.message import GetStatus, Message, PutResult, new_put_result
 from tierd.repeats import FailureLog
 from tierd.subscription import MAX_SCAN_UNITS
@@ -791,8 +791,7 @@ class HotStore:
         ``wait``: as in :meth:`get`, for the whole index."""
         self._check_open()
         check_topic(topic)
-        if not isinstance(key, str) or not key:
-            raise InvalidArgumentError(f"key must be a non-empty string, got {key!r}")
+        check_key(key)
         if wait:
             self.reput.wait_dispatched(self.commitlog.max_offset, READ_YOUR_WRITES_WAIT)
         out: list[MessageExt] = []

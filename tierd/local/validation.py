@@ -107,6 +107,32 @@ def check_queue(queue_id: object, max_queues: int) -> int:
     return queue_id
 
 
+def check_key(key: object) -> str:
+    """A key to look up: a non-empty string UTF-8 can encode. Keys are indexed as the UTF-8 of
+    ``topic#key``; a Python string may hold a lone surrogate (JSON's ``"\\udcff"`` decodes to
+    one), which has no UTF-8 form — and which the hash function's C code does not survive."""
+    if not isinstance(key, str) or not key:
+        raise InvalidArgumentError(f"key must be a non-empty string, got {key!r}", key=repr(key))
+    if not key.isascii():
+        try:
+            key.encode()
+        except UnicodeEncodeError:
+            raise InvalidArgumentError(
+                f"key must be valid Unicode text (no lone surrogates), got {key!r}", key=repr(key)
+            ) from None
+    return key
+
+
+def _first_not_utf8(texts: Sequence[str]) -> str:
+    """The first of ``texts`` that UTF-8 cannot encode (one of them cannot, the caller knows)."""
+    for text in texts:
+        try:
+            text.encode()
+        except UnicodeEncodeError:
+            return text
+    return ""
+
+
 def build_properties(keys: Sequence[str], tags: str | None, properties: Mapping[str, str]) -> bytes:
     """Encode user properties plus ``KEYS``/``TAGS`` after checking every rule once."""
     if (type(keys) is tuple or type(keys) is list) and len(keys) == 1 and tags is None and not properties:
@@ -114,9 +140,13 @@ def build_properties(keys: Sequence[str], tags: str | None, properties: Mapping[
         # (a third of the general path's cost; anything unusual takes the general path).
         k = keys[0]
         if type(k) is str and k and " " not in k and "\x01" not in k and "\x02" not in k:
-            encoded = ("KEYS\x01" + k + "\x02").encode()
-            if len(encoded) <= MAX_PROPERTIES_LENGTH:
-                return encoded
+            try:
+                encoded = ("KEYS\x01" + k + "\x02").encode()
+            except UnicodeEncodeError:
+                pass  # a lone surrogate: the general path below names it
+            else:
+                if len(encoded) <= MAX_PROPERTIES_LENGTH:
+                    return encoded
     parts: list[str] = []
     if properties:
         for name, value in properties.items():
@@ -164,7 +194,17 @@ def build_properties(keys: Sequence[str], tags: str | None, properties: Mapping[
                 f"tags must be a non-empty string without 0x01/0x02, got {tags!r}", tags=repr(tags)
             )
         parts.append(f"TAGS\x01{tags}\x02")
-    encoded = "".join(parts).encode()
+    try:
+        encoded = "".join(parts).encode()
+    except UnicodeEncodeError:
+        # Python strings may hold lone surrogates (JSON's "\\udcff" decodes to one); UTF-8 cannot.
+        bad = _first_not_utf8(
+            [*keys, *([tags] if tags is not None else []), *properties.keys(), *properties.values()]
+        )
+        raise InvalidPropertiesError(
+            f"keys, tags and properties must be valid Unicode text (no lone surrogates), got {bad!r}",
+            value=repr(bad),
+        ) from None
     if len(encoded) > MAX_PROPERTIES_LENGTH:
         raise InvalidPropertiesError(
             f"encoded properties are {len(encoded)} bytes, the limit is {MAX_PROPERTIES_LENGTH}",
