@@ -741,3 +741,24 @@ def test_seeded_queue_continues_at_its_floor_across_restarts(cfg: TierdConfig) -
         assert [m.body for m in store.get("restored", 1, 1234, 10).messages] == [b"next", b"then"]
         store.hot.seed_queue("restored", 1, 10)  # never moves a queue backwards
         assert store.max_offset("restored", 1) == 1236
+
+
+def test_a_missing_c_extension_is_said_once_at_open(
+    cfg: TierdConfig, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    import tierd.store
+
+    monkeypatch.setattr(tierd.store, "_fallbacks_noted", False)
+    with caplog.at_level("WARNING", logger="tierd.store"), BlockingMessageStore.open(cfg):
+        pass
+    assert not [r for r in caplog.records if "C extension" in r.getMessage()]  # both built here
+
+    monkeypatch.setattr(tierd.store, "_fallbacks_noted", False)
+    monkeypatch.setattr(tierd.store, "PREPARE_ACCELERATED", False)
+    for _ in range(2):
+        with caplog.at_level("WARNING", logger="tierd.store"), BlockingMessageStore.open(cfg):
+            pass
+    said = [r.getMessage() for r in caplog.records if "C extension" in r.getMessage()]
+    assert len(said) == 1, said
+    assert "tierd.local._batchencode" in said[0]
+    assert "_batchdecode" not in said[0]
