@@ -28,7 +28,7 @@ from tierd.local.dispatch import DispatchBatch
 from tierd.local.prepare import EncodedBatch, PreparedBatch, stamp
 from tierd.local.validation import build_properties
 
-from .test_prepare import MAX_BODY, OK, preparer
+from .test_prepare import KEY, MAX_BODY, OK, preparer
 from .test_single_put import expected_record
 
 if TYPE_CHECKING:
@@ -93,13 +93,6 @@ def check_against_python(msgs: list[Message]) -> EncodedBatch:
     assert enc.tags_codes.tolist() == want.tags_codes.tolist()
     assert [(k, idx.tolist()) for k, idx in enc.groups] == [(k, idx.tolist()) for k, idx in want.groups]
     return enc
-
-
-KEY = st.text(
-    alphabet=st.characters(exclude_characters=" \x01\x02", exclude_categories=["Cs"]),
-    min_size=1,
-    max_size=12,
-)
 
 
 @given(
