@@ -24,16 +24,17 @@ WORKDIR /src
 COPY pyproject.toml README.md pyspark_tierd.py ./
 COPY tierd ./tierd
 # The wheel is built from the sources above (PEP 517, setuptools); the virtualenv's own pip and
-# setuptools go once tierd is installed: the runtime needs neither. The C decoder is optional
-# for pip (tierd works without it, 5-7x the CPU per decoded message), not for the image: the build
-# fails if it was not compiled (-I: the installed tierd, not the sources in the working directory).
+# setuptools go once tierd is installed: the runtime needs neither. The C extensions (the batch
+# decoder and the put_batch encoder) are optional for pip (tierd works without them, at several
+# times the CPU per message), not for the image: the build fails if either was not compiled
+# (-I: the installed tierd, not the sources in the working directory).
 RUN python3 -m venv /opt/tierd \
  && /opt/tierd/bin/python -m pip wheel --no-deps --wheel-dir /tmp/dist . \
  && /opt/tierd/bin/python -m pip install "$(ls /tmp/dist/tierd-*.whl)[s3]" \
  && /opt/tierd/bin/python -m pip uninstall --yes pip setuptools \
  && /opt/tierd/bin/tierd --version \
- && /opt/tierd/bin/python -I -c "import sys, tierd.format.batch as b; \
-sys.exit(0 if b.ACCELERATED else 'no C batch decoder: BUILD_BASE needs gcc and Python headers')"
+ && /opt/tierd/bin/python -I -c "import sys, tierd.format.batch as b, tierd.local.prepare as p; \
+sys.exit(0 if b.ACCELERATED and p.ACCELERATED else 'C extension missing: BUILD_BASE needs gcc and Python headers')"
 
 FROM ${BASE}
 ARG VERSION=0.1.0
