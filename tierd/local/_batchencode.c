@@ -27,44 +27,10 @@
 #define Py_T_OBJECT_EX T_OBJECT_EX
 #endif
 
-/* Byte positions in a record with IPv4 hosts. */
-enum {
-    POS_TOTAL = 0,
-    POS_MAGIC = 4,
-    POS_BODY_CRC = 8,
-    POS_QUEUE_ID = 12,
-    POS_FLAG = 16,
-    POS_QUEUE_OFFSET = 20,
-    POS_PHYSICAL_OFFSET = 28,
-    POS_SYSFLAG = 36,
-    POS_BORN_TIMESTAMP = 40,
-    POS_BORN_HOST = 48,
-    POS_STORE_TIMESTAMP = 56,
-    POS_STORE_HOST = 64,
-    POS_RECONSUME_TIMES = 72,
-    POS_PREPARED_OFFSET = 76,
-    POS_BODY_LENGTH = 84,
-    HEADER_V4 = 88,
-};
+#include "../format/_record_layout.h"
 
 static const char KEYS_PREFIX[] = "KEYS\x01"; /* the KEYS property's name and separator */
 #define KEYS_PREFIX_LEN 5
-
-static inline void put_u32(uint8_t *p, uint32_t v) {
-    p[0] = (uint8_t)(v >> 24);
-    p[1] = (uint8_t)(v >> 16);
-    p[2] = (uint8_t)(v >> 8);
-    p[3] = (uint8_t)v;
-}
-
-static inline void put_u64(uint8_t *p, uint64_t v) {
-    put_u32(p, (uint32_t)(v >> 32));
-    put_u32(p + 4, (uint32_t)v);
-}
-
-static inline uint32_t get_u32(const uint8_t *p) {
-    return ((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | p[3];
-}
 
 /* The key index's hash (tierd/format/key_hash.py): MurmurHash3 x86 32-bit, seed 0, of the UTF-8
  * "topic#key", the value mmh3.hash(key, 0, signed=False) gives. Blocks are read little-endian
@@ -535,7 +501,7 @@ static PyObject *stamp(PyObject *module, PyObject *args) {
     for (Py_ssize_t i = 0; i < count; i++) {
         if (pos < 0 || pos > buf.len - HEADER_V4)
             break;
-        uint32_t size = get_u32(data + pos + POS_TOTAL);
+        uint32_t size = be_u32(data + pos + POS_TOTAL);
         if (size < HEADER_V4 || (Py_ssize_t)size > buf.len - pos)
             break;
         uint8_t *r = data + pos;
