@@ -22,10 +22,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from tierd.errors import InvalidArgumentError, StoreClosedError, TierdError
-from tierd.format.batch import ACCELERATED as BATCH_ACCELERATED
 from tierd.groups import ConsumerGroups, GroupInfo
 from tierd.inventory import QueueInfo, SegmentRow, check_kind, live_segments, queue_infos
-from tierd.local.prepare import ACCELERATED as PREPARE_ACCELERATED
 from tierd.local.store import MAX_GET_COUNT, HotStore, PutBatchResult
 from tierd.local.validation import check_key
 from tierd.longpoll import ArrivalNotifier
@@ -735,7 +733,6 @@ class BlockingMessageStore(_StoreCore):
     def open(cls, cfg: TierdConfig) -> BlockingMessageStore:
         """Open (recovering after a crash). A failure on the way closes what was opened."""
         if not cfg.tiered.enabled:
-            _note_python_fallbacks()
             hot = HotStore.open(cfg.store)
             try:
                 return cls(cfg, hot)
@@ -920,7 +917,6 @@ async def _open_async(cfg: TierdConfig, make: Callable[[HotStore, TieringService
     A failure or a cancellation on the way closes everything opened so far before it propagates
     — the hot store (its lock, files and threads), the cold tier's tasks and backend sessions —
     so a store that failed to open leaves nothing running and can be opened again at once."""
-    _note_python_fallbacks()
     hot = await _open_hot(cfg)
     tiering: TieringService | None = None
     try:
@@ -934,33 +930,6 @@ async def _open_async(cfg: TierdConfig, make: Callable[[HotStore, TieringService
         raise
     store._start_consumers()
     return store
-
-
-_fallbacks_noted = False
-
-
-def _note_python_fallbacks() -> None:
-    """Say once per process when a C extension was not built (they are optional: an install
-    without a compiler falls back to Python). Nothing changes but speed — the same checks, the
-    same bytes — so an operator seeing slow batch writes or cold reads should learn why."""
-    global _fallbacks_noted
-    if _fallbacks_noted:
-        return
-    _fallbacks_noted = True
-    missing = [
-        what
-        for what, built in (
-            ("put_batch encoder (tierd.local._batchencode)", PREPARE_ACCELERATED),
-            ("cold-read decoder (tierd.format._batchdecode)", BATCH_ACCELERATED),
-        )
-        if not built
-    ]
-    if missing:
-        log.warning(
-            "C extension not built, running in Python (same results, slower): %s; "
-            "reinstall with a C compiler and Python headers to build it",
-            ", ".join(missing),
-        )
 
 
 async def _open_hot(cfg: TierdConfig) -> HotStore:

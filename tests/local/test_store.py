@@ -746,18 +746,22 @@ def test_seeded_queue_continues_at_its_floor_across_restarts(cfg: TierdConfig) -
 def test_a_missing_c_extension_is_said_once_at_open(
     cfg: TierdConfig, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    import tierd.store
+    import tierd.local.store
 
-    monkeypatch.setattr(tierd.store, "_fallbacks_noted", False)
-    with caplog.at_level("WARNING", logger="tierd.store"), BlockingMessageStore.open(cfg):
+    said_once = tierd.local.store.note_python_fallbacks
+    said_once.cache_clear()
+    with caplog.at_level("WARNING", logger="tierd.local.store"), BlockingMessageStore.open(cfg):
         pass
     assert not [r for r in caplog.records if "C extension" in r.getMessage()]  # both built here
 
-    monkeypatch.setattr(tierd.store, "_fallbacks_noted", False)
-    monkeypatch.setattr(tierd.store, "PREPARE_ACCELERATED", False)
-    for _ in range(2):
-        with caplog.at_level("WARNING", logger="tierd.store"), BlockingMessageStore.open(cfg):
-            pass
+    said_once.cache_clear()
+    monkeypatch.setattr(tierd.local.store, "PREPARE_ACCELERATED", False)
+    try:
+        for _ in range(2):
+            with caplog.at_level("WARNING", logger="tierd.local.store"), BlockingMessageStore.open(cfg):
+                pass
+    finally:
+        said_once.cache_clear()
     said = [r.getMessage() for r in caplog.records if "C extension" in r.getMessage()]
     assert len(said) == 1, said
     assert "tierd.local._batchencode" in said[0]

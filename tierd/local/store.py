@@ -13,6 +13,7 @@ the store was created with; see :mod:`tierd.local.layout`).
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import shutil
@@ -34,6 +35,7 @@ from tierd.errors import (
     StoreClosedError,
     StoreFullError,
 )
+from tierd.format.batch import ACCELERATED as BATCH_ACCELERATED
 from tierd.format.cq_unit import encode_units
 from tierd.format.host import encode_host
 from tierd.format.message_id import offset_msg_id, offset_msg_id_template
@@ -44,6 +46,7 @@ from tierd.local.dispatch import DispatchBatch, ReputService
 from tierd.local.index import IndexService
 from tierd.local.layout import check_layout
 from tierd.local.mapped_file import FileCache, PendingDirSyncs, open_files_limit
+from tierd.local.prepare import ACCELERATED as PREPARE_ACCELERATED
 from tierd.local.prepare import Preparer
 from tierd.local.quarantine import COPY_LIMIT, Quarantine
 from tierd.local.recovery import scan_commitlog
@@ -178,6 +181,28 @@ class SourceUnits:
         return SourceUnits(self.offset, self.lost, self.positions[:n], self.sizes[:n], self.tags_codes[:n])
 
 
+@functools.cache
+def note_python_fallbacks() -> None:
+    """Say once per process, when a store opens, that a C extension was not built (they are
+    optional: an install without a compiler falls back to Python). Nothing changes but speed —
+    the same checks, the same bytes — so an operator seeing slow batch writes or cold reads
+    should learn why."""
+    missing = [
+        what
+        for what, built in (
+            ("put_batch encoder (tierd.local._batchencode)", PREPARE_ACCELERATED),
+            ("cold-read decoder (tierd.format._batchdecode)", BATCH_ACCELERATED),
+        )
+        if not built
+    ]
+    if missing:
+        log.warning(
+            "C extension not built, running in Python (same results, slower): %s; "
+            "reinstall with a C compiler and Python headers to build it",
+            ", ".join(missing),
+        )
+
+
 class HotStore:
     def __init__(self, cfg: StoreConfig) -> None:
         if cfg.commitlog_file_size < cfg.max_message_size + RECORD_OVERHEAD_LIMIT + 8:
@@ -213,6 +238,7 @@ class HotStore:
     # ------------------------------------------------------------------ lifecycle
     @classmethod
     def open(cls, cfg: StoreConfig) -> HotStore:
+        note_python_fallbacks()
         store = cls(cfg)
         store._open()
         return store
