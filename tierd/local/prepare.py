@@ -491,7 +491,6 @@ class Preparer:
                 pieces = ("\x02\x01".join(per_message) + "\x02").encode().split(b"\x01")
             except UnicodeEncodeError:
                 return None  # a lone surrogate in a key: the general path names it
-
             piece_lengths = list(map(len, pieces))
             if max(piece_lengths) + len(_KEYS_PREFIX) > MAX_PROPERTIES_LENGTH:
                 return None

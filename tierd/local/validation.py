@@ -113,24 +113,22 @@ def check_key(key: object) -> str:
     one), which has no UTF-8 form — and which the hash function's C code does not survive."""
     if not isinstance(key, str) or not key:
         raise InvalidArgumentError(f"key must be a non-empty string, got {key!r}", key=repr(key))
-    if not key.isascii():
-        try:
-            key.encode()
-        except UnicodeEncodeError:
-            raise InvalidArgumentError(
-                f"key must be valid Unicode text (no lone surrogates), got {key!r}", key=repr(key)
-            ) from None
+    if not _is_utf8(key):
+        raise InvalidArgumentError(
+            f"key must be valid Unicode text (no lone surrogates), got {key!r}", key=repr(key)
+        )
     return key
 
 
-def _first_not_utf8(texts: Sequence[str]) -> str:
-    """The first of ``texts`` that UTF-8 cannot encode (one of them cannot, the caller knows)."""
-    for text in texts:
-        try:
-            text.encode()
-        except UnicodeEncodeError:
-            return text
-    return ""
+def _is_utf8(text: str) -> bool:
+    """Whether UTF-8 can encode ``text``: not when it holds a lone surrogate."""
+    if text.isascii():
+        return True
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def build_properties(keys: Sequence[str], tags: str | None, properties: Mapping[str, str]) -> bytes:
@@ -198,9 +196,8 @@ def build_properties(keys: Sequence[str], tags: str | None, properties: Mapping[
         encoded = "".join(parts).encode()
     except UnicodeEncodeError:
         # Python strings may hold lone surrogates (JSON's "\\udcff" decodes to one); UTF-8 cannot.
-        bad = _first_not_utf8(
-            [*keys, *([tags] if tags is not None else []), *properties.keys(), *properties.values()]
-        )
+        texts = [*keys, *([tags] if tags is not None else []), *properties.keys(), *properties.values()]
+        bad = next((text for text in texts if not _is_utf8(text)), "")
         raise InvalidPropertiesError(
             f"keys, tags and properties must be valid Unicode text (no lone surrogates), got {bad!r}",
             value=repr(bad),
