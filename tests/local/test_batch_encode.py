@@ -28,7 +28,7 @@ from tierd.local.dispatch import DispatchBatch
 from tierd.local.prepare import EncodedBatch, PreparedBatch, stamp
 from tierd.local.validation import build_properties
 
-from .test_prepare import KEY, MAX_BODY, OK, preparer
+from .test_prepare import MAX_BODY, OK, keyed_batches, preparer
 from .test_single_put import expected_record
 
 if TYPE_CHECKING:
@@ -95,19 +95,9 @@ def check_against_python(msgs: list[Message]) -> EncodedBatch:
     return enc
 
 
-@given(
-    keys=st.lists(st.lists(KEY, min_size=1, max_size=3), min_size=1, max_size=40),
-    bodies=st.lists(st.binary(max_size=300), min_size=1, max_size=40),
-    as_list=st.booleans(),
-)
-def test_batches_with_keys_are_byte_identical(
-    keys: list[list[str]], bodies: list[bytes], as_list: bool
-) -> None:
+@given(msgs=keyed_batches(max_body=300))
+def test_batches_with_keys_are_byte_identical(msgs: list[Message]) -> None:
     """Any keys (non-ASCII included, several per message), any bodies (empty included)."""
-    n = min(len(keys), len(bodies))
-    msgs = [
-        Message(topic="orders", body=bodies[i], keys=keys[i] if as_list else tuple(keys[i])) for i in range(n)
-    ]
     check_against_python(msgs)
 
 

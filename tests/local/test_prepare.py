@@ -55,18 +55,21 @@ KEY = st.text(
 )
 
 
-@given(
-    keys=st.lists(st.lists(KEY, min_size=1, max_size=3), min_size=1, max_size=40),
-    bodies=st.lists(st.binary(max_size=64), min_size=1, max_size=40),
-    as_list=st.booleans(),
-)
-def test_plain_batches_with_keys_match_the_general_loop(
-    keys: list[list[str]], bodies: list[bytes], as_list: bool
-) -> None:
+@st.composite
+def keyed_batches(draw: st.DrawFn, max_body: int) -> list[Message]:
+    """Batches of one topic whose messages all carry 1-3 keys (non-ASCII included), in lists or
+    tuples, with bodies up to ``max_body`` bytes (empty included)."""
+    keys = draw(st.lists(st.lists(KEY, min_size=1, max_size=3), min_size=1, max_size=40))
+    bodies = draw(st.lists(st.binary(max_size=max_body), min_size=1, max_size=40))
+    as_list = draw(st.booleans())
     n = min(len(keys), len(bodies))
-    msgs = [
+    return [
         Message(topic="orders", body=bodies[i], keys=keys[i] if as_list else tuple(keys[i])) for i in range(n)
     ]
+
+
+@given(msgs=keyed_batches(max_body=64))
+def test_plain_batches_with_keys_match_the_general_loop(msgs: list[Message]) -> None:
     fast, general = both(msgs)
     assert fast is not None
     assert columns(fast) == columns(general)
