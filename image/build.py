@@ -18,16 +18,26 @@ the Debian archive and the Python package index, which is all this project's mac
 
 Every step fails loudly with what to do: a machine that cannot build the image must not look
 like one that passed. Run ``python image/build.py`` to build (it prints the image name).
+``make test-image`` runs it as a step of its own, bounded by ``IMAGE_BUILD_TIMEOUT`` (a cold build
+here — apt, two debootstraps, wheels, the build — takes about ten minutes), and only then the
+smoke tests, whose per-test timeout would otherwise count the cold build.
+
+A failed or killed bootstrap leaves a root filesystem with ``/proc`` (and sometimes ``/sys``,
+``/dev/pts``) mounted in it. Each run first unmounts and removes what an earlier run left under
+the cache (``rootfs-*``), and a failing run does the same for its own before it reports.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import IO
 
@@ -75,7 +85,12 @@ def _run(
 ) -> str:
     """Run ``cmd``; its stdout, or an :class:`ImageBuildError` with the output's last lines."""
     print(f"+ {' '.join(cmd)}", file=sys.stderr, flush=True)
-    proc = subprocess.run(cmd, stdin=stdin, capture_output=True, check=False, env=env, timeout=timeout)
+    started = time.monotonic()
+    try:
+        proc = subprocess.run(cmd, stdin=stdin, capture_output=True, check=False, env=env, timeout=timeout)
+    except subprocess.TimeoutExpired as e:
+        raise ImageBuildError(f"{what} did not finish within {timeout:.0f} s (killed)") from e
+    print(f"  {what}: {time.monotonic() - started:.0f} s", file=sys.stderr, flush=True)
     out, err = proc.stdout.decode(errors="replace"), proc.stderr.decode(errors="replace")
     if proc.returncode != 0:
         tail = "\n".join((out + err).strip().splitlines()[-30:])
@@ -135,6 +150,41 @@ def debian_mirror() -> str:
     return "http://deb.debian.org/debian"
 
 
+def mounts_below(path: Path) -> list[str]:
+    """Mount points at or under ``path``, deepest first (the order to unmount them in)."""
+    root = os.path.realpath(path)
+    found = []
+    with open("/proc/self/mounts") as mounts:
+        for line in mounts:
+            # Field 2 is the mount point, with spaces and tabs octal-escaped (\040).
+            point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m[1], 8)), line.split()[1])
+            if point == root or point.startswith(root + os.sep):
+                found.append(point)
+    return sorted(found, key=len, reverse=True)
+
+
+def discard_rootfs(path: Path) -> None:
+    """Unmount whatever a bootstrap left mounted under ``path``, then remove it.
+
+    Lazy unmounts (``umount -l``) so a mount still busy with a killed process goes too; removal
+    refuses to run while anything is still mounted there, so it never deletes through a bind mount
+    into the host.
+    """
+    for point in mounts_below(path):
+        subprocess.run(["umount", "-l", point], capture_output=True, check=False, timeout=60)
+    still = mounts_below(path)
+    if still:
+        raise ImageBuildError(f"cannot unmount {', '.join(still)}: unmount them by hand, then rerun")
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def discard_leftovers(cache: Path) -> None:
+    """Root filesystems an earlier, failed or killed run left in the cache."""
+    for leftover in sorted(cache.glob("rootfs-*")):
+        print(f"removing {leftover} left by an earlier run", file=sys.stderr, flush=True)
+        discard_rootfs(leftover)
+
+
 def ensure_base(podman: Podman, image: str = BASE_IMAGE) -> str:
     """A local Python base image with :data:`BASE_PACKAGES` (made once with debootstrap, then
     reused)."""
@@ -142,8 +192,10 @@ def ensure_base(podman: Podman, image: str = BASE_IMAGE) -> str:
         return image
     if os.geteuid() != 0:
         raise ImageBuildError("making the base image with debootstrap needs root")
-    with tempfile.TemporaryDirectory(dir=podman.cache, prefix="rootfs-") as tmp:
-        rootfs = Path(tmp) / "rootfs"
+    discard_leftovers(podman.cache)
+    tmp = Path(tempfile.mkdtemp(dir=podman.cache, prefix="rootfs-"))
+    try:
+        rootfs = tmp / "rootfs"
         bootstrap = ["debootstrap", "--variant=minbase", SUITE, str(rootfs), debian_mirror()]
         _run(bootstrap, "debootstrap", timeout=1200)
         env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
@@ -169,6 +221,8 @@ def ensure_base(podman: Podman, image: str = BASE_IMAGE) -> str:
             if tar.stdout is not None:
                 tar.stdout.close()  # podman has read it; an open pipe is a ResourceWarning
             tar.wait()
+    finally:
+        discard_rootfs(tmp)
     return image
 
 
@@ -224,7 +278,18 @@ def build(image: str = IMAGE) -> tuple[Podman, str]:
     return podman, image
 
 
+def _interrupt_on_sigterm() -> None:
+    """``timeout`` (the Makefile's bound) sends SIGTERM: turn it into KeyboardInterrupt, so the
+    running step's process is killed and the ``finally`` clean-ups run before this one exits."""
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, interrupt)
+
+
 if __name__ == "__main__":
+    _interrupt_on_sigterm()
     try:
         _, name = build()
     except ImageBuildError as e:
