@@ -381,3 +381,33 @@ def test_a_cold_tier_that_lost_committed_bytes_fails_fast_with_the_reason(cfg: P
     # reported as soon as start-up fails, not as "not ready after 30 s": retrying cannot fix it
     assert res.stderr.startswith("tierd: error: the cold tier cannot start: orders/0: ")
     assert "but the commitlog holds only" in res.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["seek", "seed", "--time", "99999999999999999999"], "--time"),
+        (["produce", "t", "--file", "{missing}"], "cannot read --file"),
+        (["produce", "t", "--file", "{dir}"], "cannot read --file"),
+        (["--server", "http://[::1", "topics", "ls"], "server URL"),
+        (["--server", "http://127.0.0.1:99999", "topics", "ls"], "server URL"),
+    ],
+)
+def test_bad_arguments_in_a_real_process_are_one_line_without_a_traceback(
+    cfg: Path, tmp_path: Path, args: list[str], message: str
+) -> None:
+    """A time beyond what a date can show, a file that cannot be read and a malformed server URL
+    each used to end in a Python traceback; each is one line now and a non-zero exit."""
+    tierd(cfg, "produce", "seed", "x")  # a store exists: the errors are about the input
+    args = [a.format(missing=tmp_path / "missing.bin", dir=tmp_path) for a in args]
+    proc = subprocess.run(
+        [sys.executable, "-m", "tierd.cli", "--config", str(cfg), *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode != 0
+    assert "Traceback" not in proc.stderr + proc.stdout
+    assert message in proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) <= 6, proc.stderr  # one line, or click's short usage box

@@ -11,6 +11,7 @@ import typer
 
 from tierd.cli.app import app, echo, emit_json, emit_table, handle_errors, obj
 from tierd.groups import RESET_TARGETS
+from tierd.store import MAX_TIMESTAMP
 
 groups_app = typer.Typer(
     help="Consumer groups: committed offsets, lag per queue, commits and resets.", no_args_is_help=True
@@ -37,13 +38,21 @@ def parse_time(text: str) -> int:
         ms = int(when.timestamp() * 1000)
     if ms < 0:
         raise typer.BadParameter(f"the time must not be before 1970, got {text!r}", param_hint="--time")
+    if ms > MAX_TIMESTAMP:
+        raise typer.BadParameter(
+            f"the time must be at most {MAX_TIMESTAMP} ms (a signed 64-bit store time), got {text!r}",
+            param_hint="--time",
+        )
     return ms
 
 
 def _when(ms: int) -> str:
     if ms < 0:
         return "-"
-    return dt.datetime.fromtimestamp(ms / 1000, dt.UTC).isoformat(timespec="milliseconds")
+    try:
+        return dt.datetime.fromtimestamp(ms / 1000, dt.UTC).isoformat(timespec="milliseconds")
+    except (OverflowError, OSError, ValueError):  # past year 9999: no date to show, the ms stand
+        return f"{ms} ms"
 
 
 @app.command()

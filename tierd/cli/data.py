@@ -65,7 +65,12 @@ def _bodies(body: str | None, file: Path | None, lines: bool) -> list[bytes]:
     if body is not None:
         data = body.encode()
     elif file is not None:
-        data = sys.stdin.buffer.read() if str(file) == "-" else file.read_bytes()
+        try:
+            data = sys.stdin.buffer.read() if str(file) == "-" else file.read_bytes()
+        except OSError as e:  # missing, a directory, no permission: the operator's to fix
+            raise InvalidArgumentError(
+                f"cannot read --file {file}: {e.strerror or e}", path=str(file)
+            ) from None
     elif not sys.stdin.isatty():
         data, lines = sys.stdin.buffer.read(), True
     else:

@@ -72,13 +72,19 @@ class HttpApi:
     """JSON over HTTP/1.1 to one daemon (a fresh connection per call: the CLI makes few)."""
 
     def __init__(self, url: str, token: str | None, timeout: float = TIMEOUT, why: str | None = None) -> None:
-        parts = urllib.parse.urlsplit(url)
+        try:  # urlsplit refuses an unclosed "[", .port a port that is not 0-65535
+            parts = urllib.parse.urlsplit(url)
+            port = parts.port
+        except ValueError as e:
+            raise InvalidArgumentError(
+                f"server URL must look like http://HOST:PORT, got {url!r} ({e})", url=url
+            ) from None
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise InvalidArgumentError(f"server URL must look like http://HOST:PORT, got {url!r}", url=url)
         self.url = url.rstrip("/")
         self._https = parts.scheme == "https"
         self._host = parts.hostname
-        self._port = parts.port
+        self._port = port
         self._base = parts.path.rstrip("/")
         self._token = token
         #: Longest wait for one reply (a long poll adds its wait).
