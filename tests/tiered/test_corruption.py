@@ -10,14 +10,14 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
+import pytest
+
 from tierd import BlockingMessageStore, GetStatus, Message, ReadPolicy
 
 from .conftest import cold_config
 
 if TYPE_CHECKING:
     from pathlib import Path
-
-    import pytest
 
 BAD = (4, 6, 7)
 
@@ -149,3 +149,44 @@ def test_filtered_reads_stop_at_an_unreadable_candidate_too(tmp_path: Path) -> N
         )
         r = store.get("c", 0, 13, 100, tags="a")
         assert (r.status, r.messages, r.next_offset) == (GetStatus.OFFSET_FOUND_NULL, (), 13)
+
+
+def _flip_cold_unit(bucket: Path, unit: int, byte: int) -> None:
+    """Flip one bit of byte ``byte`` (0..19) of cold consume-queue unit ``unit`` (one segment)."""
+    segment = next(p for p in bucket.rglob("*") if p.is_file() and "CONSUME_QUEUE" in p.parts)
+    raw = bytearray(segment.read_bytes())
+    raw[unit * 20 + byte] ^= 0x01
+    segment.chmod(0o644)
+    segment.write_bytes(bytes(raw))
+
+
+@pytest.mark.parametrize(("field", "byte"), [("commitlog offset", 5), ("size", 11)])
+def test_a_corrupt_cold_unit_costs_only_its_own_message(tmp_path: Path, field: str, byte: int) -> None:
+    """One damaged consume-queue unit (92) after a restore: the 92 messages before it are read
+    (they used to be refused with it, OFFSET_FOUND_NULL at 0), a read at it reports it, and the
+    queue goes on after it. ``tierd verify`` names the unit."""
+    bucket = {"name": "posix", "url": str(tmp_path / "bucket")}
+    with BlockingMessageStore.open(cold_config(tmp_path / "a", backend=bucket)) as store:
+        store.put_batch([Message(topic="c", body=b, queue_id=0) for b in _bodies(120)])
+        store.tier_now()
+    _flip_cold_unit(tmp_path / "bucket", 92, byte)
+    cfg = cold_config(tmp_path / "b", backend=bucket)
+    BlockingMessageStore.restore(cfg)
+    with BlockingMessageStore.open(cfg) as store:
+        for policy in ReadPolicy:
+            got: list[bytes] = []
+            offset = 0
+            while offset < 92:
+                r = store.get("c", 0, offset, 32, policy)
+                assert r.status is GetStatus.FOUND, (field, policy, offset, r)
+                assert [m.queue_offset for m in r.messages] == list(range(offset, r.next_offset))
+                got += [m.body for m in r.messages]
+                offset = r.next_offset
+            assert (got, offset) == (_bodies(92), 92), policy
+            r = store.get("c", 0, 92, 32, policy)
+            assert (r.status, r.messages, r.next_offset) == (GetStatus.OFFSET_FOUND_NULL, (), 92), policy
+            r = store.get("c", 0, 93, 32, policy)
+            assert (r.status, [m.body for m in r.messages]) == (GetStatus.FOUND, _bodies(27, 93)), policy
+    report = BlockingMessageStore.verify_store(cfg)
+    assert not report.ok
+    assert [(p.area, p.where) for p in report.problems] == [("cold-consumequeue", "c/0@92")], report.problems

@@ -374,6 +374,39 @@ class UnitCache:
             self.bytes -= sum(a.nbytes for a in entry[1])
 
 
+def trusted_units(
+    ff: FlatMessageFile, offset: int, flat: npt.NDArray[np.int64], sizes: npt.NDArray[np.int64]
+) -> int:
+    """How many of the consume-queue units read from queue ``offset`` (their flat commitlog
+    offsets and sizes) a read may use: those up to the first that cannot be right — it points
+    outside the committed commitlog (a damaged unit, or a commitlog that lost its tail), or it
+    does not start where the unit before it ends (units of one queue tile its commitlog; a hole
+    is a size-0 unit at the next record's offset). So one damaged unit costs its own message:
+    the messages before it are read, and the next read starts at it and reports it — before, the
+    whole batch around it was refused. Raises :class:`~tierd.errors.CorruptRecordError` naming
+    the unit when it is the first (a wrong offset inside the commitlog is caught when its record
+    is decoded and checked against the unit)."""
+    cl = ff.commitlog
+    lo, hi = cl.min_offset, cl.commit_offset
+    ends = flat + sizes
+    bad = (flat < lo) | (sizes < 0) | (ends > hi)
+    bad[1:] |= flat[1:] != ends[:-1]
+    if not bad[0]:
+        return int(np.argmax(bad)) if bad.any() else len(flat)
+    start, end = int(flat[0]), int(ends[0])
+    raise CorruptRecordError(
+        f"cold consume-queue unit {ff.topic}/{ff.queue_id} offset {offset} is damaged or its record is "
+        f"lost: it names flat commitlog bytes [{start}, {end}), the committed commitlog is "
+        f"[{lo}, {hi})",
+        topic=ff.topic,
+        queue_id=ff.queue_id,
+        queue_offset=offset,
+        flat_offset=start,
+        size=int(sizes[0]),
+        committed=[lo, hi],
+    )
+
+
 def pool_bytes(cfg: TieredConfig) -> int:
     """Idle receive buffers a fetcher keeps, and the batches already read to their end it keeps
     cached: each enough for a sequential reader's batches in flight and ahead
@@ -481,6 +514,11 @@ class ColdFetcher:
                 continue
             self.cache.stats.misses += 1
             flat, sizes, codes = await self._scan(ff, pos, end)
+            try:
+                k = trusted_units(ff, pos, flat, sizes)
+            except CorruptRecordError as e:
+                raise _Unreadable(pos, e) from e
+            flat, sizes, codes = flat[:k], sizes[:k], codes[:k]
             hits = np.flatnonzero(tags.unit_mask(codes))
             chosen = self._plan(ff, flat[hits], flat[hits] + sizes[hits], max_count - len(out))
             # Units after the last range read now serve the next read (no second CQ read).
@@ -851,6 +889,8 @@ class ColdFetcher:
         limit, a hole and the stored objects' bounds; units beyond it are cached."""
         key = (ff.topic, ff.queue_id)
         flat, sizes, codes = await self._units(ff, offset, ahead)
+        k = trusted_units(ff, offset, flat, sizes)
+        flat, sizes, codes = flat[:k], sizes[:k], codes[:k]
         if sizes[0] == 0:  # size-0 units: messages lost before they were tiered (a hole)
             kept = np.flatnonzero(sizes)
             count = int(kept[0]) if len(kept) else len(sizes)
