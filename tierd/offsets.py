@@ -16,7 +16,18 @@ manifest interval behind — consumers then see a few messages again, never skip
 File format (JSON, kebab-case keys, versioned like the bucket manifests)::
 
     {"format-version": 1, "written-at": 1700000000000,
-     "groups": {"billing": {"orders": {"0": 1200, "1": 980}}}}
+     "groups": {"billing": {"orders": {"0": 1200, "1": 980}}}, "checksum": 1234567890}
+
+``checksum`` is the CRC32 of the groups (compact JSON, sorted keys): a flipped byte that still
+parses — an offset read as another, a group renamed — is caught, not served to consumers (files
+written before it existed have none and are not checked).
+
+**Damage.** Each write first turns the previous table into ``consumer-offsets.json.bak`` (as
+the tiering metadata does), so one damaged file never costs every consumer its position: the
+store falls back to the backup — one commit older, so consumers see a few messages again, never
+skip one — with one ERROR line, and ``tierd verify`` reports the damaged file (``--repair``
+restores it). A damaged main file is moved to ``.corrupt`` on the next write, never rotated over
+the good backup.
 """
 
 from __future__ import annotations
@@ -27,6 +38,8 @@ import logging
 import os
 import threading
 import time
+import zlib
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Final, Literal
 
@@ -63,6 +76,14 @@ class OffsetTable(BaseModel):
     written_at: int = 0
     #: group → topic → queue id (as a string: JSON keys) → committed offset.
     groups: dict[str, dict[str, dict[str, int]]] = Field(default_factory=dict)
+    #: CRC32 of ``groups`` as :func:`_groups_crc` encodes them (None: written before checksums).
+    checksum: int | None = None
+
+
+def _groups_crc(groups: Mapping[str, Mapping[str, Mapping[str, int]]]) -> int:
+    """The checksum of a table's groups: over a canonical encoding (compact, keys sorted), so
+    it does not depend on how the file was indented."""
+    return zlib.crc32(json.dumps(groups, sort_keys=True, separators=(",", ":")).encode())
 
 
 def check_group(group: object) -> str:
@@ -86,7 +107,7 @@ def _encode(groups: Mapping[str, Mapping[QueueKey, int]]) -> bytes:
         for (topic, queue_id), offset in sorted(offsets.items()):
             topics.setdefault(topic, {})[str(queue_id)] = offset
         nested[group] = topics
-    table = OffsetTable(written_at=int(time.time() * 1000), groups=nested)
+    table = OffsetTable(written_at=int(time.time() * 1000), groups=nested, checksum=_groups_crc(nested))
     return json.dumps(table.model_dump(by_alias=True), indent=1).encode()
 
 
@@ -94,7 +115,7 @@ def decode(raw: bytes, where: str) -> dict[str, dict[QueueKey, int]]:
     """Parse a table (local file or bucket copy); CorruptionError naming ``where`` if invalid."""
     try:
         table = OffsetTable.model_validate_json(raw)
-        return {
+        groups = {
             group: {(topic, int(q)): off for topic, queues in topics.items() for q, off in queues.items()}
             for group, topics in table.groups.items()
         }
@@ -102,6 +123,14 @@ def decode(raw: bytes, where: str) -> dict[str, dict[QueueKey, int]]:
         raise CorruptionError(
             f"consumer offsets {where} are not valid: {str(e).splitlines()[0]}", path=where
         ) from e
+    if table.checksum is not None and table.checksum != _groups_crc(table.groups):
+        raise CorruptionError(
+            f"consumer offsets {where} are not valid: checksum {table.checksum} does not match "
+            "the offsets (damaged bytes)",
+            path=where,
+            checksum=table.checksum,
+        )
+    return groups
 
 
 def write_atomically(path: Path, data: bytes) -> None:
@@ -116,12 +145,50 @@ def write_atomically(path: Path, data: bytes) -> None:
     fsync_dir(path.parent)
 
 
+@dataclass(frozen=True, slots=True)
+class OffsetsFile:
+    """One copy of the table on disk as :func:`inspect` found it."""
+
+    path: Path
+    exists: bool
+    #: Why it cannot be used (None: it parses and checks out, or it does not exist).
+    problem: str | None = None
+
+    @property
+    def good(self) -> bool:
+        return self.exists and self.problem is None
+
+
+def backup_path(path: Path) -> Path:
+    return path.with_name(path.name + ".bak")
+
+
+def inspect(store_dir: str | os.PathLike[str]) -> tuple[OffsetsFile, OffsetsFile]:
+    """The main file and its backup, each read and checked on its own (``tierd verify``: a
+    damaged main file hidden behind a good backup is still a problem to report)."""
+    path = Path(store_dir) / "config" / FILE_NAME
+    out = []
+    for candidate in (path, backup_path(path)):
+        try:
+            decode(candidate.read_bytes(), str(candidate))
+        except FileNotFoundError:
+            out.append(OffsetsFile(candidate, False))
+        except (OSError, CorruptionError) as e:
+            out.append(OffsetsFile(candidate, True, str(e)))
+        else:
+            out.append(OffsetsFile(candidate, True))
+    return out[0], out[1]
+
+
 class ConsumerOffsets:
     """The table in memory, written through to disk (thread-safe; writes block, so async
     callers run :meth:`commit` in a worker thread)."""
 
     def __init__(self, store_dir: str | os.PathLike[str]) -> None:
         self.path = Path(store_dir) / "config" / FILE_NAME
+        self.backup = backup_path(self.path)
+        #: Where a damaged main file goes on the next write (the good backup is kept).
+        self.corrupt = self.path.with_name(self.path.name + ".corrupt")
         self._groups: dict[str, dict[QueueKey, int]] = {}
         self._lock = threading.Lock()  # the table
         self._write_lock = threading.Lock()  # one writer at a time
@@ -130,8 +197,34 @@ class ConsumerOffsets:
         self._durable = 0
         self._uploaded = 0
         self._upload_lock = asyncio.Lock()  # one upload at a time: an older copy never lands last
-        if self.path.exists():
-            self._groups = decode(self.path.read_bytes(), str(self.path))
+        #: Whether the main file on disk checks out (it may become the backup on the next write).
+        self._main_good = False
+        self._groups = self._load()
+
+    def _load(self) -> dict[str, dict[QueueKey, int]]:
+        """The main file, or the backup when the main one is damaged or missing (one ERROR
+        line); CorruptionError naming both when neither can be read."""
+        main, backup = inspect(self.path.parent.parent)
+        if main.good:
+            self._main_good = True
+            return decode(self.path.read_bytes(), str(self.path))
+        if backup.good:
+            log.error(
+                "%s; using the backup %s (one commit older: consumers may see a few messages "
+                "again); `tierd verify --repair` restores the file",
+                main.problem if main.exists else f"consumer offsets {self.path} are missing",
+                self.backup.name,
+            )
+            return decode(self.backup.read_bytes(), str(self.backup))
+        if main.exists or backup.exists:
+            raise CorruptionError(
+                "no readable consumer offsets: "
+                + "; ".join(f"{f.path.name}: {f.problem or 'missing'}" for f in (main, backup))
+                + " — move the files aside to start without committed offsets (consumers then "
+                "start where their policy says), or restore them from the bucket copy",
+                path=str(self.path),
+            )
+        return {}
 
     # ------------------------------------------------------------------ reads
     def groups(self) -> list[str]:
@@ -191,8 +284,24 @@ class ConsumerOffsets:
             with self._lock:
                 data = _encode(self._groups)
                 current = self.version
-            write_atomically(self.path, data)
+            self._write(data)
             self._durable = current
+
+    def _write(self, data: bytes) -> None:
+        """Replace the main file; the previous one becomes the backup if it checks out (a
+        damaged one is moved to ``.corrupt``: rotating it would lose the good backup). A crash
+        between the renames leaves the backup alone, which :meth:`_load` falls back to."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        with tmp.open("wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        if self.path.exists():
+            os.replace(self.path, self.backup if self._main_good else self.corrupt)
+        os.replace(tmp, self.path)
+        fsync_dir(self.path.parent)
+        self._main_good = True
 
     # ------------------------------------------------------------------ bucket copy
     async def upload(self, root: DriverRoot, cluster: str, broker: str) -> bool:
@@ -257,8 +366,11 @@ __all__ = [
     "MAX_GROUPS",
     "ConsumerOffsets",
     "OffsetTable",
+    "OffsetsFile",
+    "backup_path",
     "bucket_path",
     "check_group",
     "download",
+    "inspect",
     "restore_offsets",
 ]

@@ -49,6 +49,7 @@ from tierd.format.cq_unit import UNIT_SIZE
 from tierd.format.record import BLANK, INVALID, VALID, parse_record_view, scan_record
 from tierd.local.store import HotStore
 from tierd.offsets import bucket_path as offsets_path
+from tierd.offsets import inspect as inspect_offsets
 from tierd.offsets import write_atomically
 from tierd.tiered.flatfile import stored_crc32c
 from tierd.tiered.flatmessage import FlatMessageFile
@@ -87,6 +88,8 @@ _UNITS_PER_READ = 1 << 16
 FIX_MAIN_FROM_BACKUP = "restore the main metadata file from its backup"
 FIX_BACKUP_FROM_MAIN = "rewrite the backup from the main metadata file"
 FIX_MANIFESTS = "rewrite the bucket manifests from the metadata"
+FIX_OFFSETS_FROM_BACKUP = "restore the consumer offsets from their backup"
+FIX_OFFSETS_BACKUP = "rewrite the consumer-offsets backup from the main file"
 
 
 @dataclass(slots=True)
@@ -286,6 +289,47 @@ def _check_hot_unit(
             f"points at {view.topic}/{view.queue_id}@{view.queue_offset} "
             f"({view.size} bytes, unit says {size})",
         )
+
+
+def _verify_offsets(store_dir: Path, report: VerifyReport) -> None:
+    """The committed consumer offsets and their backup, each on its own (the store opens on
+    either; a damaged one hidden behind the other is still reported)."""
+    main, backup = inspect_offsets(store_dir)
+    if main.good:
+        if backup.exists and not backup.good:
+            report.add(
+                "consumer-offsets", str(backup.path), f"unreadable: {backup.problem}", FIX_OFFSETS_BACKUP
+            )
+        return
+    if backup.good:
+        state = main.problem if main.exists else "missing"
+        report.add(
+            "consumer-offsets",
+            str(main.path),
+            f"{state}; the store falls back to the backup {backup.path.name} (one commit older: "
+            "consumers may see a few messages again)",
+            FIX_OFFSETS_FROM_BACKUP,
+        )
+    elif main.exists or backup.exists:
+        found = "; ".join(f"{f.path.name}: {f.problem or 'missing'}" for f in (main, backup))
+        report.add(
+            "consumer-offsets",
+            str(main.path),
+            f"no readable consumer offsets ({found}); the store will not open: move the files aside "
+            "(consumers then start where their policy says) or restore them from the bucket copy",
+        )
+
+
+def _repair_offsets(store_dir: Path, report: VerifyReport) -> None:
+    wanted = {p.fix for p in report.problems if not p.fixed}
+    main, backup = inspect_offsets(store_dir)
+    if FIX_OFFSETS_FROM_BACKUP in wanted:
+        _copy_file(backup.path, main.path)
+        report.repairs.append(f"restored {main.path} from {backup.path.name}")
+    elif FIX_OFFSETS_BACKUP in wanted:
+        _copy_file(main.path, backup.path)
+        report.repairs.append(f"rewrote {backup.path} from {main.path.name}")
+    _mark(report, {FIX_OFFSETS_FROM_BACKUP, FIX_OFFSETS_BACKUP})
 
 
 # ---------------------------------------------------------------------------------- cold view
@@ -703,6 +747,9 @@ async def _run(
 ) -> VerifyReport:
     tally = _Tally(_total(hot, view), progress)
     _verify_hot(hot, report, tally)
+    await asyncio.to_thread(_verify_offsets, hot.dir, report)
+    if repair:
+        await asyncio.to_thread(_repair_offsets, hot.dir, report)
     if view is not None:
         await _verify_cold(view, report, tally)
         if repair:
