@@ -89,6 +89,8 @@ class FlatAppendFile:
         self._state: dict[int, _SegmentState] = {}
         #: Sealed-but-not-yet-composed segments (a failed seal is retried, never blocks appends).
         self.unsealed_full: list[FileSegment] = []
+        #: A :meth:`seal_pending` pass is running (there is one at a time).
+        self._sealing = False
 
     # ------------------------------------------------------------------ naming
     def path_of(self, base_offset: int) -> str:
@@ -337,18 +339,35 @@ class FlatAppendFile:
         await self.on_change(self)
 
     async def seal_pending(self) -> None:
-        for seg in list(self.unsealed_full):
-            try:
-                await seg.seal()
-                state = self._state[seg.base_offset]
-                if state.crc32c is None:
-                    state.crc32c = await self._content_crc(seg)
-            except Exception as e:  # retried on the next roll or maintenance round
-                log.warning("sealing %s failed, will retry: %s", seg.path, e)
-                return
-            self.unsealed_full.remove(seg)
-            self._state[seg.base_offset].seal_timestamp = int(time.time() * 1000)
-            await self.on_change(self)
+        """Seal the rolled segments waiting for it, oldest first; stop at the first failure
+        (logged; the next roll or maintenance pass retries).
+
+        One pass at a time: the dispatcher calls this after a commit that rolled, the
+        maintenance task on its timer, and a pass awaits the backend for each segment. A second
+        pass starting meanwhile returns at once — the running one takes the list from its
+        head until it is empty, so it also seals what was added after it started — instead of
+        sealing the same segment again and recording it twice."""
+        if self._sealing:
+            return
+        self._sealing = True
+        try:
+            while self.unsealed_full:
+                seg = self.unsealed_full[0]
+                try:
+                    await seg.seal()
+                    state = self._state.get(seg.base_offset)
+                    if state is not None and state.crc32c is None:
+                        state.crc32c = await self._content_crc(seg)
+                except Exception as e:  # retried on the next roll or maintenance round
+                    log.warning("sealing %s failed, will retry: %s", seg.path, e)
+                    return
+                if seg not in self.unsealed_full:  # expired (destroy_before) while it was sealed
+                    continue
+                self.unsealed_full.remove(seg)
+                self._state[seg.base_offset].seal_timestamp = int(time.time() * 1000)
+                await self.on_change(self)
+        finally:
+            self._sealing = False
 
     async def _content_crc(self, seg: FileSegment) -> str:
         """CRC32C of a segment's committed bytes: the running value when this process wrote all
