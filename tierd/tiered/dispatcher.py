@@ -212,14 +212,21 @@ class Dispatcher:
         self._wake.set()
 
     async def tier_now(self) -> RoundResult:
-        """Commit everything pending in every queue, ignoring the hold thresholds; retries
-        failed commits right away. Returns what each queue committed and which failed."""
+        """Commit everything pending in every queue when called, ignoring the hold thresholds;
+        retries failed commits right away. Returns what each queue committed and which failed.
+        Messages written meanwhile are left to the next round (see :meth:`dispatch_round`)."""
         self._retry_at.clear()
         return await self.dispatch_round(force=True)
 
     async def dispatch_round(self, force: bool = False) -> RoundResult:
         """One round over every queue. Raises only what :attr:`before_round` raised; per-queue
-        failures are in the result (and logged), so one bad queue never stops the others."""
+        failures are in the result (and logged), so one bad queue never stops the others.
+
+        A round tiers each queue up to the hot max offset it had when the round began, never
+        further: while producers write faster than the cold tier accepts (a slow backend,
+        ``upload_rate_limit``) a round that chased new messages never ended — ``tier_now``
+        (``POST /v1/admin/tier``) never answered and the manifests written after each round
+        fell behind for ever. What arrives meanwhile is the next round's."""
         if self.before_round is not None:
             await self.before_round()
         await self._create_new_queues()
@@ -227,7 +234,8 @@ class Dispatcher:
         # cheap offset comparison per queue per round, not 10,000 tasks and lock round trips.
         result = RoundResult()
         queues = [key for key in self.hot.queue_keys() if self._has_work(key)]
-        work = asyncio.gather(*(self._guarded(q, force, result) for q in queues))
+        ends = {key: rng.max_offset for key in queues if (rng := self.hot.queue_range(*key)) is not None}
+        work = asyncio.gather(*(self._guarded(q, force, result, ends.get(q)) for q in queues))
         try:
             await self._watch(work, force)
         except asyncio.CancelledError:
@@ -308,12 +316,12 @@ class Dispatcher:
                 ", ".join(f"{t}/{q}" for t, q in active[:5]) + (", ..." if len(active) > 5 else ""),
             )
 
-    async def _guarded(self, key: tuple[str, int], force: bool, result: RoundResult) -> None:
+    async def _guarded(self, key: tuple[str, int], force: bool, result: RoundResult, end: int | None) -> None:
         lock = self._locks.setdefault(key, asyncio.Lock())
         async with self._sem, lock:
             self._active.add(key)
             try:
-                made = await self._dispatch_queue(key, force, result)
+                made = await self._dispatch_queue(key, force, result, end)
             except Exception as e:  # summed up once per round (_log_round)
                 log.debug(
                     "tiering %s/%d failed: %s", key[0], key[1], e, exc_info=not isinstance(e, TierdError)
@@ -331,8 +339,11 @@ class Dispatcher:
             self.on_failure(key, err)
 
     # ------------------------------------------------------------------ one queue
-    async def _dispatch_queue(self, key: tuple[str, int], force: bool, result: RoundResult) -> int:
-        """Tier one queue's due backlog. The commitlog is committed per batch (≤ group size);
+    async def _dispatch_queue(
+        self, key: tuple[str, int], force: bool, result: RoundResult, end: int | None = None
+    ) -> int:
+        """Tier one queue's due backlog up to queue offset ``end`` (its hot max offset when the
+        round began; None: no bound). The commitlog is committed per batch (≤ group size);
         the consume queue — what makes messages readable — once at the end of the queue's round
         or every CQ_COMMIT_EVERY batches, saving a PUT per batch on object stores."""
         topic, qid = key
@@ -354,8 +365,9 @@ class Dispatcher:
             committed = 0
         while (hot := self.hot.queue_range(topic, qid)) is not None:
             cold = ff.append_offset
-            hot_max, hot_min = hot.max_offset, hot.min_offset
-            self._record_lag(key, ff, hot_max)
+            hot_max = hot.max_offset if end is None else min(hot.max_offset, end)
+            hot_min = hot.min_offset
+            self._record_lag(key, ff, hot.max_offset)
             if cold < hot_min:
                 raise CorruptionError(
                     f"hot store no longer has queue offsets {cold}..{hot_min - 1} and they are not cold; "
