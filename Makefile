@@ -18,7 +18,7 @@ $(BIN)/python:
 # Reinstall whenever the dependency list or the C extension's source changes (it is built then).
 EXT_SRC := tierd/format/_batchdecode.c tierd/local/_batchencode.c tierd/format/_record_layout.h
 $(RUN_STAMP): pyproject.toml $(EXT_SRC) | $(BIN)/python
-	$(BIN)/python -m pip install --quiet -e '.[s3]'
+	$(BIN)/python -m pip install --quiet -e '.[s3,grpc]'
 	touch $(RUN_STAMP)
 
 # The test toolchain: Spark, moto, SeaweedFS, linters, kubectl (kustomize), kubernetes-validate,

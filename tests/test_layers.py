@@ -29,8 +29,17 @@ ERRORS = "tierd.errors"
 # The record format every layer shares: a leaf below the hot store, the tiering engine and Spark.
 FORMAT = "tierd.format"
 # The facade and the modules only it (and the access layers) use.
-FACADE = {"tierd.store", "tierd.router", "tierd.groups", "tierd.inventory", "tierd.verify", "tierd.longpoll"}
-ACCESS = ("tierd.service", "tierd.cli", "tierd.spark")
+FACADE = {
+    "tierd.store",
+    "tierd.router",
+    "tierd.groups",
+    "tierd.inventory",
+    "tierd.verify",
+    "tierd.longpoll",
+    "tierd.consumption",
+    "tierd.consumption.inflight",
+}
+ACCESS = ("tierd.service", "tierd.grpc", "tierd.cli", "tierd.spark")
 # What a Spark job must never need: a running daemon (facade, engine, hot store) or local metadata.
 SPARK_FORBIDDEN = FACADE | {
     "tierd.local.store",
@@ -141,8 +150,8 @@ def _violations() -> set[tuple[str, str]]:
                 # The tiering layer never calls up into the facade or the access layers.
                 if _under(target, *ACCESS) or target in FACADE:
                     bad.add((importer, target))
-            elif _under(importer, "tierd.service"):
-                # HTTP is thin: it reaches the store through the facade only.
+            elif _under(importer, "tierd.service", "tierd.grpc"):
+                # HTTP and gRPC are thin: they reach the store through the facade only.
                 if _under(target, "tierd.local", "tierd.tiered", "tierd.drivers"):
                     bad.add((importer, target))
             elif _under(importer, "tierd.cli"):

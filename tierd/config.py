@@ -391,6 +391,44 @@ class ServerConfig(_Section):
         return text
 
 
+class GrpcConfig(_Section):
+    """``[grpc]`` — the RocketMQ 5 gRPC API (``apache.rocketmq.v2.MessagingService``) that
+    unmodified RocketMQ clients speak (docs/grpc.md)."""
+
+    enabled: bool = Field(
+        False,
+        description="Serve the RocketMQ 5 gRPC API (needs the `grpc` extra). Off by default so a "
+        "store opened by tests or tools binds no second fixed port; `conf/local.toml` (`make run`) "
+        "turns it on.",
+    )
+    host: str = Field("127.0.0.1", description="Bind address (loopback: the pod's own containers).")
+    port: int = Field(
+        8081,
+        ge=0,
+        le=65535,
+        description="Bind port (0 = any free port); the RocketMQ proxy's gRPC port is 8081.",
+        json_schema_extra=_rmq("grpcServerPort"),
+    )
+    tls_cert_file: Path | None = Field(
+        None,
+        description="PEM certificate chain: serve TLS (what clients built with `tls_enable=True` "
+        "expect). Together with `tls_key_file`.",
+    )
+    tls_key_file: Path | None = Field(None, description="PEM private key of `tls_cert_file`.")
+    auto_create_topics: bool = Field(
+        True,
+        description="A topic first named by a client exists at once with `store.default_queues` "
+        "queues; `false`: unknown topics answer `TOPIC_NOT_FOUND`, as the RocketMQ proxy does.",
+        json_schema_extra=_rmq("autoCreateTopicEnable"),
+    )
+
+    @model_validator(mode="after")
+    def _tls_pair(self) -> GrpcConfig:
+        if (self.tls_cert_file is None) != (self.tls_key_file is None):
+            raise ValueError("set grpc.tls_cert_file and grpc.tls_key_file together (or neither)")
+        return self
+
+
 class LogConfig(_Section):
     """``[log]`` — logging."""
 
@@ -403,6 +441,7 @@ SECTIONS: dict[str, type[_Section]] = {
     "tiered": TieredConfig,
     "backend": BackendConfig,
     "server": ServerConfig,
+    "grpc": GrpcConfig,
     "log": LogConfig,
 }
 
@@ -415,6 +454,7 @@ class TierdConfig(_Section):
     tiered: TieredConfig = Field(default_factory=lambda: TieredConfig())
     backend: BackendConfig = Field(default_factory=lambda: BackendConfig())
     server: ServerConfig = Field(default_factory=lambda: ServerConfig())
+    grpc: GrpcConfig = Field(default_factory=lambda: GrpcConfig())
     log: LogConfig = Field(default_factory=lambda: LogConfig())
 
     @classmethod

@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 import uvicorn
 
 from tierd.errors import ConfigError, TierdError
+from tierd.grpc.server import GrpcListener
 from tierd.service.app import create_app
 from tierd.service.ops import create_ops_app
 from tierd.service.protocol import bounded_protocol
@@ -56,6 +57,8 @@ log = logging.getLogger("tierd.service")
 DRAIN_TIMEOUT = 10.0
 #: Longest wait for HTTP responses in flight once the server stops.
 HTTP_STOP_TIMEOUT = 5
+#: Longest wait for gRPC calls in flight when draining (long polls are cancelled after it).
+GRPC_STOP_TIMEOUT = 5.0
 
 
 class _Server(uvicorn.Server):
@@ -141,6 +144,8 @@ class Daemon:
         self.ops_url: str | None = None
         self._stop = asyncio.Event()
         self.loop: asyncio.AbstractEventLoop | None = None
+        #: The RocketMQ gRPC listener (``[grpc]``), bound in :meth:`run` when enabled.
+        self.grpc: GrpcListener | None = None
 
     def stop(self) -> bool:
         """Begin the shutdown from the daemon's own loop (a signal handler); False when it had
@@ -162,6 +167,7 @@ class Daemon:
             ops_sock = None
             if self.ops_app is not None:
                 ops_sock = bind(self.cfg.server.ops_host or "", self.cfg.server.ops_port, "server.ops_")
+            self.grpc = GrpcListener(self.cfg) if self.cfg.grpc.enabled else None
         except BaseException:
             sock.close()
             raise
@@ -185,6 +191,8 @@ class Daemon:
             store = await MessageStore.open(self.cfg, ready_timeout=0)
             self.store = store
             self.service.metrics.attach(store)
+            if self.grpc is not None:
+                await self.grpc.start(store)
             stats = store.stats
             log.info(
                 "ready: %d topic(s), flush=%s, tiering %s; stop with Ctrl-C or SIGTERM",
@@ -197,6 +205,8 @@ class Daemon:
             await _first(self._stop.wait(), http)
             await self._shutdown(store, server, http)
         finally:
+            if self.grpc is not None:
+                await self.grpc.stop(0)
             server.should_exit = True
             with contextlib.suppress(Exception):
                 await http
@@ -224,6 +234,8 @@ class Daemon:
     async def _shutdown(self, store: MessageStore, server: _Server, http: asyncio.Task[None]) -> None:
         grace = self.cfg.server.shutdown_grace
         started = time.monotonic()
+        if self.grpc is not None:  # its producers' writes are in flight too: finish them first
+            await self.grpc.stop(GRPC_STOP_TIMEOUT)
         log.info("draining: refusing new writes, waiting for %d in flight", self.service.writes_in_flight)
         if not await self.service.drain(DRAIN_TIMEOUT):
             log.warning("writes still in flight after %.0f s; closing anyway", DRAIN_TIMEOUT)

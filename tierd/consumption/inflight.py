@@ -1,0 +1,423 @@
+"""Receive / ack consumption (RocketMQ 5's "pop"): leases on delivered messages, durable acks,
+redelivery after the invisible time, and the committed prefix in the shared offset store.
+
+Per (group, topic, queue) the state is:
+
+* ``committed`` — the next offset not yet consumed; every offset below it is acked (or filtered
+  out). It is the group's committed offset in :class:`~tierd.offsets.ConsumerOffsets`, so
+  ``tierd groups`` shows gRPC groups next to HTTP ones, and ``tierd groups reset`` moves it.
+* ``cursor`` — the next offset never delivered.
+* ``done`` — offsets at or above ``committed`` that are consumed (acked, or skipped by the tag
+  filter), as merged intervals: the committed prefix moves over them as soon as it reaches them.
+* ``leases`` — delivered, not yet acked offsets: when each becomes visible again, the delivery
+  attempt so far and the nonce that the current receipt handle carries.
+
+Durability (the rule of docs/grpc.md): an ack answered OK is never redelivered. Every ack is
+appended to ``{store.dir}/consumption/acks.log`` and fsynced *before* the answer; a restart
+reads the journal back, so acked offsets above the committed prefix stay consumed. Leases are
+memory only: after a restart every un-acked message is visible at once (at-least-once).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import bisect
+import logging
+import os
+import secrets
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from tierd.errors import InvalidArgumentError, NotFoundError
+from tierd.local.validation import check_topic
+from tierd.message import GetStatus
+from tierd.offsets import check_group, write_atomically
+from tierd.subscription import parse_tags
+
+if TYPE_CHECKING:
+    from tierd.format.message_ext import MessageExt
+    from tierd.store import MessageStore
+    from tierd.subscription import TagFilter
+
+log = logging.getLogger(__name__)
+
+QueueKey = tuple[str, str, int]  # (group, topic, queue id)
+#: Journal lines kept beyond the live ones before the journal is rewritten with only those.
+COMPACT_SLACK = 10_000
+#: Shortest and longest invisible duration (s). The RocketMQ proxy's floor is 10 s; tierd accepts
+#: one second so short-lived leases (tests, fast retries) work.
+MIN_INVISIBLE = 1.0
+MAX_INVISIBLE = 12 * 3600.0
+#: Most messages one receive returns.
+MAX_BATCH = 1024
+
+
+class InvalidReceiptHandleError(InvalidArgumentError):
+    """A receipt handle that this store did not hand out for this group and topic, or whose
+    message was redelivered since (a newer handle supersedes it)."""
+
+    code = "invalid_receipt_handle"
+
+
+class TopicNotFoundError(NotFoundError):
+    """A topic that does not exist, where topics are not created on first use."""
+
+    code = "topic_not_found"
+
+
+def valid_topic(topic: str) -> str:
+    """The topic name, or :class:`~tierd.errors.InvalidTopicError` naming what is wrong."""
+    return check_topic(topic)
+
+
+def check_invisible(seconds: float) -> float:
+    if not MIN_INVISIBLE <= seconds <= MAX_INVISIBLE:
+        raise InvalidArgumentError(
+            f"invisible duration must be between {MIN_INVISIBLE:.0f} s and {MAX_INVISIBLE:.0f} s, "
+            f"got {seconds} s",
+            invisible_duration=seconds,
+        )
+    return seconds
+
+
+@dataclass(slots=True)
+class Lease:
+    visible_at: float
+    attempt: int
+    nonce: str
+
+
+@dataclass(slots=True)
+class _Queue:
+    committed: int
+    cursor: int
+    done: list[tuple[int, int]] = field(default_factory=list)
+    leases: dict[int, Lease] = field(default_factory=dict)
+
+    def is_done(self, offset: int) -> bool:
+        if offset < self.committed:
+            return True
+        i = bisect.bisect_right(self.done, (offset, 1 << 62)) - 1
+        return i >= 0 and self.done[i][0] <= offset < self.done[i][1]
+
+    def mark_done(self, start: int, end: int) -> None:
+        """Consume [start, end) and move the committed prefix over whatever it now reaches."""
+        start = max(start, self.committed)
+        if start >= end:
+            return
+        merged: list[tuple[int, int]] = []
+        for a, b in sorted([*self.done, (start, end)]):
+            if merged and a <= merged[-1][1]:
+                merged[-1] = (merged[-1][0], max(merged[-1][1], b))
+            else:
+                merged.append((a, b))
+        while merged and merged[0][0] <= self.committed:
+            self.committed = max(self.committed, merged.pop(0)[1])
+        self.done = merged
+        self.cursor = max(self.cursor, self.committed)
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """One message handed to a consumer, with what its receipt handle names."""
+
+    message: MessageExt
+    attempt: int
+    handle: str
+    invisible: float
+
+
+def encode_handle(group: str, topic: str, queue_id: int, offset: int, nonce: str) -> str:
+    raw = f"{group}\t{topic}\t{queue_id}\t{offset}\t{nonce}".encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def decode_handle(handle: str) -> tuple[str, str, int, int, str]:
+    try:
+        raw = base64.urlsafe_b64decode(handle + "=" * (-len(handle) % 4)).decode()
+        group, topic, queue, offset, nonce = raw.split("\t")
+        return group, topic, int(queue), int(offset), nonce
+    except (binascii.Error, UnicodeDecodeError, ValueError) as e:
+        raise InvalidReceiptHandleError(
+            f"receipt handle {handle[:80]!r} was not handed out by this store", handle=handle[:80]
+        ) from e
+
+
+class AckJournal:
+    """Append-only, fsynced record of acks above the committed prefix (one line per ack:
+    ``group TAB topic TAB queue TAB offset``). A torn last line (a crash mid-write) belongs to
+    an ack that was never answered, and is dropped when read."""
+
+    def __init__(self, store_dir: Path) -> None:
+        self.path = store_dir / "consumption" / "acks.log"
+        self.lines = 0
+
+    def load(self) -> dict[QueueKey, list[int]]:
+        out: dict[QueueKey, list[int]] = {}
+        try:
+            text = self.path.read_bytes().decode("utf-8", "replace")
+        except FileNotFoundError:
+            return out
+        for line in text.split("\n"):
+            parts = line.split("\t")
+            if len(parts) != 4:
+                continue
+            try:
+                key, offset = (parts[0], parts[1], int(parts[2])), int(parts[3])
+            except ValueError:
+                continue
+            out.setdefault(key, []).append(offset)
+            self.lines += 1
+        return out
+
+    def append(self, entries: list[tuple[QueueKey, int]]) -> None:
+        """Durable when this returns (runs in a worker thread)."""
+        data = "".join(f"{g}\t{t}\t{q}\t{o}\n" for (g, t, q), o in entries).encode()
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        try:
+            os.write(fd, data)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        self.lines += len(entries)
+
+    def rewrite(self, live: list[tuple[QueueKey, int]]) -> None:
+        data = "".join(f"{g}\t{t}\t{q}\t{o}\n" for (g, t, q), o in live).encode()
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        write_atomically(self.path, data)
+        self.lines = len(live)
+
+
+class Inflight:
+    """The receive / ack state of every gRPC consumer group of one store (one event loop)."""
+
+    def __init__(self, store: MessageStore) -> None:
+        self.store = store
+        self._now = time.monotonic
+        self.journal = AckJournal(Path(store.config.store.dir))
+        self._acked_on_disk = self.journal.load()
+        self._queues: dict[QueueKey, _Queue] = {}
+        self._lock = asyncio.Lock()
+        #: Redeliveries so far (a metric).
+        self.redeliveries = 0
+
+    # ------------------------------------------------------------------ state
+    async def _queue(self, group: str, topic: str, queue_id: int) -> _Queue:
+        """The queue's state, in step with the committed-offset store: a reset made by
+        ``tierd groups reset`` (or an HTTP consumer of the same group) restarts it there."""
+        key = (group, topic, queue_id)
+        stored = self.store.committed_offsets(group).get((topic, queue_id))
+        q = self._queues.get(key)
+        if q is not None and stored is not None and stored != q.committed:
+            log.info("group %s moved on %s/%d to offset %d; leases dropped", group, topic, queue_id, stored)
+            q = None
+        if q is None:
+            if stored is None:
+                stored = self._start_offset(topic, queue_id)
+                await self.store.commit_offset(group, topic, queue_id, stored)
+            q = _Queue(committed=stored, cursor=stored)
+            for offset in self._acked_on_disk.pop(key, []):
+                q.mark_done(offset, offset + 1)
+            if q.committed != stored:
+                await self.store.commit_offset(group, topic, queue_id, q.committed)
+            self._queues[key] = q
+        return q
+
+    def _start_offset(self, topic: str, queue_id: int) -> int:
+        """Where a new group starts, as the RocketMQ proxy's pop does (``ConsumeInitMode.MAX``,
+        with the broker's check for a queue still whole from its first message): at the start
+        of a queue that still holds offset 0, else at its end."""
+        low = self.store.min_offset(topic, queue_id)
+        return low if low == 0 else self.store.max_offset(topic, queue_id)
+
+    # ------------------------------------------------------------------ receive
+    async def receive(
+        self,
+        group: str,
+        topic: str,
+        tags: str | TagFilter | None,
+        batch: int,
+        invisible: float,
+        wait: float,
+    ) -> list[Delivery]:
+        """Up to ``batch`` visible messages of ``topic`` across its queues: expired leases first
+        (attempt + 1), then new ones. When none is visible, wait up to ``wait`` seconds for an
+        arrival or a lease to expire."""
+        group, topic = check_group(group), valid_topic(topic)
+        flt = parse_tags(tags)
+        check_invisible(invisible)
+        if not 1 <= batch <= MAX_BATCH:
+            raise InvalidArgumentError(f"batch size must be 1 to {MAX_BATCH}, got {batch}", batch=batch)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + max(0.0, wait)
+        arrivals = self.store.arrivals
+        while True:
+            queue_ids = self.store.topics().get(topic, [])
+            waiters = [(topic, q) for q in range(max([*queue_ids, -1]) + 1)] or [(topic, 0)]
+            futures = [(key, arrivals.register(key)) for key in waiters]
+            try:
+                async with self._lock:
+                    out = await self._collect(group, topic, queue_ids, flt, batch, invisible)
+                left = deadline - loop.time()
+                if out or left <= 0 or arrivals.released:
+                    return out
+                expiry = self._next_expiry(group, topic)
+                if expiry is not None:
+                    left = min(left, max(0.01, expiry - self._now()))
+                await asyncio.wait([f for _, f in futures], timeout=left, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for key, fut in futures:
+                    arrivals.unregister(key, fut)
+
+    def _next_expiry(self, group: str, topic: str) -> float | None:
+        times = [
+            lease.visible_at
+            for (g, t, _), q in self._queues.items()
+            if g == group and t == topic
+            for lease in q.leases.values()
+        ]
+        return min(times, default=None)
+
+    async def _collect(
+        self, group: str, topic: str, queue_ids: list[int], flt: TagFilter, batch: int, invisible: float
+    ) -> list[Delivery]:
+        now = self._now()
+        out: list[Delivery] = []
+        states = [(q, await self._queue(group, topic, q)) for q in queue_ids]
+        # Expired leases first: a message not acked in time is visible again, attempt + 1.
+        for queue_id, q in states:
+            for offset, lease in sorted(q.leases.items()):
+                if len(out) >= batch:
+                    return out
+                if lease.visible_at > now:
+                    continue
+                r = await self.store.get(topic, queue_id, offset, 1)
+                if not r.messages or r.messages[0].queue_offset != offset:
+                    q.leases.pop(offset)  # gone (retention): nothing left to deliver
+                    q.mark_done(offset, offset + 1)
+                    continue
+                self.redeliveries += 1
+                out.append(self._lease(group, q, r.messages[0], lease.attempt + 1, invisible, now))
+        # Then new messages, queue by queue from a rotating start so no queue starves.
+        start = int(now * 1000) % len(states) if states else 0
+        for queue_id, q in states[start:] + states[:start]:
+            while len(out) < batch:
+                r = await self.store.get(topic, queue_id, q.cursor, batch - len(out), tags=flt)
+                fresh = [m for m in r.messages if not q.is_done(m.queue_offset)]
+                before = q.cursor
+                if r.messages:
+                    q.cursor = r.messages[-1].queue_offset + 1
+                elif r.status in (GetStatus.OFFSET_TOO_SMALL, GetStatus.NO_MATCHED_MESSAGE) or (
+                    r.status is GetStatus.OFFSET_OVERFLOW_BADLY
+                ):
+                    q.cursor = max(q.cursor, r.next_offset)
+                # What the read moved over without delivering (filtered out, expired) is consumed.
+                delivered = {m.queue_offset for m in fresh}
+                gap_start = before
+                for offset in [*sorted(delivered), q.cursor]:
+                    if offset > gap_start:
+                        q.mark_done(gap_start, offset)
+                    gap_start = offset + 1
+                for m in fresh:
+                    out.append(self._lease(group, q, m, 1, invisible, now))
+                if q.cursor == before:
+                    break
+            await self._commit(group, topic, queue_id, q)
+        return out
+
+    def _lease(
+        self, group: str, q: _Queue, m: MessageExt, attempt: int, invisible: float, now: float
+    ) -> Delivery:
+        nonce = secrets.token_hex(6)
+        q.leases[m.queue_offset] = Lease(now + invisible, attempt, nonce)
+        handle = encode_handle(group, m.topic, m.queue_id, m.queue_offset, nonce)
+        return Delivery(m, attempt, handle, invisible)
+
+    # ------------------------------------------------------------------ ack / change
+    def _leased(self, group: str, topic: str, handle: str) -> tuple[QueueKey, int, Lease | None]:
+        g, t, queue_id, offset, nonce = decode_handle(handle)
+        if (g, t) != (group, topic):
+            raise InvalidReceiptHandleError(
+                f"receipt handle belongs to group {g!r} on topic {t!r}, not group {group!r} on {topic!r}",
+                handle=handle[:80],
+            )
+        key = (g, t, queue_id)
+        q = self._queues.get(key)
+        if q is not None and q.is_done(offset):
+            return key, offset, None  # acked already: acking again changes nothing
+        lease = q.leases.get(offset) if q is not None else None
+        if lease is None or lease.nonce != nonce:
+            raise InvalidReceiptHandleError(
+                f"receipt handle for {t}/{queue_id} offset {offset} is stale: the message was "
+                "delivered again since, or the store restarted (it is visible again)",
+                handle=handle[:80],
+            )
+        return key, offset, lease
+
+    async def ack(self, group: str, topic: str, handles: list[str]) -> list[InvalidReceiptHandleError | None]:
+        """Ack each handle; durable (journal fsynced) before this returns. One result per handle:
+        None for acked (or acked before), else the error saying why not."""
+        async with self._lock:
+            results: list[InvalidReceiptHandleError | None] = []
+            todo: list[tuple[QueueKey, int]] = []
+            for handle in handles:
+                try:
+                    key, offset, lease = self._leased(group, topic, handle)
+                except InvalidReceiptHandleError as e:
+                    results.append(e)
+                    continue
+                results.append(None)
+                if lease is not None:
+                    todo.append((key, offset))
+            if todo:
+                await asyncio.to_thread(self.journal.append, todo)
+                for key, offset in todo:
+                    q = self._queues[key]
+                    q.leases.pop(offset, None)
+                    q.mark_done(offset, offset + 1)
+                for key in {k for k, _ in todo}:
+                    await self._commit(*key, self._queues[key])
+                await self._compact()
+            return results
+
+    async def change_invisible(self, group: str, topic: str, handle: str, invisible: float) -> str:
+        """A new receipt handle for the same delivery, visible again ``invisible`` s from now."""
+        check_invisible(invisible)
+        async with self._lock:
+            (g, t, queue_id), offset, lease = self._leased(group, topic, handle)
+            if lease is None:
+                raise InvalidReceiptHandleError(
+                    f"{t}/{queue_id} offset {offset} is acked already", handle=handle[:80]
+                )
+            lease.visible_at = self._now() + invisible
+            lease.nonce = secrets.token_hex(6)
+            return encode_handle(g, t, queue_id, offset, lease.nonce)
+
+    async def _commit(self, group: str, topic: str, queue_id: int, q: _Queue) -> None:
+        stored = self.store.committed_offsets(group).get((topic, queue_id))
+        if stored != q.committed:
+            await self.store.commit_offset(group, topic, queue_id, q.committed)
+
+    async def _compact(self) -> None:
+        live = [(key, offset) for key, q in self._queues.items() for a, b in q.done for offset in range(a, b)]
+        live += [(key, o) for key, offsets in self._acked_on_disk.items() for o in offsets]
+        if self.journal.lines > COMPACT_SLACK + 4 * len(live):
+            await asyncio.to_thread(self.journal.rewrite, live)
+
+    def in_flight(self) -> dict[str, int]:
+        """Leased messages per group (a metric)."""
+        out: dict[str, int] = {}
+        for (group, _, _), q in self._queues.items():
+            out[group] = out.get(group, 0) + len(q.leases)
+        return out
+
+
+def unknown_topic(topic: str) -> TopicNotFoundError:
+    return TopicNotFoundError(
+        f"topic {topic!r} does not exist (grpc.auto_create_topics is false)", topic=topic
+    )

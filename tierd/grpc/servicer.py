@@ -1,0 +1,296 @@
+"""``MessagingService`` for tierd: translate the request, call the facade (and the receive / ack
+state of :mod:`tierd.consumption.inflight`), translate back. No RPC raises: every failure is a
+status in the response (:mod:`tierd.grpc.codes`), so no traceback reaches a client."""
+
+from __future__ import annotations
+
+import logging
+import zlib
+from typing import TYPE_CHECKING, Any
+
+from rocketmq.grpc_protocol import definition_pb2 as pb
+from rocketmq.grpc_protocol import service_pb2 as svc
+from rocketmq.grpc_protocol import service_pb2_grpc as svc_grpc
+
+from tierd.consumption.inflight import Inflight, unknown_topic, valid_topic
+from tierd.grpc.codes import UnsupportedFeatureError, ok, status_of
+from tierd.grpc.convert import to_message, to_protocol
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
+
+    from tierd.config import TierdConfig
+    from tierd.store import MessageStore
+
+log = logging.getLogger("tierd.grpc")
+
+#: What the telemetry settings tell clients (the proxy's defaults).
+RECEIVE_BATCH_SIZE = 32
+MAX_SEND_ATTEMPTS = 3
+#: Long polling when the client names none (s); the proxy's default.
+DEFAULT_LONG_POLL = 20.0
+#: Invisible duration when the client names none (s).
+DEFAULT_INVISIBLE = 30.0
+#: A receive answers this much before the client's own deadline (its long-polling timeout plus
+#: its request timeout), so an empty result is an answer and not a client-side timeout.
+ANSWER_MARGIN = 0.5
+
+
+def _check_not_empty(request: Any) -> None:
+    if not request.messages:
+        raise UnsupportedFeatureError("SendMessage without messages")
+
+
+def _check_filter(expr: Any) -> None:
+    if expr.type == pb.SQL:
+        raise UnsupportedFeatureError(
+            f"SQL92 filter expressions are not supported by tierd yet ({expr.expression!r}); "
+            "use a TAG expression",
+            expression=expr.expression,
+        )
+
+
+def _seconds(d: Any) -> float:
+    return float(d.seconds) + float(d.nanos) / 1e9
+
+
+class Servicer(svc_grpc.MessagingServiceServicer):  # type: ignore[misc]
+    def __init__(self, cfg: TierdConfig, store: MessageStore, bound: tuple[str, int]) -> None:
+        self.cfg = cfg
+        self.store = store
+        self.bound = bound
+        self.inflight = Inflight(store)
+
+    # ------------------------------------------------------------------ helpers
+    async def _queue_count(self, topic: str) -> int:
+        """Queues of ``topic`` (existing or about to be created), or TopicNotFoundError. Waits
+        (bounded: ``tiered.ready_timeout``) for the cold tier, which knows topics too."""
+        await self.store.wait_ready()
+        ids = self.store.topics().get(valid_topic(topic))
+        if not ids:
+            if not self.cfg.grpc.auto_create_topics:
+                raise unknown_topic(topic)
+            return self.cfg.store.default_queues
+        return max(ids) + 1
+
+    def _endpoints(self, asked: Any) -> Any:
+        """The sidecar itself: the address the client used when it said, else the bound one."""
+        if asked is not None and len(asked.addresses):
+            return asked
+        host, port = self.bound
+        scheme = pb.IPv6 if ":" in host else pb.IPv4
+        return pb.Endpoints(scheme=scheme, addresses=[pb.Address(host=host, port=port)])
+
+    # ------------------------------------------------------------------ routing and session
+    async def QueryRoute(self, request: Any, context: Any) -> Any:
+        try:
+            topic = request.topic.name
+            n = await self._queue_count(topic)
+            broker = pb.Broker(
+                name=self.cfg.tiered.broker, id=0, endpoints=self._endpoints(request.endpoints)
+            )
+            queues = [
+                pb.MessageQueue(
+                    topic=request.topic,
+                    id=i,
+                    permission=pb.READ_WRITE,
+                    broker=broker,
+                    accept_message_types=[pb.NORMAL, pb.FIFO],
+                )
+                for i in range(n)
+            ]
+            return svc.QueryRouteResponse(status=ok(), message_queues=queues)
+        except Exception as e:
+            return svc.QueryRouteResponse(status=status_of(e, "QueryRoute"))
+
+    async def QueryAssignment(self, request: Any, context: Any) -> Any:
+        try:
+            await self._queue_count(request.topic.name)
+            broker = pb.Broker(
+                name=self.cfg.tiered.broker, id=0, endpoints=self._endpoints(request.endpoints)
+            )
+            # One assignment for the whole topic: receives pop from every queue of it.
+            queue = pb.MessageQueue(
+                topic=request.topic,
+                id=-1,
+                permission=pb.READ_WRITE,
+                broker=broker,
+                accept_message_types=[pb.NORMAL, pb.FIFO],
+            )
+            return svc.QueryAssignmentResponse(status=ok(), assignments=[pb.Assignment(message_queue=queue)])
+        except Exception as e:
+            return svc.QueryAssignmentResponse(status=status_of(e, "QueryAssignment"))
+
+    async def Heartbeat(self, request: Any, context: Any) -> Any:
+        return svc.HeartbeatResponse(status=ok())
+
+    async def NotifyClientTermination(self, request: Any, context: Any) -> Any:
+        # Leases of the client's deliveries simply expire: those messages come back then.
+        return svc.NotifyClientTerminationResponse(status=ok())
+
+    async def Telemetry(self, request_iterator: Any, context: Any) -> AsyncIterator[Any]:
+        """The settings exchange: every Settings the client sends is answered with the server's
+        (the clients wait for the first before they start)."""
+        async for command in request_iterator:
+            if command.WhichOneof("command") != "settings":
+                continue
+            yield svc.TelemetryCommand(status=ok(), settings=self._settings(command.settings))
+
+    def _settings(self, client: Any) -> Any:
+        settings = pb.Settings()
+        settings.CopyFrom(client)
+        settings.backoff_policy.CopyFrom(
+            pb.RetryPolicy(
+                max_attempts=MAX_SEND_ATTEMPTS,
+                exponential_backoff=pb.ExponentialBackoff(
+                    initial={"nanos": 10_000_000}, max={"seconds": 1}, multiplier=2.0
+                ),
+            )
+        )
+        if client.HasField("publishing"):
+            settings.publishing.max_body_size = self.cfg.store.max_message_size
+            settings.publishing.validate_message_type = False  # the server names unsupported types
+        if client.HasField("subscription"):
+            settings.subscription.fifo = False
+            settings.subscription.receive_batch_size = RECEIVE_BATCH_SIZE
+            if not client.subscription.HasField("long_polling_timeout"):
+                settings.subscription.long_polling_timeout.seconds = int(DEFAULT_LONG_POLL)
+        return settings
+
+    # ------------------------------------------------------------------ producing
+    async def SendMessage(self, request: Any, context: Any) -> Any:
+        try:
+            _check_not_empty(request)
+            batch = []
+            for m in request.messages:
+                n = await self._queue_count(m.topic.name)
+                group = (
+                    m.system_properties.message_group if m.system_properties.HasField("message_group") else ""
+                )
+                # FIFO: one message group always lands in the same queue, so it stays in order.
+                queue_id = zlib.crc32(group.encode()) % n if group else None
+                batch.append(to_message(m, queue_id))
+            if len(batch) == 1:
+                results = [await self.store.put(batch[0])]
+            else:
+                results = list(await self.store.put_batch(batch))
+            entries = [
+                svc.SendResultEntry(
+                    status=ok(),
+                    message_id=m.system_properties.message_id or r.msg_id,
+                    offset=r.queue_offset,
+                )
+                for m, r in zip(request.messages, results, strict=True)
+            ]
+            return svc.SendMessageResponse(status=ok(), entries=entries)
+        except Exception as e:
+            status = status_of(e, "SendMessage")
+            entries = [
+                svc.SendResultEntry(status=status, message_id=m.system_properties.message_id)
+                for m in request.messages
+            ]
+            return svc.SendMessageResponse(status=status, entries=entries)
+
+    # ------------------------------------------------------------------ consuming
+    async def ReceiveMessage(self, request: Any, context: Any) -> AsyncIterator[Any]:
+        try:
+            topic = request.message_queue.topic.name
+            await self._queue_count(topic)
+            expr = request.filter_expression
+            _check_filter(expr)
+            invisible = (
+                _seconds(request.invisible_duration)
+                if request.HasField("invisible_duration")
+                else DEFAULT_INVISIBLE
+            )
+            wait = (
+                _seconds(request.long_polling_timeout)
+                if request.HasField("long_polling_timeout")
+                else DEFAULT_LONG_POLL
+            )
+            wait = min(max(0.0, wait - ANSWER_MARGIN), self.cfg.server.long_poll_max_ms / 1000)
+            deliveries = await self.inflight.receive(
+                request.group.name,
+                topic,
+                expr.expression or None,
+                request.batch_size or RECEIVE_BATCH_SIZE,
+                invisible,
+                wait,
+            )
+        except Exception as e:
+            yield svc.ReceiveMessageResponse(status=status_of(e, "ReceiveMessage"))
+            return
+        if not deliveries:
+            yield svc.ReceiveMessageResponse(
+                status=pb.Status(code=pb.MESSAGE_NOT_FOUND, message="no new message")
+            )
+            return
+        yield svc.ReceiveMessageResponse(status=ok())
+        for d in deliveries:
+            yield svc.ReceiveMessageResponse(message=to_protocol(d.message, d.handle, d.attempt, d.invisible))
+
+    async def AckMessage(self, request: Any, context: Any) -> Any:
+        try:
+            results = await self.inflight.ack(
+                request.group.name, request.topic.name, [e.receipt_handle for e in request.entries]
+            )
+        except Exception as e:
+            return svc.AckMessageResponse(status=status_of(e, "AckMessage"))
+        entries = []
+        for entry, error in zip(request.entries, results, strict=True):
+            status = ok() if error is None else status_of(error, "AckMessage")
+            entries.append(
+                svc.AckMessageResultEntry(
+                    message_id=entry.message_id, receipt_handle=entry.receipt_handle, status=status
+                )
+            )
+        failed = [e.status for e in entries if e.status.code != pb.OK]
+        if not failed:
+            top = ok()
+        elif len(failed) == len(entries):
+            top = failed[0]
+        else:
+            top = pb.Status(code=pb.MULTIPLE_RESULTS, message="some entries failed")
+        return svc.AckMessageResponse(status=top, entries=entries)
+
+    async def ChangeInvisibleDuration(self, request: Any, context: Any) -> Any:
+        try:
+            handle = await self.inflight.change_invisible(
+                request.group.name,
+                request.topic.name,
+                request.receipt_handle,
+                _seconds(request.invisible_duration),
+            )
+            return svc.ChangeInvisibleDurationResponse(status=ok(), receipt_handle=handle)
+        except Exception as e:
+            return svc.ChangeInvisibleDurationResponse(status=status_of(e, "ChangeInvisibleDuration"))
+
+    # ------------------------------------------------------------------ not yet implemented
+    def _not_implemented(self, rpc: str) -> Any:
+        return status_of(UnsupportedFeatureError(f"{rpc} is not supported by tierd yet", rpc=rpc), rpc)
+
+    async def ForwardMessageToDeadLetterQueue(self, request: Any, context: Any) -> Any:
+        return svc.ForwardMessageToDeadLetterQueueResponse(
+            status=self._not_implemented("ForwardMessageToDeadLetterQueue")
+        )
+
+    async def EndTransaction(self, request: Any, context: Any) -> Any:
+        return svc.EndTransactionResponse(status=self._not_implemented("EndTransaction"))
+
+    async def UpdateOffset(self, request: Any, context: Any) -> Any:
+        return svc.UpdateOffsetResponse(status=self._not_implemented("UpdateOffset"))
+
+    async def GetOffset(self, request: Any, context: Any) -> Any:
+        return svc.GetOffsetResponse(status=self._not_implemented("GetOffset"))
+
+    async def QueryOffset(self, request: Any, context: Any) -> Any:
+        return svc.QueryOffsetResponse(status=self._not_implemented("QueryOffset"))
+
+    async def PullMessage(self, request: Any, context: Any) -> AsyncIterator[Any]:
+        yield svc.PullMessageResponse(status=self._not_implemented("PullMessage"))
+
+    async def RecallMessage(self, request: Any, context: Any) -> Any:
+        return svc.RecallMessageResponse(status=self._not_implemented("RecallMessage"))
+
+    async def SyncLiteSubscription(self, request: Any, context: Any) -> Any:
+        return svc.SyncLiteSubscriptionResponse(status=self._not_implemented("SyncLiteSubscription"))
