@@ -464,6 +464,24 @@ async def _verify_cold_queue(ff: FlatMessageFile, report: VerifyReport, tally: _
             return
         phys = units["offset"].astype(np.int64)
         ends = phys + units["size"].astype(np.int64)
+        held = ff.commitlog.commit_offset
+        beyond = np.flatnonzero(ends > held)
+        if len(beyond) and bool(np.all(ends[beyond[0] :] > held)):
+            # A commitlog that lost its tail (a truncated object): one problem for the range.
+            first = offset + int(beyond[0])
+            last_seg = ff.commitlog.segments[-1]
+            report.add(
+                "cold-segment",
+                last_seg.path,
+                f"holds the commitlog of {where} up to flat offset {held}, but its consume queue "
+                f"references bytes up to {int(ends[-1])}: queue offsets {first}..{end - 1} "
+                f"({end - first} message(s)) are lost from the bucket (a truncated or lost object); "
+                "the queue is fenced, the others are not affected",
+            )
+            units, phys, ends = units[: beyond[0]], phys[: beyond[0]], ends[: beyond[0]]
+            end = first
+            if not len(units):
+                return
         i = 0
         while i < len(units):
             j = max(i + 1, int(np.searchsorted(ends, phys[i] + READ_PIECE, side="right")))

@@ -202,6 +202,7 @@ def restore(
                 "groups": report.groups,
                 "offsets_lowered": report.offsets_lowered,
                 "owner": owner.as_dict() if owner is not None else None,
+                "damaged": [d.as_dict() for d in report.damaged],
             }
         )
     else:
@@ -214,3 +215,8 @@ def restore(
         if owner is not None:
             previous = f"; store {owner.previous_store_id} is fenced" if owner.previous_store_id else ""
             echo(f"this store ({owner.store_id}) owns the bucket prefix now: epoch {owner.epoch}{previous}")
+        for d in report.damaged:  # restored without them (docs/tiering.md, "Damage in the bucket")
+            echo(
+                f"DAMAGED: {d.topic}/{d.queue_id} queue offsets {d.first}..{d.end - 1} ({d.lost} message(s)) "
+                f"cannot be read from the bucket and the queue is not tiered into: {d.error.message}"
+            )

@@ -125,6 +125,17 @@ class GuardedRoot(DriverRoot):
         self.health = health if health is not None else BackendHealth()
         #: Awaited before every mutating call; raises to refuse it (prefix ownership).
         self.fence: Callable[[], Awaitable[None]] | None = None
+        #: Path prefixes no mutating call may touch, and the error it gets instead: the segments
+        #: of a queue whose cold files are damaged (:class:`~tierd.tiered.flatstore.QueueDamage`).
+        self._refused: dict[str, TierdError] = {}
+
+    def refuse_writes(self, prefix: str, error: TierdError) -> None:
+        """Refuse every mutating call on a path under ``prefix`` with ``error`` from now on."""
+        self._refused[prefix] = error
+
+    def refuse_writes_clear(self) -> None:
+        """Forget :meth:`refuse_writes` (a new load finds the damage again)."""
+        self._refused.clear()
 
     @property
     def supports_create_object(self) -> bool:
@@ -147,6 +158,10 @@ class GuardedRoot(DriverRoot):
         """Run one backend call under the rules of the module doc."""
         if mutating and self.fence is not None:
             await self.fence()
+        if mutating and self._refused:
+            refused = next((e for p, e in self._refused.items() if path.startswith(p)), None)
+            if refused is not None:
+                raise refused
         limit = self.timeout if timeout is None else timeout
         try:
             if mutating:

@@ -27,7 +27,7 @@ from tierd.errors import CorruptionError, InvalidArgumentError, NotFoundError, S
 from tierd.local.store import HotStore
 from tierd.offsets import download as download_offsets
 from tierd.offsets import restore_offsets
-from tierd.tiered.flatstore import FlatFileStore
+from tierd.tiered.flatstore import FlatFileStore, QueueDamage
 from tierd.tiered.guard import GuardedRoot
 from tierd.tiered.manifest import (
     IndexManifest,
@@ -62,6 +62,9 @@ class RestoreReport:
     offsets_lowered: int = 0
     #: The new store's owner record (its epoch fences the previous owner).
     owner: OwnerRecord | None = None
+    #: Queues restored with damage: their lost queue offsets (docs/tiering.md, "Damage in the
+    #: bucket"); the rest of the bucket is restored.
+    damaged: tuple[QueueDamage, ...] = ()
 
 
 def _segment(s: ManifestSegment) -> LocalSegment:
@@ -239,6 +242,10 @@ async def restore(
             key: (ff.min_offset, ff.max_offset, ff.commitlog.commit_offset - max(ff.commitlog.min_offset, 0))
             for key, ff in flat.files.items()
         }
+        # A queue too damaged to load still ends where its metadata says: new messages must not
+        # reuse offsets its history holds (none of it is counted as restored).
+        ends.update({key: (d.end, d.end, 0) for key, d in flat.damaged.items() if key not in ends})
+        damaged = tuple(d for _, d in sorted(flat.damaged.items()))
         try:
             committed = await download_offsets(root, cfg.tiered.cluster, cfg.tiered.broker)
         except CorruptionError as e:  # the messages matter more: restore them, say what is lost
@@ -263,6 +270,7 @@ async def restore(
         groups,
         lowered,
         owner,
+        damaged,
     )
     for (topic, qid), (lo, hi, _) in sorted(ends.items()):
         log.info("restore: %s/%d offsets %d..%d", topic, qid, lo, hi)

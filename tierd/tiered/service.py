@@ -174,7 +174,12 @@ class TieringService:
             self.dispatcher.before_round = self._check_owner
             self.dispatcher.after_round = self._write_manifests
             await self._write_manifests()
-        log.info("cold tier ready: %d queue(s) loaded from metadata, backend %r", n, self.root)
+        log.info(
+            "cold tier ready: %d queue(s) loaded from metadata (%d damaged and fenced), backend %r",
+            n,
+            len(self.flat.damaged),
+            self.root,
+        )
         self.ready.set()
         if self.refused is not None:
             log.error(
@@ -454,6 +459,12 @@ class TieringService:
                 await self._write_manifests()
         await self.root.aclose()
 
+    def damaged(self) -> list[dict[str, object]]:
+        """Queues whose cold files are damaged, each with the queue offsets it lost (``first``,
+        ``end``) and why: they are fenced, every other queue works (docs/tiering.md, "Damage in
+        the bucket"). ``GET /v1/status`` and the metrics report them."""
+        return [d.as_dict() for _, d in sorted(self.flat.damaged.items())]
+
     def status(self) -> dict[str, object]:
         """The cold tier's health as ``GET /v1/status`` reports it (see docs/http.md)."""
         h = self.health
@@ -501,6 +512,7 @@ class TieringService:
                 and ownership.fenced is None,
                 "error": _error_dict(ownership.fenced) if ownership is not None else None,
             },
+            "damaged": self.damaged(),
             "last_commit": stats.last_commit_ms,
             "lag": {
                 "messages": behind,
