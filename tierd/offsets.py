@@ -9,7 +9,8 @@ share one write (group commit: whoever writes takes every change made so far), s
 commits from many consumers costs a few writes, not one each.
 
 The bucket holds a copy, ``{cluster_dir}/{broker}/consumer-offsets.json``, uploaded when the
-table changed: on the manifest interval, after ``tier_now`` and at close. ``tierd restore``
+table changed: on the manifest interval, after ``tier_now`` and at close — and the first time
+after every start, since a commit made just before a crash may never have reached it. ``tierd restore``
 brings it back, so a sidecar rebuilt from the bucket resumes its consumers (at most one
 manifest interval behind — consumers then see a few messages again, never skip one).
 
@@ -200,6 +201,10 @@ class ConsumerOffsets:
         #: Whether the main file on disk checks out (it may become the backup on the next write).
         self._main_good = False
         self._groups = self._load()
+        if self._groups or self.path.exists() or self.backup.exists():
+            # What the bucket holds is not known after a start (a commit made shortly before a
+            # crash never reached it): the first upload puts the table whatever its version.
+            self._uploaded = -1
 
     def _load(self) -> dict[str, dict[QueueKey, int]]:
         """The main file, or the backup when the main one is damaged or missing (one ERROR

@@ -288,3 +288,52 @@ def test_restore_goes_on_without_an_unreadable_offsets_copy(
     assert "restoring without them" in caplog.text
     with BlockingMessageStore.open(fresh) as store:
         assert store.consumer_groups() == []
+
+
+_LAST_COMMIT = """
+import sys
+from pathlib import Path
+from tests.tiered.conftest import cold_config
+from tierd import BlockingMessageStore
+store = BlockingMessageStore.open(cold_config(Path(sys.argv[1])))
+store.wait_ready()
+store.commit_offset("billing", "t", 0, 7)
+print("committed", flush=True)
+sys.stdin.read()  # killed here, before the manifest interval uploads the table
+"""
+
+
+def test_a_commit_made_before_kill_9_reaches_the_bucket_after_the_restart(tmp_path: Path) -> None:
+    """The bucket copy holds 3; a process commits 7 and is killed before its next upload. The
+    restarted store must bring the copy up to its local table, so ``restore`` moves nobody back."""
+    cfg = cold_config(tmp_path)
+    with BlockingMessageStore.open(cfg) as store:
+        _fill(store)
+        store.commit_offset("billing", "t", 0, 3)
+    [copy] = list((tmp_path / "cold").rglob(FILE_NAME))
+    assert json.loads(copy.read_text())["groups"] == {"billing": {"t": {"0": 3}}}
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _LAST_COMMIT, str(tmp_path)],
+        cwd=Path(__file__).parents[2],  # the repository: the script imports tests.tiered.conftest
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().strip() == "committed"
+    finally:
+        proc.kill()
+        proc.wait(30)
+        for pipe in (proc.stdin, proc.stdout):
+            if pipe is not None:
+                pipe.close()
+    assert json.loads(copy.read_text())["groups"] == {"billing": {"t": {"0": 3}}}, "the kill came first"
+    with BlockingMessageStore.open(cfg) as store:
+        store.wait_ready()
+        assert store.committed_offsets("billing") == {("t", 0): 7}
+    assert json.loads(copy.read_text())["groups"] == {"billing": {"t": {"0": 7}}}
+    fresh = cfg.with_overrides(store={"dir": str(tmp_path / "restored")})
+    BlockingMessageStore.restore(fresh)
+    with BlockingMessageStore.open(fresh) as store:
+        assert store.committed_offsets("billing") == {("t", 0): 7}
