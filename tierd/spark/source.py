@@ -171,28 +171,16 @@ class TierdPartition(InputPartition):
 
 
 def plan_partitions(storage: ColdStorage, options: ReadOptions, c: Constraints) -> list[TierdPartition]:
-    """The partitions of a batch read: a key lookup through the cold index when the read is
-    restricted to keys, else every selected range (pruned by manifest bounds, tag-filtered
-    through the consume queue when ``tags`` is restricted)."""
-    from tierd.spark.lookup import plan_key_lookup
-    from tierd.spark.plan import load_queues, plan_ranges
+    """The partitions of a batch read: one per :func:`~tierd.spark.parts.plan_parts` part (a key
+    lookup through the cold index when the read is restricted to keys, else every selected range,
+    tag-filtered through the consume queue when ``tags`` is restricted)."""
+    from tierd.spark.parts import plan_parts
 
-    queues = load_queues(storage, options, c)
-    cq = {q.key: q.cq_segments() for q in queues}
-    keys = c.lookup_keys
-    parts: list[TierdPartition] = []
-    if keys is not None:
-        kp = plan_key_lookup(storage, options, c, queues, keys)
-        parts += [TierdPartition([r]) for r in kp.scans]
-        parts += [TierdPartition(spans, spans=True) for spans in kp.lookups]
-    else:
-        for r in plan_ranges(storage, options, c, queues):
-            key = f"{r.cluster}/{r.broker}/{r.topic}/{r.queue_id}"
-            parts.append(TierdPartition([r], cq=cq[key] if c.tags is not None else None))
     source = storage.credentials_source()
-    for part in parts:
-        part.credentials = source
-    return parts
+    return [
+        TierdPartition(p.ranges, spans=p.spans, cq=p.cq, credentials=source)
+        for p in plan_parts(storage, options, c)
+    ]
 
 
 def read_partition(
@@ -203,8 +191,8 @@ def read_partition(
         return
     import pyarrow as pa
 
-    from tierd.spark.decode import ARROW_SCHEMA, read_range
-    from tierd.spark.sparse import read_spans, read_tagged
+    from tierd.spark.decode import ARROW_SCHEMA
+    from tierd.spark.parts import ReadPart, read_part
     from tierd.spark.storage import credentials_advice, open_storage, report_stats
 
     storage = open_storage(options.url, options.storage_options)
@@ -214,19 +202,10 @@ def read_partition(
     pairs = zip(decoded, columns, strict=True)
     told = pa.schema([f.with_name(c.name).with_nullable(c.nullable) for f, c in pairs])
     same = told.equals(decoded)
-
-    def batches() -> Iterator[pa.RecordBatch]:
-        if partition.spans:
-            yield from read_spans(storage, partition.ranges, constraints, decoded)
-            return
-        for r in partition.ranges:
-            it = None
-            if partition.cq is not None and constraints.tags is not None:
-                it = read_tagged(storage, r, partition.cq, constraints.tags, constraints, decoded)
-            yield from it if it is not None else read_range(storage, r, constraints, schema=decoded)
+    part = ReadPart(partition.ranges, partition.spans, partition.cq)
 
     try:
-        for batch in batches():
+        for batch in read_part(storage, part, constraints, decoded):
             yield batch if same else pa.RecordBatch.from_arrays(batch.columns, schema=told)
     except CredentialsError as e:
         failure = e.detail.get("failure", str(e))
