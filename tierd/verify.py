@@ -5,8 +5,9 @@ What is checked, and why each matters to an operator:
 - hot commitlog: every record's framing and body CRC, up to the written end (a bad record is a
   message a consumer would be refused). A bad record does not stop the scan: it resumes at the
   next record a consume queue points at (or the next file), so every bad region is reported;
-- hot consume queues: every unit points at a record of its own topic, queue and offset (a wrong
-  unit hands out the wrong message);
+- hot consume queues: every unit points at a record of its own topic, queue and offset, with its
+  record's tags code (a wrong unit hands out the wrong message or hides it from a tag filter);
+- consumer offsets: the main file and its ``.bak``, each on its own (the store opens on either);
 - tiering metadata: the main file and its ``.bak`` are read separately (a corrupt main file
   hidden behind a good backup is reported); no metadata at all while the bucket prefix holds
   this broker's data is reported (the daemon refuses to tier over it: run ``tierd restore``);
@@ -24,9 +25,11 @@ What is checked, and why each matters to an operator:
 
 **Read-only by default.** Offline (:func:`verify_store`, what the CLI runs) nothing is started:
 no tiering, no roll-forward, no manifest or metadata write; only the hot store's own opening
-(its lock file and, after a crash, its recovery) touches the directory. ``repair=True`` then
-fixes what can be fixed safely and lists what it changed: a metadata file restored from the
-other, readable one; manifests rewritten from metadata (only by the prefix's owner). Everything
+(its lock file and, after a crash, its recovery) touches the directory — damaged consume-queue
+units are left as they are, not rebuilt or cut. ``repair=True`` then fixes what can be fixed
+safely and lists what it changed: consume-queue units rebuilt from the commitlog (the source of
+truth); a metadata or consumer-offsets file restored from the other, readable one; manifests
+rewritten from metadata (only by the prefix's owner). Everything
 else (corrupt records or segments, missing metadata) is reported with what to do.
 """
 
@@ -35,6 +38,7 @@ from __future__ import annotations
 import asyncio
 import bisect
 import collections
+import functools
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -45,9 +49,12 @@ import numpy as np
 
 from tierd.drivers.paths import cluster_dir, index_segment_path
 from tierd.errors import NotFoundError, PrefixOwnedError, TierdError
-from tierd.format.cq_unit import UNIT_SIZE
-from tierd.format.record import BLANK, INVALID, VALID, parse_record_view, scan_record
+from tierd.format.cq_unit import UNIT_SIZE, tags_code
+from tierd.format.properties import PROPERTY_TAGS, decode_properties
+from tierd.format.record import BLANK, INVALID, VALID, RecordView, parse_record_view, scan_record
+from tierd.local.recovery import rebuild_units
 from tierd.local.store import HotStore
+from tierd.local.validation import RECORD_OVERHEAD_LIMIT
 from tierd.offsets import bucket_path as offsets_path
 from tierd.offsets import inspect as inspect_offsets
 from tierd.offsets import write_atomically
@@ -88,6 +95,7 @@ _UNITS_PER_READ = 1 << 16
 FIX_MAIN_FROM_BACKUP = "restore the main metadata file from its backup"
 FIX_BACKUP_FROM_MAIN = "rewrite the backup from the main metadata file"
 FIX_MANIFESTS = "rewrite the bucket manifests from the metadata"
+FIX_UNITS = "rebuild the consume-queue unit from the commitlog"
 FIX_OFFSETS_FROM_BACKUP = "restore the consumer offsets from their backup"
 FIX_OFFSETS_BACKUP = "rewrite the consumer-offsets backup from the main file"
 
@@ -252,7 +260,15 @@ def _verify_hot_queue(hot: HotStore, topic: str, qid: int, report: VerifyReport)
             return
         for i, unit in enumerate(units):
             _check_hot_unit(
-                cl, hot.quarantine, topic, qid, offset + i, int(unit["offset"]), int(unit["size"]), report
+                cl,
+                hot.quarantine,
+                topic,
+                qid,
+                offset + i,
+                int(unit["offset"]),
+                int(unit["size"]),
+                report,
+                int(unit["tags_code"]),
             )
         offset += len(units)
 
@@ -266,21 +282,26 @@ def _check_hot_unit(
     phys: int,
     size: int,
     report: VerifyReport,
+    tags_code: int | None = None,
 ) -> None:
     report.units += 1
+    where = f"{topic}/{qid}@{offset}"
+    if phys < 0 or size <= 0:
+        what = f"damaged unit (offset {phys}, size {size}) between written ones"
+        report.add("hot-consumequeue", where, what, FIX_UNITS)
+        return
     if phys < cl.min_offset:
         return  # its commitlog file expired: the unit is below the readable floor
     if quarantine.covers(phys) is not None:
         return  # a hole: the message was lost in a quarantined range, reported with the range
-    where = f"{topic}/{qid}@{offset}"
     f = cl.files.find(phys)
     if f is None:
-        report.add("hot-consumequeue", where, f"points at missing offset {phys}")
+        report.add("hot-consumequeue", where, f"points at missing offset {phys}", FIX_UNITS)
         return
     try:
         view = parse_record_view(f.view, phys - f.file_from_offset, f.size)
     except TierdError as e:
-        report.add("hot-consumequeue", where, f"points at no record: {e}")
+        report.add("hot-consumequeue", where, f"points at no record: {e}", FIX_UNITS)
         return
     if (view.topic, view.queue_id, view.queue_offset, view.size) != (topic, qid, offset, size):
         report.add(
@@ -288,7 +309,39 @@ def _check_hot_unit(
             where,
             f"points at {view.topic}/{view.queue_id}@{view.queue_offset} "
             f"({view.size} bytes, unit says {size})",
+            FIX_UNITS,
         )
+    elif tags_code is not None and tags_code != _tags_code(view):
+        report.add("hot-consumequeue", where, f"tags code {tags_code} is not its record's", FIX_UNITS)
+
+
+def _tags_code(view: RecordView) -> int:
+    tag = decode_properties(view.properties).get(PROPERTY_TAGS) if view.properties else None
+    return tags_code(tag) if tag else 0
+
+
+def _repair_units(hot: HotStore, report: VerifyReport) -> None:
+    """Rebuild every unit found wrong from the commitlog (the source of truth); a unit whose
+    record is gone stays reported."""
+    bad: dict[tuple[str, int], dict[int, Problem]] = collections.defaultdict(dict)
+    for p in report.problems:
+        if p.fix == FIX_UNITS and not p.fixed:
+            name, _, at = p.where.rpartition("@")
+            topic, _, qid = name.rpartition("/")
+            bad[topic, int(qid)][int(at)] = p
+    for (topic, queue_id), problems in sorted(bad.items()):
+        cq = hot.queue(topic, queue_id)
+        if cq is None:
+            continue
+        max_record = hot.cfg.max_message_size + RECORD_OVERHEAD_LIMIT
+        rebuilt = rebuild_units(cq, hot.commitlog, hot.quarantine, sorted(problems), max_record)
+        cq.flush()
+        for offset in rebuilt:
+            problems[offset].fixed = True
+        if rebuilt:
+            report.repairs.append(
+                f"rebuilt {len(rebuilt)} consume-queue unit(s) of {topic}/{queue_id} from the commitlog"
+            )
 
 
 def _verify_offsets(store_dir: Path, report: VerifyReport) -> None:
@@ -767,6 +820,7 @@ async def _run(
     _verify_hot(hot, report, tally)
     await asyncio.to_thread(_verify_offsets, hot.dir, report)
     if repair:
+        await asyncio.to_thread(_repair_units, hot, report)
         await asyncio.to_thread(_repair_offsets, hot.dir, report)
     if view is not None:
         await _verify_cold(view, report, tally)
@@ -805,7 +859,7 @@ async def verify_store(
     store_dir = Path(cfg.store.dir)
     if not store_dir.is_dir():
         raise NotFoundError(f"no store at {store_dir} (store.dir)", path=str(store_dir))
-    hot = await asyncio.to_thread(HotStore.open, cfg.store)
+    hot = await asyncio.to_thread(functools.partial(HotStore.open, cfg.store, rebuild_units=False))
     try:
         await asyncio.to_thread(hot.require_dispatched, 30, "verify")
         report = VerifyReport()

@@ -11,7 +11,8 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from tierd import BlockingMessageStore, Message
+from tierd import BlockingMessageStore, GetStatus, Message, TierdConfig
+from tierd.format.cq_unit import UNIT_SIZE
 from tierd.offsets import FILE_NAME as OFFSETS_FILE
 
 from .conftest import small_config
@@ -67,3 +68,86 @@ def test_a_flipped_byte_in_the_consumer_offsets_falls_back_to_the_backup_and_ver
     assert BlockingMessageStore.verify_store(cfg).ok
     with BlockingMessageStore.open(cfg) as store:
         assert store.committed_offsets("billing") == {("t", 0): 1}
+
+
+# ------------------------------------------------------------------------ consume-queue units
+def _queue_files(root: Path) -> dict[str, bytes]:
+    return {str(p): p.read_bytes() for p in sorted((root / "consumequeue").rglob("*")) if p.is_file()}
+
+
+def _write_two_queues(cfg: TierdConfig, count: int = 200) -> None:
+    """``count`` messages in each of two queues, interleaved (a unit's neighbours are not its
+    record's neighbours in the commitlog), tagged so a unit's tags code matters."""
+    with BlockingMessageStore.open(cfg) as store:
+        for i in range(count):
+            store.put_batch(
+                [
+                    Message(topic="t", body=b"m%d-%d" % (q, i) * 5, tags=f"tag{i % 3}", queue_id=q)
+                    for q in (0, 1)
+                ]
+            )
+
+
+def _read_queue(store: BlockingMessageStore, qid: int) -> list[bytes]:
+    out: list[bytes] = []
+    offset = 0
+    while True:
+        r = store.get("t", qid, offset, 64)
+        if r.status is GetStatus.OFFSET_OVERFLOW_ONE:
+            return out
+        assert r.status is GetStatus.FOUND, (offset, r.status)
+        out += [m.body for m in r.messages]
+        offset = r.next_offset
+
+
+#: Byte of unit 150 of queue 0 (its file holds units 128..191): the size's sign bit (the unit
+#: no longer looks written) or the offset's low byte (it still looks valid, points elsewhere).
+UNIT = 150
+FLIPS = {"size sign": (8, 0x80), "offset low byte": (7, 0x01)}
+
+
+@pytest.mark.parametrize("flip", FLIPS, ids=list(FLIPS))
+def test_a_flipped_byte_in_a_consume_queue_unit_is_reported_read_only_and_repair_rebuilds_it(
+    tmp_path: Path, flip: str
+) -> None:
+    root = tmp_path / "s"
+    cfg = small_config(root)
+    _write_two_queues(cfg)
+    byte, mask = FLIPS[flip]
+    _flip(
+        root / "consumequeue" / "t" / "0" / f"{128 * UNIT_SIZE:020d}", (UNIT - 128) * UNIT_SIZE + byte, mask
+    )
+    before = _queue_files(root)
+    report = BlockingMessageStore.verify_store(cfg)
+    assert not report.ok
+    assert [(p.area, p.where) for p in report.problems] == [("hot-consumequeue", f"t/0@{UNIT}")]
+    assert report.problems[0].fix
+    assert _queue_files(root) == before  # read-only: not a byte of any queue changed
+    repaired = BlockingMessageStore.verify_store(cfg, repair=True)
+    assert repaired.ok, repaired.problems
+    assert repaired.repairs
+    assert BlockingMessageStore.verify_store(cfg).ok
+    with BlockingMessageStore.open(cfg) as store:
+        for qid in (0, 1):
+            assert _read_queue(store, qid) == [b"m%d-%d" % (qid, i) * 5 for i in range(200)]
+        assert store.put(Message(topic="t", body=b"next", queue_id=0)).queue_offset == 200
+        r = store.get("t", 0, UNIT, 1, tags=f"tag{UNIT % 3}")
+        assert [m.queue_offset for m in r.messages] == [UNIT]  # its tags code was rebuilt too
+
+
+def test_a_consume_queue_unit_that_no_longer_looks_written_is_rebuilt_when_the_store_opens(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    root = tmp_path / "s"
+    cfg = small_config(root)
+    _write_two_queues(cfg)
+    _flip(root / "consumequeue" / "t" / "0" / f"{128 * UNIT_SIZE:020d}", (UNIT - 128) * UNIT_SIZE + 8, 0x80)
+    caplog.set_level(logging.INFO)
+    with BlockingMessageStore.open(cfg) as store:
+        for qid in (0, 1):
+            assert _read_queue(store, qid) == [b"m%d-%d" % (qid, i) * 5 for i in range(200)]
+        assert store.put(Message(topic="t", body=b"next", queue_id=0)).queue_offset == 200
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(errors) == 1
+    assert f"t/0 offset {UNIT}" in errors[0]
+    assert BlockingMessageStore.verify_store(cfg).ok

@@ -62,6 +62,12 @@ class ConsumeQueue:
         #: Offset this queue starts at when it did not start at 0 (a store restored from the cold
         #: tier continues the queue where the cold tier ends). Persisted in ``{dir}/floor``.
         self.floor = 0
+        #: Queue offsets :meth:`recover` found damaged: units that do not look written, with
+        #: written units after them (the store rebuilds them from the commitlog).
+        self.damaged: list[int] = []
+        #: Whether :meth:`recover` cut units that were not all zeros (a torn or damaged last
+        #: unit): their records must be re-dispatched from this queue's end, not the checkpoint.
+        self.cut_written = False
         self._lock = threading.Lock()
 
     # ------------------------------------------------------------------ state
@@ -98,32 +104,42 @@ class ConsumeQueue:
         self.min_offset = max(self.min_offset, queue_offset)
 
     def recover(self) -> int:
-        """Find the end of valid units (size > 0) and truncate after it. Return the commitlog
-        offset one past the last unit's record (0 when empty) — where re-dispatch may resume."""
+        """Find the end of the written units and truncate after it. Return the commitlog offset
+        one past the last unit's record (0 when empty) — where re-dispatch may resume.
+
+        A unit that does not look written (size <= 0 or offset < 0) is the end only when no
+        written unit follows it: one flipped byte in the middle of a queue is *damage*, listed
+        in :attr:`damaged` and rebuilt from the commitlog — never a reason to cut every later
+        unit. Zeros are searched past for :data:`RECOVER_UNITS` units only (a lost block; an
+        unwritten tail stays a small read); non-zero bytes to the end of the files read."""
         files = list(self.files)
-        end_phys = 0
+        self.damaged, self.cut_written = [], False
         start = max(self.floor * UNIT_SIZE, files[0].file_from_offset) if files else self.floor * UNIT_SIZE
-        valid_end = start
-        for f in files[-3:] if len(files) > 3 else files:
-            if f.file_from_offset + f.size <= start:
-                continue
-            pos = max(start, f.file_from_offset) - f.file_from_offset
-            torn = False
-            chunk = RECOVER_UNITS // 16
-            while pos < f.size and not torn:
-                units = decode_units(f.read(pos, min(f.size, pos + chunk * UNIT_SIZE)))
-                chunk = min(chunk * 2, RECOVER_UNITS)
-                sizes = units["size"]
-                bad = np.flatnonzero((sizes <= 0) | (units["offset"] < 0))
-                n = int(bad[0]) if len(bad) else len(units)
-                if n:
-                    last = units[n - 1]
-                    end_phys = int(last["offset"]) + int(last["size"])
+        considered = files[-3:]
+        pos = max(start, considered[0].file_from_offset) if considered else start
+        limit = files[-1].file_from_offset + files[-1].size if files else start
+        valid_end, end_phys = pos, 0
+        chunk = RECOVER_UNITS // 16
+        while pos < limit:
+            units = self._raw_units(pos, chunk)
+            chunk = min(chunk * 2, RECOVER_UNITS)
+            good = _looks_written(units)
+            n = len(units) if good.all() else int(np.argmin(good))
+            if n:
+                last = units[n - 1]
+                end_phys = int(last["offset"]) + int(last["size"])
                 pos += n * UNIT_SIZE
-                torn = n < len(units)
-            valid_end = f.file_from_offset + pos
-            if torn:
+                valid_end = pos
+            if n == len(units):
+                continue
+            written = any(units[n : n + 1].tobytes())
+            search = limit if written else min(limit, pos + (RECOVER_UNITS + 1) * UNIT_SIZE)
+            resume = self._next_written(pos + UNIT_SIZE, search)
+            if resume is None:
+                self.cut_written = written
                 break
+            self.damaged += range(pos // UNIT_SIZE, resume // UNIT_SIZE)
+            pos = resume
         self.files.truncate(valid_end)
         if files and not self.files.files and valid_end // UNIT_SIZE > self.floor:
             # Everything was torn: remember where the queue stands so its offsets never restart.
@@ -131,6 +147,28 @@ class ConsumeQueue:
         for f in self.files:
             f.wrote = f.flushed = min(f.size, max(0, valid_end - f.file_from_offset))
         return end_phys
+
+    def _raw_units(self, pos: int, count: int) -> npt.NDArray[np.void]:
+        """Up to ``count`` units from logical byte ``pos``, never crossing a file end, whatever
+        the file's write position (recovery reads what is on disk)."""
+        f = self.files.find(pos)
+        if f is None:
+            return np.empty(0, UNIT_DTYPE)
+        at = pos - f.file_from_offset
+        return decode_units(f.read(at, min(f.size, at + count * UNIT_SIZE)))
+
+    def _next_written(self, pos: int, limit: int) -> int | None:
+        """Logical byte position of the first unit from ``pos`` (before ``limit``) that looks
+        written, or None."""
+        while pos < limit:
+            units = self._raw_units(pos, min(RECOVER_UNITS, (limit - pos) // UNIT_SIZE))
+            if not len(units):
+                return None
+            good = _looks_written(units)
+            if good.any():
+                return pos + int(np.argmax(good)) * UNIT_SIZE
+            pos += len(units) * UNIT_SIZE
+        return None
 
     # ------------------------------------------------------------------ writes (reput thread only)
     def put_units(self, queue_offset: int, units: bytes) -> None:
@@ -153,17 +191,27 @@ class ConsumeQueue:
             pos += n
 
     def truncate_from_physical(self, phys: int) -> None:
-        """Drop units pointing at or beyond commitlog offset ``phys`` (commitlog truncated)."""
-        lo, hi = self.min_offset, self.max_offset
-        while lo < hi:  # first unit with offset >= phys
-            mid = (lo + hi) // 2
-            unit = self.read_units(mid, 1)
-            if len(unit) and int(unit["offset"][0]) < phys:
-                lo = mid + 1
-            else:
-                hi = mid
-        if lo < self.max_offset:
-            self.files.truncate(lo * UNIT_SIZE)
+        """Drop the units at the queue's end that point at or beyond commitlog offset ``phys``
+        (commitlog truncated). Walks back from the end in growing pieces: only the last units
+        can point past the commitlog's end, and a damaged unit further back — pointing anywhere
+        — must not be taken for the place to cut (a binary search could land on it)."""
+        end = pos = self.max_offset
+        keep = self.min_offset
+        chunk = 16
+        while pos > self.min_offset:
+            f = self.files.find((pos - 1) * UNIT_SIZE)
+            if f is None:
+                keep = pos  # nothing readable below: nothing there to cut
+                break
+            first = max(self.min_offset, f.file_from_offset // UNIT_SIZE, pos - chunk)
+            chunk = min(chunk * 2, RECOVER_UNITS)
+            below = np.flatnonzero(self.read_units(first, pos - first)["offset"] < phys)
+            if len(below):
+                keep = first + int(below[-1]) + 1
+                break
+            pos = first
+        if keep < end:
+            self.files.truncate(keep * UNIT_SIZE)
 
     # ------------------------------------------------------------------ reads
     def read_units(self, queue_offset: int, max_count: int) -> npt.NDArray[np.void]:
@@ -204,6 +252,11 @@ class ConsumeQueue:
 
     def close(self) -> None:
         self.files.close()
+
+
+def _looks_written(units: npt.NDArray[np.void]) -> npt.NDArray[np.bool_]:
+    good: npt.NDArray[np.bool_] = (units["size"] > 0) & (units["offset"] >= 0)
+    return good
 
 
 def flush_queues(queues: Iterable[ConsumeQueue], dir_syncs: PendingDirSyncs) -> None:

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from tierd.errors import CorruptRecordError
+from tierd.format.cq_unit import encode_units
 from tierd.format.record import (
     BLANK,
     END_FILE_MIN_BLANK,
@@ -35,11 +36,13 @@ from tierd.format.record import (
     parse_record_view,
     scan_record,
 )
+from tierd.local.dispatch import DispatchBatch
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
     from tierd.local.commitlog import CommitLog
+    from tierd.local.consumequeue import ConsumeQueue
     from tierd.local.mapped_file import MappedFile
     from tierd.local.quarantine import Lost, Quarantine
 
@@ -244,3 +247,110 @@ def scan_commitlog(
             records = [r for r in records if r[0] < torn]
             return ScanResult(torn, records, damage, checked - len(after), cut_torn_append=True)
     return ScanResult(pos, records, damage, checked)
+
+
+# ---------------------------------------------------------------------------- unit rebuild
+def find_queue_records(
+    cl: CommitLog,
+    quarantine: Quarantine,
+    topic: str,
+    queue_id: int,
+    wanted: set[int],
+    lo: int,
+    hi: int,
+    max_record: int,
+) -> list[tuple[int, RecordView]]:
+    """The records of ``topic``/``queue_id`` with a queue offset in ``wanted`` among the records
+    of commitlog ``[lo, hi)`` (``lo`` a record boundary), walking records like recovery does:
+    blank markers followed, quarantined ranges stepped over, damage resynced past."""
+    scan = _Scan(cl, True, max_record, lambda topic, queue_id, offset: None)
+    found: list[tuple[int, RecordView]] = []
+    pos = max(lo, cl.min_offset)
+    while pos < hi and len(found) < len(wanted):
+        known = quarantine.covers(pos)
+        if known is not None:
+            pos = known.end
+            continue
+        f = cl.files.find(pos)
+        if f is None or f.size - (pos - f.file_from_offset) < END_FILE_MIN_BLANK:
+            break
+        status, size, view = scan_record(f.view, pos - f.file_from_offset, f.size, True)
+        if status == VALID:
+            assert view is not None
+            if view.topic == topic and view.queue_id == queue_id and view.queue_offset in wanted:
+                found.append((pos, view))
+            pos += size
+        elif status == BLANK:
+            pos = f.file_from_offset + f.size
+        else:
+            resync = scan.resync(pos)
+            if resync is None:
+                break
+            pos = resync[0]
+    return found
+
+
+def rebuild_units(
+    cq: ConsumeQueue, cl: CommitLog, quarantine: Quarantine, offsets: list[int], max_record: int
+) -> list[int]:
+    """Rewrite the units at queue ``offsets`` from the commitlog, the source of truth: each run
+    of them is searched for between the records its nearest sound neighbours point at (the
+    whole commitlog when a neighbour is unsound too). Only a record that names this queue and
+    offset makes a unit, so a rebuilt unit is never wrong. Returns the offsets rebuilt; the
+    others have no record left (expired or lost) and keep their unit."""
+    rebuilt: list[int] = []
+    for first, end in _runs(sorted(set(offsets))):
+        before = _sound_position(cq, cl, first - 1, end=True)
+        after = _sound_position(cq, cl, end, end=False)
+        found = find_queue_records(
+            cl,
+            quarantine,
+            cq.topic,
+            cq.queue_id,
+            set(range(first, end)),
+            cl.min_offset if before is None else before,
+            cl.max_offset if after is None else after,
+            max_record,
+        )
+        if not found:
+            continue
+        batch = DispatchBatch.from_records(found, cl.max_offset)
+        for j, (_, view) in enumerate(found):
+            cq.put_units(
+                view.queue_offset,
+                encode_units(batch.offsets[j : j + 1], batch.sizes[j : j + 1], batch.tags_codes[j : j + 1]),
+            )
+            rebuilt.append(view.queue_offset)
+    return sorted(rebuilt)
+
+
+def _runs(offsets: list[int]) -> list[tuple[int, int]]:
+    """Sorted offsets as runs ``[first, end)`` of consecutive ones."""
+    runs: list[tuple[int, int]] = []
+    for o in offsets:
+        if runs and runs[-1][1] == o:
+            runs[-1] = (runs[-1][0], o + 1)
+        else:
+            runs.append((o, o + 1))
+    return runs
+
+
+def _sound_position(cq: ConsumeQueue, cl: CommitLog, offset: int, *, end: bool) -> int | None:
+    """Where the record of the unit at queue ``offset`` starts (or ends, with ``end``) when the
+    unit is sound — it points at a whole record of this queue and offset — else None."""
+    if not cq.min_offset <= offset < cq.max_offset:
+        return None
+    units = cq.read_units(offset, 1)
+    if not len(units):
+        return None
+    phys, size = int(units["offset"][0]), int(units["size"][0])
+    f = cl.files.find(phys) if phys >= cl.min_offset else None
+    if f is None:
+        return None
+    try:
+        view = parse_record_view(f.view, phys - f.file_from_offset, f.size, check_crc=False)
+    except CorruptRecordError:
+        return None
+    if (view.topic, view.queue_id, view.queue_offset, view.size) != (cq.topic, cq.queue_id, offset, size):
+        return None
+    return phys + size if end else phys

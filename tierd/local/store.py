@@ -49,7 +49,7 @@ from tierd.local.mapped_file import FileCache, PendingDirSyncs, open_files_limit
 from tierd.local.prepare import ACCELERATED as PREPARE_ACCELERATED
 from tierd.local.prepare import Preparer
 from tierd.local.quarantine import COPY_LIMIT, Quarantine
-from tierd.local.recovery import scan_commitlog
+from tierd.local.recovery import rebuild_units, scan_commitlog
 from tierd.local.validation import RECORD_OVERHEAD_LIMIT, check_key, check_queue, check_topic
 from tierd.message import GetStatus, Message, PutResult, new_put_result
 from tierd.repeats import FailureLog
@@ -234,12 +234,17 @@ class HotStore:
         self.corrupt_reads = 0
         #: Commitlog offsets of corrupt records already logged (each is logged once).
         self._reported: dict[int, None] = {}
+        #: Whether recovery rebuilds damaged consume-queue units (see :meth:`open`).
+        self._rebuild_units = True
 
     # ------------------------------------------------------------------ lifecycle
     @classmethod
-    def open(cls, cfg: StoreConfig) -> HotStore:
+    def open(cls, cfg: StoreConfig, *, rebuild_units: bool = True) -> HotStore:
+        """Open (and recover) the store. ``rebuild_units=False`` leaves damaged consume-queue
+        units as they are — ``tierd verify`` reports them and rebuilds them only with --repair."""
         note_python_fallbacks()
         store = cls(cfg)
+        store._rebuild_units = rebuild_units
         store._open()
         return store
 
@@ -301,8 +306,10 @@ class HotStore:
                     )
                     cq.load()
                     self.cqs[topic_dir.name, int(qdir.name)] = cq
-        cq_end = max((cq.recover() for cq in self.cqs.values()), default=0)
-        start = min(cq_end, self.checkpoint.dispatched_offset) if self.cqs else 0
+        ends = {key: cq.recover() for key, cq in self.cqs.items()}
+        start = min(max(ends.values(), default=0), self.checkpoint.dispatched_offset) if self.cqs else 0
+        # A queue whose last unit was torn or damaged lost it: re-dispatch from its end.
+        start = min([start, *(ends[key] for key, cq in self.cqs.items() if cq.cut_written)])
         if self.index.rebuild_from is not None:  # index files destroyed as possibly torn
             start = min(start, self.index.rebuild_from)
         start = max(start, cl.min_offset)
@@ -335,6 +342,7 @@ class HotStore:
         for cq in self.cqs.values():
             cq.truncate_from_physical(valid_end)
         self.index.truncate_to(valid_end)
+        self._rebuild_damaged_units()
         fresh = [d for d in scan.damage if not d.known]
         for d in fresh:  # recorded before any hole is written, so a crash here loses no record of it
             q = self.quarantine.add(d.start, d.end, self._bytes(d.start, d.end), d.lost)
@@ -369,6 +377,33 @@ class HotStore:
         cl.flush()
         self.checkpoint.dispatched_offset = valid_end
         self.checkpoint.flush()
+
+    def _rebuild_damaged_units(self) -> None:
+        """Rebuild from the commitlog the units recovery found damaged mid-queue (one ERROR
+        line per queue); left as they are when opened for ``tierd verify`` without --repair."""
+        for cq in self.cqs.values():
+            if not cq.damaged or not self._rebuild_units:
+                continue
+            rebuilt = rebuild_units(
+                cq,
+                self.commitlog,
+                self.quarantine,
+                cq.damaged,
+                self.cfg.max_message_size + RECORD_OVERHEAD_LIMIT,
+            )
+            first, last = cq.damaged[0], cq.damaged[-1]
+            log.error(
+                "recovery: consume queue %s/%d offset %s: %d damaged unit(s) (not a valid unit, valid "
+                "units after them); %d rebuilt from the commitlog%s",
+                cq.topic,
+                cq.queue_id,
+                first if first == last else f"{first}..{last}",
+                len(cq.damaged),
+                len(rebuilt),
+                ""
+                if len(rebuilt) == len(cq.damaged)
+                else "; the others have no record left: `tierd verify` lists them",
+            )
 
     def _check_from(self, start: int) -> int:
         """Where recovery starts checking records: the re-dispatch start after a clean exit;
