@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
-from tierd.errors import InvalidArgumentError, StoreClosedError, TierdError
+from tierd.errors import InvalidArgumentError, NotReadyError, StoreClosedError, TierdError
 from tierd.groups import ConsumerGroups, GroupInfo
 from tierd.inventory import QueueInfo, SegmentRow, check_kind, live_segments, queue_infos
 from tierd.local.store import MAX_GET_COUNT, HotStore, PutBatchResult
@@ -109,6 +109,24 @@ class _StoreCore:
         """True once the cold tier is usable (prefix claimed, flat files loaded); always True
         without a cold tier. Reads wait for it by themselves; this is for health reports."""
         return self.tiering is None or self.tiering.ready.is_set()
+
+    @property
+    def cold_failure(self) -> Exception | None:
+        """Why the cold tier cannot start until an operator acts (another store owns the prefix,
+        missing or corrupt metadata, bad settings): every read fails meanwhile, while produce is
+        still acknowledged into the hot store. None when it is ready, off, still starting, or
+        retrying a failure that may pass by itself (a backend outage). Which failures are final
+        is the tiering service's call (``check_ready``): this only asks it."""
+        t = self.tiering
+        if t is None or t.ready.is_set() or t.start_error is None:
+            return None
+        try:
+            t.check_ready()
+        except NotReadyError:
+            return None
+        except TierdError:
+            return t.start_error
+        return None
 
     @property
     def stats(self) -> StoreStats:

@@ -292,7 +292,12 @@ async def _readiness_and_draining(tmp_path: Path) -> None:
     async with httpx.AsyncClient(transport=transport, base_url="http://tierd") as c:
         assert (await c.get("/healthz")).json() == {"status": "ok"}
         body = assert_error(await c.get("/readyz"), 503, "not_ready")
-        assert body["detail"] == {"store_open": False, "cold_metadata_loaded": False, "draining": False}
+        assert body["detail"] == {
+            "store_open": False,
+            "cold_metadata_loaded": False,
+            "cold_tier_down": None,
+            "draining": False,
+        }
         assert_error(await c.get("/v1/topics"), 503, "not_ready")
         assert await app.state.service.drain(1)
         body = assert_error(await c.post("/v1/topics/t/messages", json={"body": ""}), 503, "draining")

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from pathlib import Path
 
     import httpx
+    import pytest
 
     from tierd.testing.s3server import S3Server
 
@@ -125,16 +126,23 @@ def test_admin_tier_is_409_prefix_owned_when_another_store_owns_the_prefix(tmp_p
         owner_id = a.tiering.ownership.store_id
     with running(TierdConfig.from_dict(service_config(tmp_path / "b", shared)), cold_ready=False) as svc:
         c = svc.client
-        poll(lambda: c.get("/readyz").status_code == 200, "/readyz 200")  # B serves its own clients
+        # B acknowledges its producers (the hot store keeps the messages) but cannot serve its
+        # consumers until an operator resolves the ownership: unready, saying why.
+        poll(lambda: c.get("/readyz").status_code == 503, "/readyz 503")
+        ready = c.get("/readyz").json()
+        assert ready["detail"]["cold_tier_down"]["error"] == "prefix_owned"
+        assert "the cold tier cannot start" in ready["message"]
         assert (
             c.post("/v1/topics/orders/messages", json={"body": b64(b"B1"), "queue_id": 0}).status_code == 200
         )
+        assert_error(c.get("/v1/topics/orders/queues/0/messages"), 409, "prefix_owned")
         body = assert_error(c.post("/v1/admin/tier", json={}), 409, "prefix_owned")
         assert body["detail"]["owner_store_id"] == owner_id
         assert f"owned by store {owner_id} on host" in body["message"]
         st = status(c)
         assert st["status"] == "degraded"
         assert st["tiering"]["ownership"]["error"]["error"] == "prefix_owned"
+        assert st["cold_tier_down"]["error"] == "prefix_owned"
         assert st["tiering"]["ownership"]["owner"]["store_id"] == owner_id
         assert st["tiering"]["ownership"]["owned_by_this_store"] is False
         assert metric(c, "tierd_prefix_owned") == 1.0
@@ -192,3 +200,43 @@ def test_a_pod_stopped_while_its_cold_tier_starts_still_commits_what_it_accepted
             assert (queue.cold_max_offset, queue.pending_messages) == (10, 0)
     finally:
         proxy.close()
+
+
+def test_a_cold_tier_that_cannot_start_is_unready_and_says_why(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The tiering metadata is gone while the bucket holds this broker's data: the cold tier
+    refuses to start (tiering would write over it) and every read fails until an operator acts.
+    Produce is still acknowledged (the hot store is fine), but /readyz, /v1/status and the log
+    must say the cold tier is down and why — not a ready pod whose consumers all get errors."""
+    from tierd.tiered.metadata import MetadataStore
+
+    cfg = TierdConfig.from_dict(service_config(tmp_path))
+    with BlockingMessageStore.open(cfg) as store:
+        store.put(Message(topic="orders", body=b"tiered", queue_id=0))
+        assert store.tier_now().committed == 1
+    meta = MetadataStore(cfg.store.dir)
+    meta.path.unlink()
+    meta.backup.unlink(missing_ok=True)
+    with running(cfg, cold_ready=False) as svc:
+        c = svc.client
+        poll(lambda: status(c)["tiering"]["start_error"] is not None, "a failed start")
+        put = c.post("/v1/topics/orders/messages", json={"body": b64(b"after"), "queue_id": 0})
+        assert put.status_code == 200, put.text  # acknowledged: the hot store keeps it
+        read = c.get("/v1/topics/orders/queues/0/messages", params={"offset": 0})
+        assert read.status_code == 502, read.text
+        ready = c.get("/readyz")
+        assert ready.status_code == 503, ready.text
+        body = ready.json()
+        assert body["error"] == "not_ready"
+        assert "the cold tier cannot start" in body["message"]
+        assert "tierd restore" in body["message"]  # the reason, with what to do
+        assert body["detail"]["cold_tier_down"]["error"] == "corruption"
+        st = status(c)
+        assert st["status"] == "degraded"
+        assert st["cold_tier_down"]["error"] == "corruption"
+        assert "no tiering metadata" in st["cold_tier_down"]["message"]
+        poll(lambda: any("reads fail until" in r.getMessage() for r in caplog.records), "the log line")
+    lines = [r.getMessage() for r in caplog.records if "reads fail until" in r.getMessage()]
+    assert len(lines) == 1, lines  # said once, not once per check
+    assert "no tiering metadata" in lines[0]

@@ -32,6 +32,7 @@ from tierd.service.errors import (
     DrainingError,
     error_response,
     install_error_handlers,
+    problem,
 )
 from tierd.service.guards import HostGuardMiddleware, HostPolicy, JsonOnlyMiddleware
 from tierd.service.metrics import HttpMetricsMiddleware, ServiceMetrics
@@ -53,6 +54,7 @@ from tierd.service.schemas import (
     MessageIn,
     MessageOut,
     OffsetForTimeOut,
+    ProblemOut,
     PutOut,
     QueryOut,
     QueueOffsetOut,
@@ -140,16 +142,25 @@ class Service:
             return False
         return True
 
-    def readiness(self) -> dict[str, bool]:
+    def readiness(self) -> dict[str, Any]:
         """What ``/readyz`` decides on: can this pod serve its local producers and consumers —
-        hot store open, cold metadata loaded, not draining. Deliberately *not* whether the
-        backend answers: an S3 outage must not take every pod out of its Service while produce
-        works (backend health is ``GET /v1/status`` and the metrics, where alerts belong)."""
+        hot store open, cold metadata loaded, the cold tier not down for good, not draining.
+        Deliberately *not* whether the backend answers: an S3 outage must not take every pod out
+        of its Service while produce works (backend health is ``GET /v1/status`` and the
+        metrics, where alerts belong). A cold tier that cannot start until an operator acts
+        (``cold_tier_down``) is different: every read fails, so the pod cannot serve its
+        consumers, however long one waits."""
         store = self._provider()
         is_open = store is not None and not store.closed
         cold_stats = store.stats.cold if is_open and store is not None else None
         cold = cold_stats is None or cold_stats.metadata_loaded
-        return {"store_open": is_open, "cold_metadata_loaded": is_open and cold, "draining": self.draining}
+        down = store.cold_failure if is_open and store is not None else None
+        return {
+            "store_open": is_open,
+            "cold_metadata_loaded": is_open and cold,
+            "cold_tier_down": None if down is None else problem(down),
+            "draining": self.draining,
+        }
 
     def status(self) -> ServiceStatusOut:
         """``GET /v1/status``: backend health, ownership and lag (see :class:`ServiceStatusOut`)."""
@@ -165,7 +176,14 @@ class Service:
             state = "degraded"
         else:
             state = "ok" if tiering.ready else "starting"
-        return ServiceStatusOut(status=state, store_open=is_open, draining=self.draining, tiering=tiering)
+        down = store.cold_failure if store is not None and is_open else None
+        return ServiceStatusOut(
+            status=state,
+            store_open=is_open,
+            draining=self.draining,
+            cold_tier_down=None if down is None else ProblemOut.model_validate(problem(down)),
+            tiering=tiering,
+        )
 
 
 async def _service(request: Request) -> Service:
@@ -624,15 +642,20 @@ async def readyz(svc: Svc) -> Any:
     tiering) the local tiering metadata is loaded; 503 before that and while draining. A backend
     outage does not make the pod unready (see `/v1/status`). Never needs a token."""
     state = svc.readiness()
-    if state["store_open"] and state["cold_metadata_loaded"] and not state["draining"]:
+    down = state["cold_tier_down"]
+    if state["store_open"] and state["cold_metadata_loaded"] and not state["draining"] and down is None:
         return StatusOut(status="ready")
-    reason = (
-        "draining"
-        if state["draining"]
-        else "opening"
-        if not state["store_open"]
-        else "tiering metadata not loaded"
-    )
+    if state["draining"]:
+        reason = "draining"
+    elif not state["store_open"]:
+        reason = "opening"
+    elif down is not None:
+        reason = (
+            f"the cold tier cannot start: {down['message']} — produce is still acknowledged into the "
+            "hot store, every read fails until this is fixed (docs/http.md, a cold tier that cannot start)"
+        )
+    else:
+        reason = "tiering metadata not loaded"
     return error_response(503, "not_ready", f"not ready: {reason}", state)
 
 

@@ -59,6 +59,8 @@ DRAIN_TIMEOUT = 10.0
 HTTP_STOP_TIMEOUT = 5
 #: Longest wait for gRPC calls in flight when draining (long polls are cancelled after it).
 GRPC_STOP_TIMEOUT = 5.0
+#: How often the daemon looks whether the cold tier is down for good (a cheap flag check).
+COLD_WATCH_INTERVAL = 1.0
 
 
 class _Server(uvicorn.Server):
@@ -202,7 +204,11 @@ class Daemon:
             )
             if on_ready is not None:
                 on_ready(self)
-            await _first(self._stop.wait(), http)
+            watch = asyncio.create_task(_watch_cold_tier(store), name="tierd-cold-watch")
+            try:
+                await _first(self._stop.wait(), http)
+            finally:
+                watch.cancel()
             await self._shutdown(store, server, http)
         finally:
             if self.grpc is not None:
@@ -275,6 +281,33 @@ class Daemon:
                 dispatch.messages_dispatched - before,
             )
         log.info("hot store flushed and closed")
+
+
+async def _watch_cold_tier(store: MessageStore) -> None:
+    """Say in the log when the cold tier is down until an operator acts, and when it is back.
+
+    Why here: the tiering service logs its start-up failure as a tiering matter ("hot store keeps
+    working"), but for the service it means more — produce is still acknowledged while every read
+    fails and ``/readyz`` is 503 — and the operator reading the log must learn that, once per
+    distinct cause (the service retries slowly; the cause may change or clear)."""
+    said: str | None = None
+    while not store.closed:
+        down = store.cold_failure
+        now = None if down is None else str(down)
+        if now != said:
+            if down is not None:
+                log.error(
+                    "cold tier down: %s — produce is still acknowledged into the hot store, but reads "
+                    "fail until an operator fixes this; /readyz answers 503 (docs/http.md)",
+                    down,
+                )
+            elif said is not None:
+                log.warning(
+                    "cold tier no longer down: %s",
+                    "ready, reads are served again" if store.ready else "starting again",
+                )
+            said = now
+        await asyncio.sleep(COLD_WATCH_INTERVAL)
 
 
 async def _first(waiting: Coroutine[Any, Any, Any], http: asyncio.Task[None]) -> None:

@@ -104,6 +104,13 @@ def error_body(code: str, message: str, detail: dict[str, Any] | None = None) ->
     return {"error": code, "message": message, "detail": _jsonable(detail or {})}
 
 
+def problem(exc: BaseException) -> dict[str, Any]:
+    """An exception in the error shape (``/readyz`` and ``/v1/status`` report causes this way)."""
+    if isinstance(exc, TierdError):
+        return error_body(exc.code, exc.message, exc.detail)
+    return error_body("internal", str(exc) or type(exc).__name__)
+
+
 def error_response(
     status: int, code: str, message: str, detail: dict[str, Any] | None = None
 ) -> JSONResponse:

@@ -325,12 +325,28 @@ class RecentErrorOut(_Model):
     count: int = Field(description="Identical consecutive occurrences.")
 
 
+class DamagedQueueOut(_Model):
+    """A queue whose cold files are damaged: fenced, every other queue works (docs/tiering.md)."""
+
+    topic: str
+    queue_id: int
+    first: int = Field(description="First queue offset lost from the cold tier.")
+    end: int = Field(description="Queue offset after the last one lost.")
+    messages: int = Field(description="Messages lost from the cold tier (`end - first`).")
+    loaded: bool = Field(description="The queue loaded and serves the offsets before `first`.")
+    error: str
+    message: str
+
+
 class TieringStatusOut(_Model):
     ready: bool = Field(description="Prefix claimed and flat files loaded: the cold tier serves and tiers.")
     metadata_loaded: bool = Field(description="Local tiering metadata read (what `/readyz` needs).")
     start_error: ProblemOut | None = Field(description="Why the cold tier has not started (None once ready).")
     backend: BackendOut
     ownership: OwnershipOut
+    damaged: list[DamagedQueueOut] = Field(
+        default_factory=list, description="Fenced queues with damaged cold files (empty: none)."
+    )
     last_commit: int | None = Field(description="Last successful commit (ms since the epoch).")
     lag: LagOut
     errors: list[RecentErrorOut] = Field(description="Recent errors, newest last.")
@@ -345,6 +361,13 @@ class ServiceStatusOut(_Model):
     )
     store_open: bool
     draining: bool
+    cold_tier_down: ProblemOut | None = Field(
+        None,
+        description="Why the cold tier cannot start until an operator acts (another store owns the "
+        "prefix, missing or corrupt tiering metadata, bad settings): produce is still acknowledged "
+        "into the hot store, every read fails and `/readyz` is 503. None otherwise (a backend "
+        "outage is retried by itself and shows in `tiering.start_error`).",
+    )
     tiering: TieringStatusOut | None = Field(description="None when tiering is disabled.")
 
 
