@@ -18,6 +18,13 @@ old owner learns of a takeover from one listing. Records are never rewritten or 
 directory is also the history of who owned the prefix. ``OWNER.d`` cannot collide with a topic
 (topic names have no dots).
 
+**Unreadable records.** A record that does not parse (a flipped byte) cannot say who owns the
+prefix. The highest one unreadable: :meth:`Ownership.claim` refuses to write (the store is
+fenced, :attr:`Ownership.unreadable` names the epoch) but the cold tier still loads and serves
+reads; the operator's way out is :func:`take_over_unreadable` (``tierd takeover --unreadable
+EPOCH``), which names that record and creates the next epoch for this store. A lower record
+unreadable costs nothing: only the highest epoch is ever read.
+
 **Fencing.** :meth:`Ownership.verify` lists the records: a higher epoch than ours means another
 store took over — this store is *fenced* from then on (:class:`~tierd.errors.PrefixOwnedError`,
 sticky until restart); our own record gone means the prefix was wiped or the location is not
@@ -44,7 +51,13 @@ from typing import TYPE_CHECKING, Literal
 from pydantic import Field, ValidationError
 
 from tierd.drivers.paths import cluster_dir
-from tierd.errors import BackendError, CorruptionError, ObjectExistsError, PrefixOwnedError
+from tierd.errors import (
+    BackendError,
+    CorruptionError,
+    InvalidArgumentError,
+    ObjectExistsError,
+    PrefixOwnedError,
+)
 from tierd.tiered.records import JsonDocument
 
 if TYPE_CHECKING:
@@ -202,6 +215,25 @@ def owned_error(
     )
 
 
+def unreadable_error(
+    root: DriverRoot, cluster: str, broker: str, epoch: int, err: CorruptionError, our_id: str
+) -> PrefixOwnedError:
+    """The error for a prefix whose highest owner record does not parse: nobody can tell who
+    owns it, so nothing is written until an operator takes it over explicitly."""
+    prefix = prefix_url(root.url, cluster, broker)
+    return PrefixOwnedError(
+        f"cold-tier prefix {prefix}: the owner record of epoch {epoch} (the highest) is unreadable "
+        f"({err}), so who owns the prefix is unknown; this store ({our_id}) writes nothing there "
+        "(reads still work). If this store should own it, stop the store that wrote that record "
+        f"(if any) and run `tierd takeover --unreadable {epoch}` with this store's configuration "
+        "(docs/tiering.md, 'One owner per prefix')",
+        prefix=prefix,
+        unreadable_epoch=epoch,
+        path=owner_path(cluster, broker, epoch),
+        store_id=our_id,
+    )
+
+
 class Ownership:
     """This store's claim on its prefix (see module doc). One per tiering service or restore.
 
@@ -220,6 +252,8 @@ class Ownership:
         self.fenced: PrefixOwnedError | None = None
         #: The owner as last seen (ours, or the one that fenced or refused us).
         self.owner: OwnerRecord | None = None
+        #: Epoch of the highest owner record when it is unreadable (then :attr:`fenced` is set).
+        self.unreadable: int | None = None
         self._verified_at = float("-inf")
         self._lock = asyncio.Lock()
 
@@ -227,7 +261,7 @@ class Ownership:
     def epoch(self) -> int | None:
         return self.record.epoch if self.record is not None else None
 
-    def _new_record(self, epoch: int, previous: OwnerRecord | None) -> OwnerRecord:
+    def _new_record(self, epoch: int, previous: OwnerRecord | None, *, takeover: bool = False) -> OwnerRecord:
         return OwnerRecord(
             epoch=epoch,
             store_id=self.store_id,
@@ -237,19 +271,39 @@ class Ownership:
             cluster=self.cluster,
             broker=self.broker,
             store_dir=str(self.store_dir.absolute()),
-            reason="takeover" if previous is not None else "claim",
+            reason="takeover" if previous is not None or takeover else "claim",
             previous_store_id=previous.store_id if previous is not None else None,
         )
 
-    async def claim(self, *, takeover: bool = False) -> OwnerRecord:
+    async def top(self) -> tuple[int, OwnerRecord | None]:
+        """The highest epoch (0: none) and its record. An unreadable one fences this store (see
+        module doc): :class:`~tierd.errors.PrefixOwnedError`, :attr:`unreadable` set."""
+        epochs = await list_epochs(self.root, self.cluster, self.broker)
+        if not epochs:
+            return 0, None
+        try:
+            return epochs[-1], await read_record(self.root, self.cluster, self.broker, epochs[-1])
+        except CorruptionError as e:
+            self.unreadable = epochs[-1]
+            self.fenced = unreadable_error(self.root, self.cluster, self.broker, epochs[-1], e, self.store_id)
+            raise self.fenced from e
+
+    async def claim(self, *, takeover: bool = False, expect: int | None = None) -> OwnerRecord:
         """Own the prefix: resume our own epoch, claim an unowned prefix, or (``takeover``) create
         the next epoch over another owner. Raises :class:`~tierd.errors.PrefixOwnedError` when
-        another store owns it and ``takeover`` is False, or when another claimant won a race
-        for the same epoch (a takeover never answers a racing takeover with a third epoch)."""
-        epochs = await list_epochs(self.root, self.cluster, self.broker)
-        top = await read_record(self.root, self.cluster, self.broker, epochs[-1]) if epochs else None
+        another store owns it and ``takeover`` is False, when another claimant won a race
+        for the same epoch (a takeover never answers a racing takeover with a third epoch), or
+        when the highest epoch is not ``expect`` (the one a restore saw when it began: a record
+        created since then is a concurrent claimant's, and answering it with one more epoch
+        would let two restores both succeed)."""
+        epoch, top = await self.top()
         if top is not None and top.store_id == self.store_id:
             return self._claimed(top)
+        if expect is not None and epoch != expect and top is not None:
+            self.owner = top
+            self.fenced = owned_error(top, self.root, self.store_id)
+            log.error("another store claimed the prefix while this one was getting ready: %s", self.fenced)
+            raise self.fenced
         if top is not None and not takeover:
             self.owner = top
             self.fenced = owned_error(top, self.root, self.store_id)
@@ -292,7 +346,15 @@ class Ownership:
             )
         epochs = await list_epochs(self.root, self.cluster, self.broker)
         if epochs and epochs[-1] > ours.epoch:
-            newer = await read_record(self.root, self.cluster, self.broker, epochs[-1])
+            try:
+                newer = await read_record(self.root, self.cluster, self.broker, epochs[-1])
+            except CorruptionError as e:  # a later claim, whoever made it: we are not the owner
+                self.unreadable = epochs[-1]
+                self.fenced = unreadable_error(
+                    self.root, self.cluster, self.broker, epochs[-1], e, self.store_id
+                )
+                log.error("%s", self.fenced)
+                raise self.fenced from e
             self.owner = newer
             self.fenced = owned_error(newer, self.root, self.store_id, ours)
             log.error("%s", self.fenced)
@@ -324,3 +386,58 @@ class Ownership:
                     raise self.fenced
                 return
             await self.verify()
+
+
+async def take_over_unreadable(
+    root: DriverRoot, cluster: str, broker: str, our_id: str, store_dir: Path, epoch: int
+) -> OwnerRecord:
+    """The operator's way out of an unreadable owner record (``tierd takeover --unreadable
+    EPOCH``): create epoch ``epoch + 1`` for this store (reason ``takeover``, previous store
+    unknown). ``epoch`` must name the highest record, and it must really be unreadable — a
+    readable owner is taken over only by ``tierd restore`` (which rebuilds that store's state).
+    The unreadable record stays (records are never rewritten or deleted)."""
+    ownership = Ownership(root, cluster, broker, our_id, store_dir)
+    epochs = await list_epochs(root, cluster, broker)
+    if not epochs or epochs[-1] != epoch:
+        raise InvalidArgumentError(
+            f"epoch {epoch} is not the highest owner record of {prefix_url(root.url, cluster, broker)} "
+            f"(the highest is {epochs[-1] if epochs else 'none: the prefix is unowned'}); name the "
+            "unreadable record that `tierd verify` or the start-up error reports",
+            epoch=epoch,
+            highest=epochs[-1] if epochs else None,
+        )
+    try:
+        record = await read_record(root, cluster, broker, epoch)
+    except CorruptionError as e:
+        log.warning("taking over from the unreadable owner record of epoch %d: %s", epoch, e)
+    else:
+        raise InvalidArgumentError(
+            f"the owner record of epoch {epoch} is readable: the prefix is owned by "
+            f"{record.describe()}. A takeover over a readable owner is `tierd restore --from URL` "
+            "into an empty store.dir",
+            epoch=epoch,
+            owner_store_id=record.store_id,
+        )
+    new = ownership._new_record(epoch + 1, None, takeover=True)
+    try:
+        await root.create_object(
+            owner_path(cluster, broker, new.epoch), new.model_dump_json(by_alias=True, indent=1).encode()
+        )
+    except ObjectExistsError:
+        raise ownership_race(root, cluster, broker, new.epoch, our_id) from None
+    log.warning(
+        "took over the cold-tier prefix after the unreadable record %d: now %s", epoch, new.describe()
+    )
+    return new
+
+
+def ownership_race(root: DriverRoot, cluster: str, broker: str, epoch: int, our_id: str) -> PrefixOwnedError:
+    """Another claimant created ``epoch`` first."""
+    prefix = prefix_url(root.url, cluster, broker)
+    return PrefixOwnedError(
+        f"cold-tier prefix {prefix}: another store created owner epoch {epoch} first; this store "
+        f"({our_id}) does not own it. Check `tierd verify` before trying again",
+        prefix=prefix,
+        owner_epoch=epoch,
+        store_id=our_id,
+    )

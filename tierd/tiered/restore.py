@@ -170,6 +170,14 @@ async def restore(
         root if root is not None else open_driver_factory(cfg.backend), cfg.tiered.backend_timeout
     )
     try:
+        # Who owns the prefix now: the claim below succeeds only if nobody claimed it since (a
+        # concurrent restore of the same bucket fails with prefix_owned, as one racing for the
+        # same epoch always did). Everything that may fail is read before that claim, so a
+        # restore that fails has not fenced the running owner.
+        our_id = store_id(store_dir)
+        assert our_id is not None
+        ownership = Ownership(root, cfg.tiered.cluster, cfg.tiered.broker, our_id, store_dir)
+        seen, _ = await ownership.top()
         broker = await read_broker_manifest(root, cfg.tiered.cluster, cfg.tiered.broker)
         listing = await _list_segments(root, cfg.tiered.cluster, cfg.tiered.broker)
         index = await _index_segments(
@@ -227,10 +235,7 @@ async def restore(
         store_dir.mkdir(parents=True, exist_ok=True)
         # Own the prefix before writing anything (metadata included, so a lost race leaves the
         # directory restorable): the previous owner is fenced from its next check on.
-        our_id = store_id(store_dir)
-        assert our_id is not None
-        ownership = Ownership(root, cfg.tiered.cluster, cfg.tiered.broker, our_id, store_dir)
-        owner = await ownership.claim(takeover=True)
+        owner = await ownership.claim(takeover=True, expect=seen)
         root.fence = ownership.ensure
         metadata = MetadataStore(store_dir)
         metadata.save(meta)
