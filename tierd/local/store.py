@@ -13,6 +13,7 @@ the store was created with; see :mod:`tierd.local.layout`).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import itertools
 import logging
@@ -95,6 +96,18 @@ MAX_UNIT_SIZE = 2**31 - 1
 
 #: Hook the tiering layer installs: may the commitlog bytes before this offset be deleted?
 DeleteGuard = Callable[[int], bool]
+
+#: Disk space producers may never take, whatever ``store.disk_max_used_ratio`` allows: the
+#: store's own writes need it once producers are refused — the tiering metadata, consumer
+#: offsets and manifest ledger (each rewritten through a temporary copy beside the old one) and
+#: the consume-queue and index files of what was acknowledged. Without it a full disk wedged the
+#: store: tiering could not record its progress, so retention could free nothing (issue 29).
+METADATA_HEADROOM_MIN = 8 * 1024 * 1024
+#: The headroom is at least this many times what ``{store.dir}/config`` holds (a rewrite needs
+#: the new copy beside the old one and its backup).
+METADATA_HEADROOM_FACTOR = 3
+#: Seconds between looks at the disk by writers refused for a full disk.
+FULL_RECHECK = 1.0
 
 
 class PutBatchResult(Sequence[PutResult]):
@@ -226,7 +239,15 @@ class HotStore:
         #: Installed by the tiering layer; local retention never deletes what it refuses.
         self.delete_guard: DeleteGuard = lambda offset: True
         self.disk_usage: Callable[[Path], float] = _disk_usage_ratio
+        self.disk_total: Callable[[Path], int] = _disk_total
         self.full_reason: str | None = None
+        #: Bytes producers may still append before the disk is looked at again (write
+        #: admission: the usage limit is enforced on every write, not only by retention runs).
+        self._room = 0
+        self._room_lock = threading.Lock()
+        #: One retention run at a time (the housekeeping thread, or a writer over the limit).
+        self._retention_lock = threading.Lock()
+        self._checked_at = 0.0
         self.last_exit_ok = True
         #: Whether the last open cut a torn or garbage commitlog tail.
         self.recovery_truncated = False
@@ -310,6 +331,7 @@ class HotStore:
         start = min(max(ends.values(), default=0), self.checkpoint.dispatched_offset) if self.cqs else 0
         # A queue whose last unit was torn or damaged lost it: re-dispatch from its end.
         start = min([start, *(ends[key] for key, cq in self.cqs.items() if cq.cut_written)])
+        self._quarantine_missing_files()
         if self.index.rebuild_from is not None:  # index files destroyed as possibly torn
             start = min(start, self.index.rebuild_from)
         start = max(start, cl.min_offset)
@@ -377,6 +399,27 @@ class HotStore:
         cl.flush()
         self.checkpoint.dispatched_offset = valid_end
         self.checkpoint.flush()
+
+    def _quarantine_missing_files(self) -> None:
+        """Commitlog files missing below the checkpoint's durable end: their messages are lost
+        — a hole per message (their units point into a quarantined range), one ERROR line,
+        reported by ``tierd verify`` — and the log goes on after that end (see
+        :meth:`CommitLog.recreate_missing`), so neither a queue offset nor a message id is
+        reused."""
+        end = self.checkpoint.dispatched_offset
+        missing = self.commitlog.recreate_missing(end)
+        if missing is None:
+            return
+        start, names = missing
+        lost = [
+            (topic, qid, offset)
+            for (topic, qid), cq in sorted(self.cqs.items())
+            for offset in cq.offsets_pointing_into(start, end)
+        ]
+        q = self.quarantine.add(
+            start, end, b"", lost, f"missing (commitlog file(s) {', '.join(names)} not found at open)"
+        )
+        log.error("recovery: %s; the log continues after them, no offset is reused", q.describe())
 
     def _rebuild_damaged_units(self) -> None:
         """Rebuild from the commitlog the units recovery found damaged mid-queue (one ERROR
@@ -523,9 +566,10 @@ class HotStore:
         are durable; the caller must wait for it before acknowledging."""
         if self._closed:
             raise StoreClosedError("the store is closed")
-        if self.full_reason is not None:
-            raise StoreFullError(self.full_reason)
+        if (refused := self._refused()) is not None:
+            raise refused
         p = self.preparer.prepare_one(message, time.time_ns() // 1_000_000)
+        self._admit(p[5])
         qoff, phys, end = self.commitlog.append_one(p)
         fut = self.flusher.request(end) if self.flusher.sync else None
         return new_put_result(p[0][1], qoff, phys, self._msg_id % phys), fut
@@ -534,12 +578,67 @@ class HotStore:
         self, messages: Sequence[Message]
     ) -> tuple[PutBatchResult, concurrent.futures.Future[None] | None]:
         self._check_open()
-        if self.full_reason is not None:
-            raise StoreFullError(self.full_reason)
+        if (refused := self._refused()) is not None:
+            raise refused
         batch = self.preparer.prepare(messages, time.time_ns() // 1_000_000)
+        self._admit(int(batch.sizes.sum()))
         qoffs, phys, end = self.commitlog.append(batch)
         fut = self.flusher.request(end) if self.flusher.sync else None
         return PutBatchResult(batch.queue_ids, qoffs, phys, self.store_host), fut
+
+    def _admit(self, nbytes: int) -> None:
+        """Write admission: refuse ``nbytes`` more when the disk is over its limit (see
+        :meth:`disk_limit`) and retention cannot bring it under. The disk is looked at only when
+        the bytes appended since the last look could have reached the limit — not on every
+        write, and not only once a retention interval (a burst filled the disk to ENOSPC
+        between two runs)."""
+        with self._room_lock:
+            self._room -= nbytes
+            if self._room >= 0:
+                return
+        self._check_disk(nbytes)
+        if self.full_reason is not None:
+            raise StoreFullError(self.full_reason)
+
+    def _refused(self) -> StoreFullError | None:
+        """The error a write gets while writes are refused, or None. A refused writer looks at
+        the disk again at most every :data:`FULL_RECHECK` seconds, so writes resume soon after
+        space frees (tiering caught up, retention can delete), not a retention interval later."""
+        if self.full_reason is None:
+            return None
+        if time.monotonic() - self._checked_at >= FULL_RECHECK:
+            self._check_disk()
+        return StoreFullError(self.full_reason) if self.full_reason is not None else None
+
+    def disk_limit(self, total: int) -> float:
+        """The share of the disk (``total`` bytes) producers may fill: ``store.disk_max_used_ratio``,
+        less the headroom the store keeps for its own metadata (:data:`METADATA_HEADROOM_MIN`)."""
+        config = self.dir / "config"
+        own = 0
+        if config.is_dir():
+            for f in config.iterdir():
+                with contextlib.suppress(OSError):
+                    own += f.stat().st_size
+        headroom = max(METADATA_HEADROOM_MIN, METADATA_HEADROOM_FACTOR * own)
+        return min(self.cfg.disk_max_used_ratio, 1.0 - headroom / total) if total else 0.0
+
+    def _room_now(self) -> tuple[int, bool]:
+        """(bytes producers may still append, whether the disk is over its limit) as it is now."""
+        total = self.disk_total(self.dir)
+        usage = self.disk_usage(self.dir)
+        room = int((self.disk_limit(total) - usage) * total)
+        return room, room < 0
+
+    def _check_disk(self, nbytes: int = 0) -> None:
+        """Look at the disk; over the limit, run retention now (which refuses writes when it
+        cannot free enough: :attr:`full_reason`)."""
+        self._checked_at = time.monotonic()
+        room, over = self._room_now()
+        if over or room < nbytes or self.full_reason is not None:
+            self.apply_retention()
+            room, over = self._room_now()
+        with self._room_lock:
+            self._room = room - nbytes if self.full_reason is None else 0
 
     # ------------------------------------------------------------------ reads
     def queue(self, topic: str, queue_id: int) -> ConsumeQueue | None:
@@ -911,13 +1010,18 @@ class HotStore:
 
     def apply_retention(self, now_ms: int | None = None) -> int:
         """Delete commitlog files older than ``file_reserved_time`` — or, when the disk is over
-        ``disk_max_used_ratio``, the oldest files regardless of age — but only files that are
-        fully dispatched and that :attr:`delete_guard` allows (the tiering layer refuses data
-        not yet cold). If the disk stays too full, refuse writes with a clear reason."""
+        its limit (:meth:`disk_limit`), the oldest files regardless of age — but only files that
+        are fully dispatched and that :attr:`delete_guard` allows (the tiering layer refuses data
+        not yet cold). If the disk stays too full, refuse writes with a clear reason; once it is
+        under the limit again, accept them."""
+        with self._retention_lock:
+            return self._apply_retention(now_ms)
+
+    def _apply_retention(self, now_ms: int | None) -> int:
         now = time.time_ns() // 1_000_000 if now_ms is None else now_ms
         expire_before = now - int(self.cfg.file_reserved_time * 3_600_000)
         files = list(self.commitlog.files)
-        over = self.disk_usage(self.dir) > self.cfg.disk_max_used_ratio
+        over = self._room_now()[1]
         doomed = 0
         for f, nxt in itertools.pairwise(files):
             end = f.file_from_offset + f.size
@@ -936,11 +1040,13 @@ class HotStore:
             log.info(
                 "retention: deleted %d commitlog file(s); hot data now starts at offset %d", doomed, new_min
             )
-        if over and self.disk_usage(self.dir) > self.cfg.disk_max_used_ratio:
+        if over and self._room_now()[1]:
+            total = self.disk_total(self.dir)
             reason = (
-                f"disk under {self.dir} is over store.disk_max_used_ratio "
-                f"({self.cfg.disk_max_used_ratio:.0%}) and no more data may be deleted "
-                "(not yet moved to the cold tier or not yet dispatched); writes are refused until space frees"
+                f"disk under {self.dir} is over {self.disk_limit(total):.1%} of its {total} bytes "
+                f"(store.disk_max_used_ratio {self.cfg.disk_max_used_ratio:.0%}, less the headroom kept "
+                "for the store's own metadata) and no more data may be deleted (not yet moved to the "
+                "cold tier or not yet dispatched); writes are refused until space frees"
             )
             if self.full_reason is None:
                 log.error("%s", reason)
@@ -1003,6 +1109,10 @@ def queue_file_bound(setting: int) -> int:
 def _disk_usage_ratio(path: Path) -> float:
     usage = shutil.disk_usage(path)
     return usage.used / usage.total if usage.total else 0.0
+
+
+def _disk_total(path: Path) -> int:
+    return shutil.disk_usage(path).total
 
 
 __all__ = ["HotGetResult", "HotStore", "PutBatchResult", "QueueRange", "SourceUnits"]
