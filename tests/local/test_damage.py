@@ -151,3 +151,44 @@ def test_a_consume_queue_unit_that_no_longer_looks_written_is_rebuilt_when_the_s
     assert len(errors) == 1
     assert f"t/0 offset {UNIT}" in errors[0]
     assert BlockingMessageStore.verify_store(cfg).ok
+
+
+# ------------------------------------------------------------------------ commitlog files
+def test_a_missing_newest_commitlog_file_leaves_a_hole_and_no_offset_is_reused(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    root = tmp_path / "s"
+    cfg = small_config(root)
+    acks = []
+    with BlockingMessageStore.open(cfg) as store:
+        for i in range(1200):  # ~2.5 commitlog files of 256 KiB
+            acks.append(store.put(Message(topic="t", body=b"%04d" % i * 120, queue_id=i % 2)))
+        end = store.hot.end_position
+    files = sorted((root / "commitlog").iterdir())
+    assert len(files) >= 3
+    newest = files[-1]
+    lost = [a for a in acks if a.commitlog_offset >= int(newest.name)]
+    assert lost
+    newest.unlink()
+    caplog.set_level(logging.INFO)
+    with BlockingMessageStore.open(cfg) as store:
+        for qid in (0, 1):
+            kept = [a.queue_offset for a in acks if a.queue_id == qid and a not in lost]
+            gone = [a.queue_offset for a in lost if a.queue_id == qid]
+            r = store.get("t", qid, 0, 1000)
+            assert [m.queue_offset for m in r.messages] == kept
+            hole = store.get("t", qid, gone[0], 10)
+            assert hole.status is GetStatus.OFFSET_FOUND_NULL
+            assert hole.next_offset == gone[-1] + 1  # a hole of exactly the lost messages
+            new = store.put(Message(topic="t", body=b"new", queue_id=qid))
+            assert new.queue_offset == gone[-1] + 1  # never an offset a consumer may have passed
+            assert new.commitlog_offset >= end  # nor a message id (commitlog offset) reused
+        report = store.verify()
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert any(newest.name in e and "missing" in e for e in errors), errors
+    assert not report.ok
+    [problem] = report.problems
+    assert problem.area == "hot-quarantine"
+    assert f"[{newest.name.lstrip('0')}, {end})" in problem.message
+    assert "missing" in problem.message
+    assert not BlockingMessageStore.verify_store(cfg).ok  # still reported after a reopen

@@ -341,6 +341,24 @@ class CommitLog:
             return None
         return store_timestamp_at(f.view, offset - f.file_from_offset)
 
+    def recreate_missing(self, end: int) -> tuple[int, list[str]] | None:
+        """Files missing below ``end`` (the durable end the checkpoint recorded) at the top of
+        the log — deleted or lost while the store was stopped: recreate them as zeros, so the
+        log continues *after* ``end`` and no commitlog offset (a message id) is handed out
+        twice. Returns where the missing bytes start and the missing files' names, or None."""
+        last = self.files.last_file()
+        present = last.file_from_offset + last.size if last is not None else 0
+        if end <= present:
+            return None
+        # No file left at all: recreate only the one holding ``end`` (the older ones would only
+        # hold expired or missing bytes; their offsets are below the new floor either way).
+        pos = present if last is not None else end - end % self.file_size
+        names: list[str] = []
+        while pos < end or (last is None and not names):
+            names.append(self.files.new_file(pos).path.name)
+            pos += self.file_size
+        return present, names
+
     def truncate(self, offset: int) -> None:
         self.files.truncate(offset)
         last = self.files.last_file()

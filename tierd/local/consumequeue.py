@@ -213,6 +213,24 @@ class ConsumeQueue:
         if keep < end:
             self.files.truncate(keep * UNIT_SIZE)
 
+    def offsets_pointing_into(self, lo: int, hi: int) -> list[int]:
+        """Queue offsets of the units at the queue's end pointing into commitlog ``[lo, hi)``
+        (walking back from the end while units point at or past ``lo``)."""
+        out: list[int] = []
+        pos = self.max_offset
+        while pos > self.min_offset:
+            f = self.files.find((pos - 1) * UNIT_SIZE)
+            if f is None:
+                break
+            first = max(self.min_offset, f.file_from_offset // UNIT_SIZE, pos - RECOVER_UNITS)
+            phys = self.read_units(first, pos - first)["offset"]
+            inside = np.flatnonzero((phys >= lo) & (phys < hi))
+            out[:0] = (first + inside).tolist()
+            if (phys < lo).any():
+                break
+            pos = first
+        return out
+
     # ------------------------------------------------------------------ reads
     def read_units(self, queue_offset: int, max_count: int) -> npt.NDArray[np.void]:
         """Units from ``queue_offset`` on, at most ``max_count``, never crossing a file end."""

@@ -53,12 +53,14 @@ class QuarantinedRange:
     lost: tuple[Lost, ...]
     #: File under the quarantine directory holding a copy of the damaged bytes (None: none made).
     copy: str | None
+    #: What happened to the bytes (None: damaged in place; else e.g. the file that went missing).
+    what: str | None = None
 
     def describe(self) -> str:
         lost = ", ".join(f"{t}/{q}@{o}" for t, q, o in self.lost[:10])
         more = f" and {len(self.lost) - 10} more" if len(self.lost) > 10 else ""
         return (
-            f"commitlog bytes [{self.start}, {self.end}) are damaged and quarantined"
+            f"commitlog bytes [{self.start}, {self.end}) are {self.what or 'damaged'} and quarantined"
             + (f" (copy: {QUARANTINE_DIR}/{self.copy})" if self.copy else "")
             + (f"; lost: {lost}{more}" if lost else "; no message known lost")
         )
@@ -85,6 +87,7 @@ class Quarantine:
                     int(r["found-at"]),
                     tuple((str(t), int(q), int(o)) for t, q, o in r["lost"]),
                     r.get("copy"),
+                    r.get("what"),
                 )
                 for r in raw["ranges"]
             ]
@@ -117,17 +120,22 @@ class Quarantine:
         hit: npt.NDArray[np.bool_] = (i >= 0) & (offsets < ends[np.maximum(i, 0)])
         return hit
 
-    def add(self, start: int, end: int, data: bytes | memoryview, lost: list[Lost]) -> QuarantinedRange:
-        """Record a damaged range (a copy of its first :data:`COPY_LIMIT` bytes is kept)."""
+    def add(
+        self, start: int, end: int, data: bytes | memoryview, lost: list[Lost], what: str | None = None
+    ) -> QuarantinedRange:
+        """Record a damaged range (a copy of its first :data:`COPY_LIMIT` bytes is kept; no copy
+        when there are no bytes — a missing file). ``what``: see :attr:`QuarantinedRange.what`."""
         self.dir.mkdir(parents=True, exist_ok=True)
-        name = f"{start:020d}-{end:020d}.bin"
-        tmp = self.dir / (name + ".tmp")
-        with tmp.open("wb") as fh:
-            fh.write(data[:COPY_LIMIT])
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, self.dir / name)
-        found = QuarantinedRange(start, end, int(time.time() * 1000), tuple(lost), name)
+        name: str | None = None
+        if len(data):
+            name = f"{start:020d}-{end:020d}.bin"
+            tmp = self.dir / (name + ".tmp")
+            with tmp.open("wb") as fh:
+                fh.write(data[:COPY_LIMIT])
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, self.dir / name)
+        found = QuarantinedRange(start, end, int(time.time() * 1000), tuple(lost), name, what)
         self._set([*(r for r in self.ranges if r.start != start), found])
         self._save()
         return found
@@ -139,6 +147,7 @@ class Quarantine:
             "format-version": 1,
             "ranges": [
                 {"start": r.start, "end": r.end, "found-at": r.found_at, "lost": r.lost, "copy": r.copy}
+                | ({"what": r.what} if r.what else {})
                 for r in self.ranges
             ],
         }
