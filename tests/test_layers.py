@@ -39,7 +39,9 @@ FACADE = {
     "tierd.consumption",
     "tierd.consumption.inflight",
 }
-ACCESS = ("tierd.service", "tierd.grpc", "tierd.cli", "tierd.spark")
+ACCESS = ("tierd.service", "tierd.grpc", "tierd.cli", "tierd.spark", "tierd.arrow")
+# Bucket readers: a Spark job or an Arrow scan in a notebook has the bucket URL and nothing else.
+BUCKET_READERS = ("tierd.spark", "tierd.arrow")
 # What a Spark job must never need: a running daemon (facade, engine, hot store) or local metadata.
 SPARK_FORBIDDEN = FACADE | {
     "tierd.local.store",
@@ -205,7 +207,8 @@ def test_the_hot_store_knows_nothing_of_the_cold_tier() -> None:
 
 
 def test_spark_needs_no_daemon_and_no_local_metadata() -> None:
-    for module in (m for m in GRAPH if _under(m, "tierd.spark")):
+    assert any(_under(m, "tierd.arrow") for m in GRAPH)
+    for module in (m for m in GRAPH if _under(m, *BUCKET_READERS)):
         # Not the hot store either: the record format Spark decodes is tierd.format's, not tierd/local/'s.
         reached = {
             m
@@ -255,6 +258,13 @@ def test_importing_tierd_is_lazy_and_its_names_still_resolve() -> None:
     assert {m for m in _loaded_after("import tierd") if _under(m, "tierd")} == {"tierd"}
     loaded = _loaded_after("from tierd import BlockingMessageStore, Message, TierdError, __version__")
     assert {"tierd.store", "tierd.message", "tierd.errors"} <= loaded
+
+
+def test_the_arrow_reader_loads_no_pyspark() -> None:
+    # tierd.arrow reuses the Spark source's planning and decoder, which must stay pyspark-free.
+    loaded = _loaded_after("import tierd.arrow")
+    assert "tierd.spark.decode" in loaded
+    assert not {m for m in loaded if _under(m, "pyspark", "tierd.spark.source", "tierd.spark.stream")}
 
 
 def test_the_cold_index_package_is_lazy_for_spark_lookups() -> None:
