@@ -198,6 +198,21 @@ def test_large_segments_split_at_record_boundaries_from_the_consume_queue(cold: 
     assert _rows(storage, split).num_rows == len(produced.messages)
 
 
+@pytest.mark.parametrize("max_bytes", ["1", "100"])
+def test_tiny_partitions_plan_an_intact_bucket_one_record_each(cold: tuple[str, Produced], max_bytes: str) -> None:
+    """Partitions smaller than a record: every record is a range of its own — including where a
+    consume-queue segment's units point into two commitlog segments, once reported as
+    corruption of an intact bucket."""
+    url, produced = cold
+    storage, _, ranges = _plan(url, max_partition_bytes=max_bytes)
+    assert all(r.end is None or r.end > r.start for r in ranges)
+    t = _rows(storage, ranges)
+    got = sorted(zip(*(t[c].to_pylist() for c in ("topic", "queue_id", "queue_offset", "body")), strict=True))
+    assert got == produced.bodies()  # every message once, none twice
+    sealed = [r for r in ranges if r.end is not None]
+    assert len(sealed) > len(produced.messages) // 2  # one record each (the open tails stay whole)
+
+
 def test_pruning_by_topic_queue_offsets_and_time(cold: tuple[str, Produced]) -> None:
     url, _ = cold
     storage, opts, all_ranges = _plan(url, max_partition_bytes="4000")

@@ -355,6 +355,10 @@ def split_ranges(
             out.append(r)
             continue
         count = last - first + 1
+        # At most one piece per record: with more pieces than records (a partition smaller than
+        # a record) the interpolation reached last + 1, the next segment's first record, whose
+        # unit points outside this range — reported as corruption of an intact bucket.
+        n = min(n, count)
         cuts = sorted({first + round(count * k / n) for k in range(1, n)} - {first})
         found = [q.unit_request(qo) for qo in cuts]
         reqs = [req for req in found if req is not None]
