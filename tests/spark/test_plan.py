@@ -199,7 +199,9 @@ def test_large_segments_split_at_record_boundaries_from_the_consume_queue(cold: 
 
 
 @pytest.mark.parametrize("max_bytes", ["1", "100"])
-def test_tiny_partitions_plan_an_intact_bucket_one_record_each(cold: tuple[str, Produced], max_bytes: str) -> None:
+def test_tiny_partitions_plan_an_intact_bucket_one_record_each(
+    cold: tuple[str, Produced], max_bytes: str
+) -> None:
     """Partitions smaller than a record: every record is a range of its own — including where a
     consume-queue segment's units point into two commitlog segments, once reported as
     corruption of an intact bucket."""
