@@ -48,7 +48,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from tierd.drivers.paths import cluster_dir, index_segment_path
-from tierd.errors import NotFoundError, PrefixOwnedError, TierdError
+from tierd.errors import CorruptionError, NotFoundError, PrefixOwnedError, TierdError
 from tierd.format.cq_unit import UNIT_SIZE, tags_code
 from tierd.format.properties import PROPERTY_TAGS, decode_properties
 from tierd.format.record import BLANK, INVALID, VALID, RecordView, parse_record_view, scan_record
@@ -72,7 +72,15 @@ from tierd.tiered.manifest import (
 )
 from tierd.tiered.manifestwriter import ManifestWriter, build_broker_manifest, build_queue_manifest
 from tierd.tiered.metadata import MetadataStore, TieredMetadata
-from tierd.tiered.ownership import OWNER_DIR, Ownership, current_owner, prefix_url, store_id
+from tierd.tiered.ownership import (
+    OWNER_DIR,
+    Ownership,
+    current_owner,
+    list_epochs,
+    owner_path,
+    prefix_url,
+    store_id,
+)
 from tierd.tiered.roots import open_driver_factory
 
 if TYPE_CHECKING:
@@ -697,7 +705,21 @@ async def _verify_bucket(view: ColdView, report: VerifyReport) -> None:
     base = f"{cluster_dir(cfg.cluster)}/{cfg.broker}"
     try:
         found = await view.root.list_objects(base)
+    except TierdError as e:
+        report.add("bucket", view.prefix, f"cannot be listed: {e}")
+        return
+    try:
         owner = await current_owner(view.root, cfg.cluster, cfg.broker)
+    except CorruptionError as e:
+        owner = None
+        epoch = max(await list_epochs(view.root, cfg.cluster, cfg.broker))
+        report.add(
+            "ownership",
+            owner_path(cfg.cluster, cfg.broker, epoch),
+            f"the highest owner record is unreadable ({e}): who owns the prefix is unknown, so no "
+            "store writes there (reads work). If this store should own it, stop the store that "
+            f"wrote it (if any) and run `tierd takeover --unreadable {epoch}`",
+        )
     except TierdError as e:
         report.add("bucket", view.prefix, f"cannot be listed: {e}")
         return

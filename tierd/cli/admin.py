@@ -1,7 +1,8 @@
-"""Operator commands: ``serve``, ``tier``, ``verify``, ``gc``, ``restore``."""
+"""Operator commands: ``serve``, ``tier``, ``verify``, ``gc``, ``restore``, ``takeover``."""
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 from typing import Annotated, Any
 
@@ -19,6 +20,7 @@ from tierd.cli.app import (
     store_lock_hint,
 )
 from tierd.cli.remote import RemoteStore
+from tierd.tiered.ownership import take_over_unreadable_prefix
 from tierd.tiered.roots import backend_for_url
 
 POLL_SECONDS = 0.2
@@ -220,3 +222,32 @@ def restore(
                 f"DAMAGED: {d.topic}/{d.queue_id} queue offsets {d.first}..{d.end - 1} ({d.lost} message(s)) "
                 f"cannot be read from the bucket and the queue is not tiered into: {d.error.message}"
             )
+
+
+@app.command()
+@handle_errors
+def takeover(
+    ctx: typer.Context,
+    unreadable: Annotated[
+        int,
+        typer.Option(
+            "--unreadable",
+            help="Epoch of the unreadable owner record (as `tierd verify` or the start-up error "
+            "names it); it must be the highest one.",
+        ),
+    ],
+) -> None:
+    """Take the bucket prefix over from an UNREADABLE owner record: create the next epoch for
+    this store (store.dir), so that it tiers again. Stop the store that wrote that record first,
+    if one still runs: it is fenced from its next check on. The unreadable record stays (owner
+    records are never rewritten). A readable owner is taken over only by `tierd restore`."""
+    c = obj(ctx)
+    cfg = c.config()
+    record = asyncio.run(take_over_unreadable_prefix(cfg, unreadable))
+    if c.json:
+        emit_json(record.as_dict())
+    else:
+        echo(
+            f"this store ({record.store_id}) owns the bucket prefix now: epoch {record.epoch}, after the "
+            f"unreadable record of epoch {unreadable}; restart its daemon to tier again"
+        )

@@ -58,9 +58,12 @@ from tierd.errors import (
     ObjectExistsError,
     PrefixOwnedError,
 )
+from tierd.tiered.guard import GuardedRoot
 from tierd.tiered.records import JsonDocument
+from tierd.tiered.roots import open_driver_factory
 
 if TYPE_CHECKING:
+    from tierd.config import TierdConfig
     from tierd.drivers.segment import DriverRoot
 
 log = logging.getLogger(__name__)
@@ -441,3 +444,17 @@ def ownership_race(root: DriverRoot, cluster: str, broker: str, epoch: int, our_
         owner_epoch=epoch,
         store_id=our_id,
     )
+
+
+async def take_over_unreadable_prefix(cfg: TierdConfig, epoch: int) -> OwnerRecord:
+    """:func:`take_over_unreadable` for the store and backend of ``cfg`` (``tierd takeover``)."""
+    store_dir = Path(cfg.store.dir)
+    our_id = store_id(store_dir)
+    assert our_id is not None
+    root = GuardedRoot(open_driver_factory(cfg.backend), cfg.tiered.backend_timeout)
+    try:
+        return await take_over_unreadable(
+            root, cfg.tiered.cluster, cfg.tiered.broker, our_id, store_dir, epoch
+        )
+    finally:
+        await root.aclose()

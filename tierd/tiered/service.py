@@ -226,7 +226,15 @@ class TieringService:
                     "backend.url does not reach it (an unmounted directory, another bucket)",
                     backend=repr(self.root),
                 )
-            await ownership.claim()
+            try:
+                await ownership.claim()
+            except PrefixOwnedError:
+                if ownership.unreadable is None:
+                    raise
+                # Nobody can tell who owns the prefix: write nothing (the fence refuses every
+                # write with this error) but load, so that reads work — an unreadable record
+                # used to keep the whole cold tier down, with no way out.
+                log.error("%s", ownership.fenced)
             self.root.fence = ownership.ensure
         return await self.flat.load_from(meta)
 
