@@ -1,6 +1,7 @@
 """Writer process for the bit-rot recovery test: ``count`` acknowledged puts with ``flush = "sync"``
 (two queues, alternating), each acknowledged on stdout as ``queue_id offset commitlog_offset
-body_hex`` once durable; then ``done``, and it waits to be SIGKILLed."""
+body_hex`` once durable; then ``done``, and it waits to be SIGKILLed. With ``TIERD_ROT_KEYS=1``
+each message carries a key (``key-{i}``), so the index is written too."""
 
 from __future__ import annotations
 
@@ -30,10 +31,13 @@ def body_for(i: int) -> bytes:
 def main() -> None:
     root, count = Path(sys.argv[1]), int(sys.argv[2])
     tiered = Path(sys.argv[3]) if len(sys.argv) > 3 else None
+    keys = os.environ.get("TIERD_ROT_KEYS") == "1"
     with BlockingMessageStore.open(writer_config(root, tiered)) as store:
         for i in range(count):
             body = body_for(i)
-            r = store.put(Message(topic="rot", body=body, queue_id=i % 2))
+            r = store.put(
+                Message(topic="rot", body=body, queue_id=i % 2, keys=[f"key-{i}"] if keys else None)
+            )
             os.write(
                 1, b"%d %d %d %s\n" % (r.queue_id, r.queue_offset, r.commitlog_offset, body.hex().encode())
             )

@@ -193,14 +193,18 @@ class DispatchBatch:
     @classmethod
     def from_records(cls, records: list[tuple[int, RecordView]], end: int) -> DispatchBatch:
         """Rebuild from commitlog records (recovery). Prepared and rolled-back transactional
-        records get no consume-queue unit; rolled-back ones are not indexed either."""
+        records get no consume-queue unit; rolled-back ones are not indexed either. A queue's
+        records are grouped in runs of consecutive queue offsets: :meth:`ReputService.dispatch`
+        writes a group's units from its first offset on, so a gap (messages lost to damage
+        between the records) must start a new group — else every later unit lands one slot
+        early and points at the next record."""
         n = len(records)
         qoffs = np.empty(n, np.int64)
         phys = np.empty(n, np.int64)
         sizes = np.empty(n, np.int64)
         tags = np.zeros(n, np.int64)
         ts = np.empty(n, np.int64)
-        group_of: dict[GroupKey, list[int]] = {}
+        runs: dict[GroupKey, list[list[int]]] = {}
         keys: list[str] = []
         key_msgs: list[int] = []
         for j, (pos, v) in enumerate(records):
@@ -211,7 +215,11 @@ class DispatchBatch:
                 tags[j] = tags_code(tag)
             tx = v.sys_flag & SYSFLAG_TRANSACTION_MASK
             if tx not in (SYSFLAG_TRANSACTION_PREPARED, SYSFLAG_TRANSACTION_ROLLBACK):
-                group_of.setdefault((v.topic, v.queue_id), []).append(j)
+                queue_runs = runs.setdefault((v.topic, v.queue_id), [])
+                if queue_runs and int(qoffs[queue_runs[-1][-1]]) + 1 == v.queue_offset:
+                    queue_runs[-1].append(j)
+                else:
+                    queue_runs.append([j])
             if tx != SYSFLAG_TRANSACTION_ROLLBACK:
                 for k in props.get(PROPERTY_KEYS, "").split(KEY_SEPARATOR):
                     if k:
@@ -221,7 +229,7 @@ class DispatchBatch:
                 if uniq:
                     keys.append(f"{v.topic}#{uniq}")
                     key_msgs.append(j)
-        groups = [(k, np.asarray(idx, np.intp)) for k, idx in group_of.items()]
+        groups = [(k, np.asarray(idx, np.intp)) for k, queue_runs in runs.items() for idx in queue_runs]
         return cls(
             end=end,
             groups=groups,
