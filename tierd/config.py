@@ -329,7 +329,13 @@ class ServerConfig(_Section):
         "/metrics, without a token (e.g. the pod IP or 0.0.0.0 for kubelet probes and Prometheus) "
         "while the data API stays on `host`. None: no second listener.",
     )
-    ops_port: int = Field(8081, ge=0, le=65535, description="Port of the ops listener (0 = any free port).")
+    ops_port: int = Field(
+        8082,
+        ge=0,
+        le=65535,
+        description="Port of the ops listener (0 = any free port). Not 8081: that is the RocketMQ "
+        "gRPC port (`grpc.port`) the application's client expects.",
+    )
     max_connections: int = Field(
         256, ge=1, description="Concurrent connections (or requests) before new requests get 503."
     )
@@ -341,6 +347,12 @@ class ServerConfig(_Section):
     )
     header_timeout: float = Field(
         10.0, gt=0, description="Seconds a client has to send a request's line and headers."
+    )
+    body_timeout: float = Field(
+        30.0,
+        gt=0,
+        description="Seconds a client has, after its headers, to send the whole request body; "
+        "then 408 and the connection closes.",
     )
     max_read_bytes: int = Field(
         4 * MiB,
@@ -396,10 +408,9 @@ class GrpcConfig(_Section):
     unmodified RocketMQ clients speak (docs/grpc.md)."""
 
     enabled: bool = Field(
-        False,
-        description="Serve the RocketMQ 5 gRPC API (needs the `grpc` extra). Off by default so a "
-        "store opened by tests or tools binds no second fixed port; `conf/local.toml` (`make run`) "
-        "turns it on.",
+        True,
+        description="Serve the RocketMQ 5 gRPC API (needs the `grpc` extra, which the container "
+        "image has): an unmodified RocketMQ client in the pod reaches it at `localhost:8081`.",
     )
     host: str = Field("127.0.0.1", description="Bind address (loopback: the pod's own containers).")
     port: int = Field(

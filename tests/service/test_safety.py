@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import json
 import logging
+import select
 import socket
 import time
 from typing import TYPE_CHECKING, Any
@@ -176,6 +177,100 @@ def test_a_client_that_never_finishes_its_headers_is_cut_off(tmp_path: Path) -> 
         assert answer.startswith(b"HTTP/1.1 408 ")
         assert _raw(r.url, b"").startswith(b"HTTP/1.1 408 ")  # a connection that sends nothing
         assert r.client.get("/v1/topics").status_code == 200  # others are served meanwhile
+
+
+#: A produce request whose body never arrives in full (1 byte of the 100 announced).
+SLOW_BODY = (
+    b"POST /v1/topics/t/messages HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+    b"Content-Length: 100\r\n\r\n{"
+)
+
+
+def _trickle(url: str, request: bytes, limit: float = 20) -> bytes:
+    """Send ``request``, then one more body byte a second (a slow client: each byte also resets
+    the server's keep-alive timer) until the server closes; fail if it has not within ``limit``."""
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    deadline = time.monotonic() + limit
+    with socket.create_connection((host, int(port)), timeout=limit) as s:
+        s.sendall(request)
+        out = b""
+        while True:
+            assert time.monotonic() < deadline, f"the server kept the connection open: {out!r}"
+            ready, _, _ = select.select([s], [], [], 1.0)  # the client's pace: a byte a second
+            if ready:
+                chunk = s.recv(65536)
+                if not chunk:
+                    return out
+                out += chunk
+            else:
+                try:
+                    s.sendall(b" ")
+                except OSError:  # closed by the server while we wrote
+                    return out
+
+
+def _no_tracebacks(caplog: pytest.LogCaptureFixture) -> None:
+    assert not [r.getMessage() for r in caplog.records if r.exc_info], "a traceback was logged"
+
+
+def _wait_for_log(caplog: pytest.LogCaptureFixture, text: str) -> list[str]:
+    deadline = time.monotonic() + 30
+    while not (found := [r.getMessage() for r in caplog.records if text in r.getMessage()]):
+        assert time.monotonic() < deadline, f"no log line with {text!r}"
+        time.sleep(0.05)  # polling interval; the deadline bounds the wait
+    return found
+
+
+def test_a_client_that_never_finishes_its_body_is_cut_off(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Headers had a time bound, bodies none: a client trickling its body held its connection
+    (and a slot of server.max_connections) for as long as it liked."""
+    caplog.set_level(logging.INFO)
+    with running(cfg_of(tmp_path, body_timeout=1.0)) as r:
+        answer = _raw(r.url, SLOW_BODY)
+        assert answer.startswith(b"HTTP/1.1 408 ")
+        assert json.loads(answer.split(b"\r\n\r\n", 1)[1])["error"] == "request_timeout"
+        assert r.client.get("/v1/topics").status_code == 200  # others are served meanwhile
+        assert len(_wait_for_log(caplog, "request body not complete within 1 s")) == 1
+    _no_tracebacks(caplog)
+
+
+def test_an_unauthenticated_request_is_closed_after_its_401(tmp_path: Path) -> None:
+    """The 401 was written, but the connection stayed open (and counted against
+    server.max_connections) while the client went on trickling its body."""
+    with running(cfg_of(tmp_path, token="s3cret", max_connections=2)) as r:
+        for _ in range(3):  # more than the limit, one after the other: each slot is freed
+            answer = _trickle(r.url, SLOW_BODY)
+            assert answer.startswith(b"HTTP/1.1 401 ")
+        ok = httpx.get(f"{r.url}/v1/topics", headers={"Authorization": "Bearer s3cret"})
+        assert ok.status_code == 200
+
+
+def test_an_aborted_body_is_one_log_line(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A client that goes away mid-body used to log a 40-line traceback per request."""
+    caplog.set_level(logging.INFO)
+    with running(cfg_of(tmp_path)) as r:
+        host, port = r.url.removeprefix("http://").rsplit(":", 1)
+        for _ in range(2):
+            with socket.create_connection((host, int(port)), timeout=30) as s:
+                # "100 Continue" comes when the route starts reading the body: abort only then.
+                s.sendall(SLOW_BODY[:-3] + b"Expect: 100-continue\r\n\r\n")
+                seen = b""
+                while b"100 Continue" not in seen:
+                    chunk = s.recv(1024)
+                    assert chunk, seen
+                    seen += chunk
+                s.sendall(b"{")
+        lines = _wait_for_log(caplog, "closed the connection before its request body was complete")
+        deadline = time.monotonic() + 30
+        while len(lines) < 2:
+            assert time.monotonic() < deadline, lines
+            time.sleep(0.05)  # polling interval; the deadline bounds the wait
+            lines = _wait_for_log(caplog, "closed the connection before its request body was complete")
+        assert len(lines) == 2  # one line per aborted request
+        assert r.client.get("/v1/topics").status_code == 200
+    _no_tracebacks(caplog)
 
 
 def test_connections_beyond_the_limit_get_503(tmp_path: Path) -> None:

@@ -233,7 +233,7 @@ class Daemon:
             access_log=False,
             timeout_graceful_shutdown=HTTP_STOP_TIMEOUT,
             server_header=False,
-            http=bounded_protocol(server.max_header_bytes, server.header_timeout),
+            http=bounded_protocol(server.max_header_bytes, server.header_timeout, server.body_timeout),
             limit_concurrency=server.max_connections,
         )
 

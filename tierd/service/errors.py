@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 from starlette.responses import JSONResponse
 
 from tierd.errors import (
@@ -28,6 +29,7 @@ from tierd.errors import (
     TierdError,
 )
 from tierd.repeats import FailureLog
+from tierd.service.protocol import CUT_OFF
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
@@ -197,6 +199,15 @@ class CatchAllMiddleware:
 
         try:
             await self.app(scope, receive, tracking_send)
+        except ClientDisconnect:
+            # The client went away mid-body (or the server cut it off, and said so): nobody is
+            # left to answer, and nothing here is a bug — one line, no traceback.
+            if not scope.get(CUT_OFF):
+                log.info(
+                    "%s %s: the client closed the connection before its request body was complete",
+                    scope.get("method"),
+                    scope.get("path"),
+                )
         except TierdError as e:  # raised outside a route (e.g. by a middleware below us)
             if started:
                 raise

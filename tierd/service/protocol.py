@@ -1,16 +1,21 @@
-"""uvicorn's httptools protocol with two bounds it lacks: header size and header read time.
+"""uvicorn's httptools protocol with the bounds it lacks: header size, header and body read time.
 
 Why: uvicorn (with httptools) accepts request lines and headers of any size and waits for them
-forever. A client sending a header one byte every few seconds ("slowloris") holds a
-connection — and with ``server.max_connections``, eventually all of them — and one sending
-megabytes of headers costs memory before any route runs. Here:
+and for bodies forever. A client sending a header or body byte every few seconds ("slowloris")
+holds a connection — and with ``server.max_connections``, eventually all of them — and one
+sending megabytes of headers costs memory before any route runs. Here:
 
 * the request line plus every header name and value may add up to ``max_header_bytes``;
   past that the client gets ``431 Request Header Fields Too Large`` and the connection closes;
 * from the moment a connection opens, or a new request on it begins, the whole header block
-  must arrive within ``header_timeout`` seconds; otherwise ``408 Request Timeout`` and close.
+  must arrive within ``header_timeout`` seconds; otherwise ``408 Request Timeout`` and close;
+* once the headers are in, the whole body must arrive within ``body_timeout`` seconds;
+  otherwise ``408`` (unless the route has answered already) and close — one log line;
+* a response sent before the request's body has fully arrived (a 401, a 413) closes the
+  connection: the rest of the body would have to be read and thrown away, at the client's pace,
+  while the connection still counts against ``server.max_connections``.
 
-Bodies are bounded elsewhere (the request size limit, :mod:`tierd.service.auth`), and idle
+Body *size* is bounded elsewhere (the request size limit, :mod:`tierd.service.auth`), and idle
 keep-alive connections by uvicorn's ``timeout_keep_alive``.
 """
 
@@ -31,6 +36,11 @@ log = logging.getLogger(__name__)
 _REASONS = {408: b"Request Timeout", 421: b"Misdirected Request", 431: b"Request Header Fields Too Large"}
 
 
+#: Scope key set when this protocol cut a request off (its body timed out): the route then sees
+#: a client disconnect that the server caused and has already logged.
+CUT_OFF = "tierd.cut_off"
+
+
 class _HeaderLimitError(Exception):
     """Raised from a parser callback to stop parsing an oversized header block."""
 
@@ -40,11 +50,13 @@ class BoundedHttpProtocol(HttpToolsProtocol):
 
     max_header_bytes = 64 * 1024
     header_timeout = 10.0
+    body_timeout = 30.0
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._header_bytes = 0
         self._header_timer: asyncio.TimerHandle | None = None
+        self._body_timer: asyncio.TimerHandle | None = None
         self._in_headers = False
         self._too_large = False
 
@@ -71,6 +83,31 @@ class BoundedHttpProtocol(HttpToolsProtocol):
             )
             self._reject(408, f"request headers must arrive within {self.header_timeout:g} s")
 
+    # ------------------------------------------------------------- the body read timer
+    def _stop_body_timer(self) -> None:
+        if self._body_timer is not None:
+            self._body_timer.cancel()
+            self._body_timer = None
+
+    def _body_timed_out(self) -> None:
+        self._body_timer = None
+        cycle = self.cycle
+        if cycle is None or not cycle.more_body or self.transport.is_closing():
+            return
+        log.info(
+            "closing a connection from %s: request body not complete within %g s (%s %s)",
+            self._peer(),
+            self.body_timeout,
+            cycle.scope.get("method"),
+            cycle.scope.get("path"),
+        )
+        cycle.scope[CUT_OFF] = True  # type: ignore[literal-required]  # an extension key of ours
+        if cycle.response_started:
+            self.transport.close()
+        else:
+            cycle.disconnected = True  # the route gets a disconnect; nothing more is written
+            self._reject(408, f"request body must arrive within {self.body_timeout:g} s")
+
     def _peer(self) -> str:
         return f"{self.client[0]}:{self.client[1]}" if self.client else "unknown"
 
@@ -90,6 +127,7 @@ class BoundedHttpProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._stop_header_timer()
+        self._stop_body_timer()
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
@@ -135,16 +173,36 @@ class BoundedHttpProtocol(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         self._stop_header_timer()
         super().on_headers_complete()
+        if self._body_timer is None:  # cancelled at once by on_message_complete when there is none
+            self._body_timer = self.loop.call_later(self.body_timeout, self._body_timed_out)
+
+    def on_message_complete(self) -> None:
+        self._stop_body_timer()
+        super().on_message_complete()
+
+    def on_response_complete(self) -> None:
+        cycle = self.cycle
+        if cycle is not None and cycle.more_body and not self.transport.is_closing():
+            # Answered before the body was in (401, 413, ...): close rather than read the rest.
+            self._stop_body_timer()
+            self.transport.close()
+        super().on_response_complete()
 
 
 def _code(status: int) -> str:
     return {408: "request_timeout", 431: "headers_too_large"}.get(status, "http_error")
 
 
-def bounded_protocol(max_header_bytes: int, header_timeout: float) -> type[BoundedHttpProtocol]:
+def bounded_protocol(
+    max_header_bytes: int, header_timeout: float, body_timeout: float = BoundedHttpProtocol.body_timeout
+) -> type[BoundedHttpProtocol]:
     """A :class:`BoundedHttpProtocol` class with these bounds, for ``uvicorn.Config(http=...)``."""
     return type(
         "BoundedHttpProtocol",
         (BoundedHttpProtocol,),
-        {"max_header_bytes": max_header_bytes, "header_timeout": header_timeout},
+        {
+            "max_header_bytes": max_header_bytes,
+            "header_timeout": header_timeout,
+            "body_timeout": body_timeout,
+        },
     )
