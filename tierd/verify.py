@@ -7,6 +7,8 @@ What is checked, and why each matters to an operator:
   next record a consume queue points at (or the next file), so every bad region is reported;
 - hot consume queues: every unit points at a record of its own topic, queue and offset, with its
   record's tags code (a wrong unit hands out the wrong message or hides it from a tag filter);
+- hot key index: files with a bad header, found (and rebuilt from the commitlog) when the store
+  opened — reported, so damage is never silent;
 - consumer offsets: the main file and its ``.bak``, each on its own (the store opens on either);
 - tiering metadata: the main file and its ``.bak`` are read separately (a corrupt main file
   hidden behind a good backup is reported); no metadata at all while the bucket prefix holds
@@ -246,6 +248,13 @@ def _verify_hot(hot: HotStore, report: VerifyReport, tally: _Tally) -> None:
     for topic, queue_ids in sorted(hot.topics().items()):
         for qid in queue_ids:
             _verify_hot_queue(hot, topic, qid, report)
+    for path, problem in hot.index.damaged:  # found when the store opened (its header checks)
+        report.add(
+            "hot-index",
+            str(path),
+            f"{problem}; the store dropped it (and later index files) and rebuilt their keys from "
+            "the commitlog when it opened: no key is lost",
+        )
 
 
 def _resume_at(starts: list[int], pos: int, file_end: int, end: int) -> int:

@@ -13,6 +13,7 @@ import pytest
 
 from tierd import BlockingMessageStore, GetStatus, Message, TierdConfig
 from tierd.format.cq_unit import UNIT_SIZE
+from tierd.local.index import HEADER_SIZE
 from tierd.offsets import FILE_NAME as OFFSETS_FILE
 
 from .conftest import small_config
@@ -192,3 +193,30 @@ def test_a_missing_newest_commitlog_file_leaves_a_hole_and_no_offset_is_reused(
     assert f"[{newest.name.lstrip('0')}, {end})" in problem.message
     assert "missing" in problem.message
     assert not BlockingMessageStore.verify_store(cfg).ok  # still reported after a reopen
+
+
+# ------------------------------------------------------------------------ key index
+@pytest.mark.parametrize("which", [0, -1], ids=["oldest file", "newest file"])
+def test_a_zeroed_key_index_header_is_found_rebuilt_and_reported(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, which: int
+) -> None:
+    root = tmp_path / "s"
+    cfg = small_config(root)  # 400 items per index file: 1,000 keys fill three files
+    with BlockingMessageStore.open(cfg) as store:
+        for i in range(0, 1000, 100):
+            store.put_batch([Message(topic="t", body=b"k%d" % j, keys=[f"k{j}"]) for j in range(i, i + 100)])
+    files = sorted((root / "index").iterdir())
+    assert len(files) >= 3
+    damaged = files[which]
+    with damaged.open("r+b") as fh:
+        fh.write(bytes(HEADER_SIZE))
+    caplog.set_level(logging.INFO)
+    report = BlockingMessageStore.verify_store(cfg)
+    assert not report.ok
+    assert [(p.area, p.where) for p in report.problems] == [("hot-index", str(damaged))]
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert any(str(damaged) in e for e in errors), errors
+    with BlockingMessageStore.open(cfg) as store:
+        for j in range(1000):
+            assert [m.body for m in store.query("t", f"k{j}")] == [b"k%d" % j], j
+    assert BlockingMessageStore.verify_store(cfg).ok

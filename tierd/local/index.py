@@ -115,6 +115,13 @@ def torn_at_creation(path: Path, size: int, header_size: int) -> bool:
         return fh.read(header_size) == bytes(header_size)
 
 
+def _has_slots(path: Path, slots: int) -> bool:
+    """Whether any hash slot of the index file at ``path`` is set (items were written)."""
+    with path.open("rb") as fh:
+        fh.seek(HEADER_SIZE)
+        return any(fh.read(slots * SLOT_SIZE))
+
+
 def _check_geometry(slots: int, items: int) -> None:
     if not 1 <= slots <= _MAX_INT32:
         raise InvalidArgumentError(f"index slots must be in [1, {_MAX_INT32}], got {slots}", slots=slots)
@@ -574,6 +581,9 @@ class IndexService:
         #: Set by :meth:`load` after an abnormal exit: the lowest commitlog offset an index file
         #: it destroyed held entries from — recovery must re-dispatch from there (None: none).
         self.rebuild_from: int | None = None
+        #: Index files :meth:`load` found damaged (bad header) and dropped to be rebuilt, with
+        #: why — ``tierd verify`` reports them.
+        self.damaged: list[tuple[Path, str]] = []
         self._files_lock = _SharedExclusiveLock()
         #: Serialises writers with each other and with close(); queries never take it.
         self._write_lock = threading.Lock()
@@ -586,9 +596,12 @@ class IndexService:
         timestamp may hold torn items: they are destroyed and the reput thread rebuilds them from
         the commitlog (RocketMQ's rule). A file that does not open (bad size or header) is
         dropped with a warning if it is the newest and looks like a crash while creating it
-        (empty, or full size with a never-written header). Anything else is a
-        :class:`CorruptionError` — e.g. files of another slots/items geometry after a config
-        change — because deleting it would silently lose entries nobody rebuilds.
+        (empty, or full size with a never-written header and no slot set). A file of the right
+        size with a bad header is *damage*: it and every later file are dropped and rebuilt from
+        the commitlog (from where the file before it ends; see :attr:`rebuild_from`), with an
+        ERROR line and an entry in :attr:`damaged` — a key query never silently misses a
+        message. A file of another size is a :class:`CorruptionError` (e.g. another
+        slots/items geometry after a config change: rebuilding would not fit it).
         """
         with self._write_lock, self._files_lock.exclusive():
             self._check_open()
@@ -610,9 +623,13 @@ class IndexService:
                     try:
                         f = IndexFile.open(path, self.slots, self.items)
                     except CorruptionError as e:
-                        torn = i == len(paths) - 1 and torn_at_creation(
-                            path, index_file_size(self.slots, self.items), HEADER_SIZE
-                        )
+                        size = index_file_size(self.slots, self.items)
+                        torn = i == len(paths) - 1 and torn_at_creation(path, size, HEADER_SIZE)
+                        if torn and _has_slots(path, self.slots):
+                            torn = False  # items were written: a zeroed header, not a new file
+                        if not torn and path.stat().st_size == size:
+                            self._drop_damaged(paths[i:], files[-1].end_phy_offset if files else 0, str(e))
+                            break
                         log.warning(
                             "index file %s does not open (%s); %s",
                             path,
@@ -644,6 +661,21 @@ class IndexService:
                 raise
             self._files = files
             self._loaded = True
+
+    def _drop_damaged(self, paths: list[Path], start: int, problem: str) -> None:
+        """Delete a damaged file and every later one; their entries are rebuilt from commitlog
+        offset ``start`` (where the last sound file ends)."""
+        self.rebuild_from = start if self.rebuild_from is None else min(self.rebuild_from, start)
+        self.damaged.append((paths[0], problem))
+        log.error(
+            "%s; deleting it and %d later index file(s), rebuilding their keys from commitlog offset %d",
+            problem,
+            len(paths) - 1,
+            start,
+        )
+        for p in paths:
+            p.unlink()
+        fsync_dir(self.directory)
 
     def close(self) -> None:
         """Flush what is dirty and unmap every file. Idempotent."""
