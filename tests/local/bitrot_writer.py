@@ -35,9 +35,7 @@ def main() -> None:
     with BlockingMessageStore.open(writer_config(root, tiered)) as store:
         for i in range(count):
             body = body_for(i)
-            r = store.put(
-                Message(topic="rot", body=body, queue_id=i % 2, keys=[f"key-{i}"] if keys else None)
-            )
+            r = store.put(Message(topic="rot", body=body, queue_id=i % 2, keys=[f"key-{i}"] if keys else ()))
             os.write(
                 1, b"%d %d %d %s\n" % (r.queue_id, r.queue_offset, r.commitlog_offset, body.hex().encode())
             )
