@@ -131,9 +131,11 @@ def test_idle_rounds_do_no_work_per_queue(tmp_path: Path, monkeypatch: pytest.Mo
         visited: list[tuple[str, int]] = []
         real = Dispatcher._dispatch_queue
 
-        async def counting(self: Dispatcher, key: tuple[str, int], force: bool, result: RoundResult) -> int:
+        async def counting(
+            self: Dispatcher, key: tuple[str, int], force: bool, result: RoundResult, *end: Any
+        ) -> int:
             visited.append(key)
-            return await real(self, key, force, result)
+            return await real(self, key, force, result, *end)
 
         monkeypatch.setattr(Dispatcher, "_dispatch_queue", counting)
         assert store.tiering is not None
