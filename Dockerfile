@@ -30,7 +30,7 @@ COPY tierd ./tierd
 # (-I: the installed tierd, not the sources in the working directory).
 RUN python3 -m venv /opt/tierd \
  && /opt/tierd/bin/python -m pip wheel --no-deps --wheel-dir /tmp/dist . \
- && /opt/tierd/bin/python -m pip install "$(ls /tmp/dist/tierd-*.whl)[s3]" \
+ && /opt/tierd/bin/python -m pip install "$(ls /tmp/dist/tierd-*.whl)[s3,grpc]" \
  && /opt/tierd/bin/python -m pip uninstall --yes pip setuptools \
  && /opt/tierd/bin/tierd --version \
  && /opt/tierd/bin/python -I -c "import sys, tierd.format.batch as b, tierd.local.prepare as p; \
@@ -60,7 +60,8 @@ ENV PATH=/opt/tierd/bin:$PATH \
     PYTHONUNBUFFERED=1
 WORKDIR /var/lib/tierd
 USER 10001:10001
-# 8080: the data API (loopback only: the pod's own containers); 8081: health and metrics.
-EXPOSE 8080 8081
+# 8080: the data API and 8081: the RocketMQ gRPC API (loopback only: the pod's own containers);
+# 8082: health and metrics.
+EXPOSE 8080 8081 8082
 ENTRYPOINT ["tierd"]
 CMD ["serve"]

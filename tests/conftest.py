@@ -19,6 +19,9 @@ def _isolated_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     for key in list(os.environ):
         if key.startswith("TIERD_"):
             monkeypatch.delenv(key)
+    # Every `tierd serve` a test starts serves gRPC (on by default at 8081) on a free port
+    # instead, so tests running side by side never contend for 8081.
+    monkeypatch.setenv("TIERD_GRPC__PORT", "0")
 
 
 # --- S3 servers

@@ -161,7 +161,13 @@ def test_the_pod_runs_the_image_built_here_with_its_config(directory: str) -> No
     # … probes and metrics on the ops listener, at the port the probes and the Service use.
     assert cfg.server.ops_host == "0.0.0.0"
     ports = {p["name"]: p["containerPort"] for p in sidecar["ports"]}
-    assert ports == {"metrics": cfg.server.ops_port}
+    assert ports == {"metrics": cfg.server.ops_port, "grpc": cfg.grpc.port}
+    # The RocketMQ gRPC API on loopback too, where the app container's client is pointed.
+    assert cfg.grpc.enabled
+    assert cfg.grpc.host == "127.0.0.1"
+    assert cfg.grpc.port != cfg.server.ops_port
+    app_env = {e["name"]: e.get("value") for e in pod["containers"][0].get("env", [])}
+    assert app_env["ROCKETMQ_ENDPOINTS"] == f"{cfg.grpc.host}:{cfg.grpc.port}"
     assert sidecar["startupProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
     assert sidecar["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
     assert sidecar["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
@@ -481,7 +487,7 @@ def _make_dry_run(target: str, tmp_path: Path) -> str:
 def test_make_run_installs_only_what_running_needs(tmp_path: Path) -> None:
     run = _make_dry_run("run", tmp_path)
     installs = [line for line in run.splitlines() if "pip install" in line and "--upgrade pip" not in line]
-    assert installs == [f"{tmp_path / 'venv'}/bin/python -m pip install --quiet -e '.[s3]'"]
+    assert installs == [f"{tmp_path / 'venv'}/bin/python -m pip install --quiet -e '.[s3,grpc]'"]
     test = _make_dry_run("test", tmp_path)
     assert "-e '.[test]'" in test
     assert "hadolint Dockerfile" in test

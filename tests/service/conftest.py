@@ -50,6 +50,8 @@ def service_config(
         "backend": backend or {"name": "posix", "url": str(root / "cold")},
         "tiered": {"dispatch_interval": 3600, **tiered},
         "server": {"host": "127.0.0.1", "port": 0, "shutdown_grace": 30, **(server or {})},
+        # gRPC is on by default at 8081: tests running side by side must not contend for it.
+        "grpc": {"port": 0},
     }
 
 

@@ -20,8 +20,8 @@ REQUEST_OVERHEAD = 1024 * 1024
 
 
 def check_ports(cfg: TierdConfig) -> None:
-    """``grpc.port`` and ``server.ops_port`` both default to 8081 (the proxy's gRPC port and
-    tierd's probes): say which settings collide instead of failing to bind."""
+    """``grpc.port`` (8081, the proxy's gRPC port) and ``server.ops_port`` (8082) are both set
+    by operators: when they collide, say which settings instead of failing to bind."""
     g, s = cfg.grpc, cfg.server
     if s.ops_host is not None and g.port != 0 and g.port == s.ops_port:
         raise ConfigError(
