@@ -11,6 +11,9 @@ Before: the queues took every descriptor at ~500 queues, accept() failed with EM
 from __future__ import annotations
 
 import base64
+import select
+import socket
+import time
 from typing import TYPE_CHECKING
 
 import httpx
@@ -56,4 +59,46 @@ def test_many_queues_under_a_small_descriptor_limit(tmp_path: Path) -> None:
     assert "stopped cleanly" in output
     assert "out of system resource" not in output
     assert "Too many open files" not in output
+    assert len(output.splitlines()) < 40, output[-3000:]
+
+
+def test_more_idle_connections_than_descriptors(tmp_path: Path) -> None:
+    """Idle TCP connections beyond ``ulimit -n``: accept() used to fail with EMFILE in a loop —
+    asyncio logging "socket.accept() out of system resource" with a traceback tens of thousands
+    of times — while /healthz timed out. Connections are now bounded below the descriptor limit
+    (the ones beyond get a 503 and are closed at once), so the server keeps answering and the
+    log stays short."""
+    path = tmp_path / "tierd.toml"
+    path.write_text(toml(service_config(tmp_path)))
+    nofile = 128
+    tierd = TierdProcess(path, nofile=nofile)
+    held: list[socket.socket] = []
+    try:
+        wait_ready(tierd.url)
+        host, port = tierd.url.removeprefix("http://").rsplit(":", 1)
+        for _ in range(nofile * 2):
+            held.append(socket.create_connection((host, int(port)), timeout=30))
+        # Every connection gets an answer or stays open; a new one is answered, not left hanging.
+        r = httpx.get(f"{tierd.url}/healthz", timeout=20)
+        assert r.status_code in (200, 503), r.text
+        # The ones beyond the bound are told so (503) and closed; the others stay open, idle.
+        answers: dict[socket.socket, bytes] = {}
+        deadline = time.monotonic() + 30
+        while not any(a.startswith(b"HTTP/1.1 503 ") for a in answers.values()):
+            assert time.monotonic() < deadline, "no connection was refused with a 503"
+            ready, _, _ = select.select([s for s in held if s not in answers], [], [], 1.0)
+            for s in ready:
+                answers[s] = s.recv(4096)
+        for s in held:
+            s.close()
+        held.clear()
+        wait_ready(tierd.url)  # the bound frees as the connections close
+        assert tierd.terminate(timeout=60) == 0
+    finally:
+        for s in held:
+            s.close()
+        tierd.kill()
+    output = tierd.output
+    assert "Traceback" not in output, output[-3000:]
+    assert output.count("out of system resource") <= 1, output[-3000:]
     assert len(output.splitlines()) < 40, output[-3000:]

@@ -38,6 +38,8 @@ import uvicorn
 
 from tierd.errors import ConfigError, TierdError
 from tierd.grpc.server import GrpcListener
+from tierd.local.mapped_file import open_files_limit
+from tierd.repeats import FailureLog
 from tierd.service.app import create_app
 from tierd.service.ops import create_ops_app
 from tierd.service.protocol import bounded_protocol
@@ -61,6 +63,40 @@ HTTP_STOP_TIMEOUT = 5
 GRPC_STOP_TIMEOUT = 5.0
 #: How often the daemon looks whether the cold tier is down for good (a cheap flag check).
 COLD_WATCH_INTERVAL = 1.0
+#: Shares of the open-files limit (RLIMIT_NOFILE) the listeners' connections may hold: the
+#: store's consume-queue files take at most a quarter (``queue_file_bound``), and the rest is for
+#: the commitlog, the index, the cold tier's files and sockets. Above its bound a listener answers
+#: a new connection 503 and closes it at once, so accept() never runs out of descriptors.
+CONNECTION_SHARE = 1 / 2
+OPS_CONNECTION_SHARE = 1 / 16
+#: Failures of accept() itself (out of descriptors anyway): one line, then once a minute.
+_ACCEPT_FAILURES = FailureLog(log, "accepting connections")
+
+
+def connection_bound(setting: int, share: float, what: str) -> int:
+    """``server.max_connections`` for one listener, capped at ``share`` of the open-files limit."""
+    bound = min(setting, max(1, int(open_files_limit() * share)))
+    if bound < setting:
+        log.info(
+            "%s: serving at most %d connections at once (server.max_connections is %d; the open-files "
+            "limit %d leaves no more)",
+            what,
+            bound,
+            setting,
+            open_files_limit(),
+        )
+    return bound
+
+
+def _on_loop_error(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+    """asyncio reports accept() failing for want of descriptors through the loop's exception
+    handler — with a traceback, once per pending connection, every retry (tens of thousands of
+    lines a minute). Those become one line per interval with a count; the rest goes on as before."""
+    exc = context.get("exception")
+    if isinstance(exc, OSError) and str(context.get("message", "")).startswith("socket.accept()"):
+        _ACCEPT_FAILURES.failed(exc, "new connections wait; raise the open-files limit (ulimit -n)")
+        return
+    loop.default_exception_handler(context)
 
 
 class _Server(uvicorn.Server):
@@ -174,13 +210,24 @@ class Daemon:
             sock.close()
             raise
         self.url = url_of(sock)
-        server = _Server(self._uvicorn_config(self.app))
+        if self.loop.get_exception_handler() is None:
+            self.loop.set_exception_handler(_on_loop_error)
+        server = _Server(
+            self._uvicorn_config(
+                self.app, connection_bound(self.cfg.server.max_connections, CONNECTION_SHARE, "HTTP API")
+            )
+        )
         http = asyncio.create_task(server.serve(sockets=[sock]), name="tierd-http")
         ops: _Server | None = None
         ops_http: asyncio.Task[None] | None = None
         if self.ops_app is not None and ops_sock is not None:
             self.ops_url = url_of(ops_sock)
-            ops = _Server(self._uvicorn_config(self.ops_app))
+            ops = _Server(
+                self._uvicorn_config(
+                    self.ops_app,
+                    connection_bound(self.cfg.server.max_connections, OPS_CONNECTION_SHARE, "ops listener"),
+                )
+            )
             ops_http = asyncio.create_task(ops.serve(sockets=[ops_sock]), name="tierd-ops-http")
         try:
             await _first(server.listening.wait(), http)
@@ -224,7 +271,7 @@ class Daemon:
                     await ops_http
         log.info("stopped cleanly")
 
-    def _uvicorn_config(self, app: FastAPI) -> uvicorn.Config:
+    def _uvicorn_config(self, app: FastAPI, max_connections: int) -> uvicorn.Config:
         server = self.cfg.server
         return uvicorn.Config(
             app,
@@ -234,7 +281,7 @@ class Daemon:
             timeout_graceful_shutdown=HTTP_STOP_TIMEOUT,
             server_header=False,
             http=bounded_protocol(server.max_header_bytes, server.header_timeout, server.body_timeout),
-            limit_concurrency=server.max_connections,
+            limit_concurrency=max_connections,
         )
 
     async def _shutdown(self, store: MessageStore, server: _Server, http: asyncio.Task[None]) -> None:

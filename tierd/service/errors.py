@@ -29,7 +29,6 @@ from tierd.errors import (
     TierdError,
 )
 from tierd.repeats import FailureLog
-from tierd.service.protocol import CUT_OFF
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
@@ -79,6 +78,18 @@ class InvalidHostError(InvalidArgumentError):
     code = "invalid_host"
     http_status = 421
 
+
+class TooManyConnectionsError(TierdError, ConnectionError):
+    """More connections are open than the server takes (``server.max_connections``, bounded below
+    the open-files limit): a new one is answered 503 and closed at once."""
+
+    code = "too_many_connections"
+    http_status = 503
+
+
+#: Scope key set when the HTTP protocol cut a request off (its body timed out): the route then
+#: sees a client disconnect that the server caused and has already logged.
+CUT_OFF = "tierd.cut_off"
 
 #: Codes for HTTP statuses Starlette raises itself (routing), so they keep the common shape.
 _STATUS_CODES = {

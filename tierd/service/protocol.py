@@ -28,17 +28,22 @@ from typing import TYPE_CHECKING, Any
 import httptools
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from tierd.repeats import FailureLog
+from tierd.service.errors import CUT_OFF, TooManyConnectionsError
+
 if TYPE_CHECKING:
     import asyncio
 
 log = logging.getLogger(__name__)
+#: Connections refused above the bound: the first, then once a minute with a count.
+_REFUSED = FailureLog(log, "accepting an HTTP connection")
 
-_REASONS = {408: b"Request Timeout", 421: b"Misdirected Request", 431: b"Request Header Fields Too Large"}
-
-
-#: Scope key set when this protocol cut a request off (its body timed out): the route then sees
-#: a client disconnect that the server caused and has already logged.
-CUT_OFF = "tierd.cut_off"
+_REASONS = {
+    408: b"Request Timeout",
+    421: b"Misdirected Request",
+    431: b"Request Header Fields Too Large",
+    503: b"Service Unavailable",
+}
 
 
 class _HeaderLimitError(Exception):
@@ -123,6 +128,20 @@ class BoundedHttpProtocol(HttpToolsProtocol):
     # ------------------------------------------------------------- protocol and parser hooks
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
+        bound = self.limit_concurrency
+        if bound is not None and len(self.connections) > bound:
+            # Refused now, not at its first request: an idle connection would hold a descriptor
+            # until header_timeout, and enough of them exhaust the process's open-files limit
+            # (accept() then fails in a loop and nothing is served, /healthz included).
+            err = TooManyConnectionsError(
+                f"{len(self.connections) - 1} connections are open, at most {bound} are served "
+                "(server.max_connections, bounded below the open-files limit); refused with 503",
+                limit=bound,
+            )
+            _REFUSED.failed(err)
+            self._reject(503, err.message)
+            return
+        _REFUSED.succeeded()
         self._start_header_timer()  # a connection that never sends anything is closed too
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -190,7 +209,9 @@ class BoundedHttpProtocol(HttpToolsProtocol):
 
 
 def _code(status: int) -> str:
-    return {408: "request_timeout", 431: "headers_too_large"}.get(status, "http_error")
+    return {408: "request_timeout", 431: "headers_too_large", 503: TooManyConnectionsError.code}.get(
+        status, "http_error"
+    )
 
 
 def bounded_protocol(
