@@ -40,19 +40,11 @@ from pyspark.sql.datasource import (
     LessThan,
     LessThanOrEqual,
 )
-from pyspark.sql.types import (
-    ArrayType,
-    BinaryType,
-    IntegerType,
-    LongType,
-    MapType,
-    StringType,
-    StructField,
-    StructType,
-    TimestampType,
-)
+from pyspark.sql.pandas.types import from_arrow_schema
+from pyspark.sql.types import StructField, StructType
 
 from tierd.errors import CredentialsError, InvalidArgumentError, SegmentNotFoundError
+from tierd.spark.decode import ARROW_SCHEMA
 from tierd.spark.filters import Constraints
 from tierd.spark.options import (
     TABLE_OPTIONS_METADATA,
@@ -82,28 +74,11 @@ __all__ = [
     "select_columns",
 ]
 
-#: DESIGN's columns (plus ``uniq_key``); ``decode.ARROW_SCHEMA`` is the same schema in Arrow terms.
-#: Only ``tags`` and ``uniq_key`` are nullable: nothing else is ever null.
-SPARK_SCHEMA = StructType(
-    [
-        StructField("topic", StringType(), nullable=False),
-        StructField("queue_id", IntegerType(), nullable=False),
-        StructField("queue_offset", LongType(), nullable=False),
-        StructField("physical_offset", LongType(), nullable=False),
-        StructField("store_timestamp", TimestampType(), nullable=False),
-        StructField("born_timestamp", TimestampType(), nullable=False),
-        StructField("tags", StringType()),
-        StructField("keys", ArrayType(StringType()), nullable=False),
-        StructField("msg_id", StringType(), nullable=False),
-        StructField("properties", MapType(StringType(), StringType()), nullable=False),
-        StructField("body", BinaryType(), nullable=False),
-        StructField("sys_flag", IntegerType(), nullable=False),
-        StructField("reconsume_times", IntegerType(), nullable=False),
-        StructField("born_host", StringType(), nullable=False),
-        StructField("store_host", StringType(), nullable=False),
-        StructField("uniq_key", StringType()),
-    ]
-)
+#: DESIGN's columns (plus ``uniq_key``) in Spark terms: derived from ``decode.ARROW_SCHEMA``, the
+#: one declaration (the decoder builds its batches from it and the Arrow reader returns it), so
+#: the two cannot drift apart. Nullability carries over: only ``tags`` and ``uniq_key`` can be null.
+#: Timestamps with a zone become ``TimestampType`` (not NTZ), as Spark's own conversion makes them.
+SPARK_SCHEMA: Final = from_arrow_schema(ARROW_SCHEMA, prefer_timestamp_ntz=False)
 
 #: The columns that can be null (the nullable ones of :data:`SPARK_SCHEMA`), and when they are.
 NULLABLE_COLUMNS: Final = {"tags": "tags", "uniq_key": "a UNIQ_KEY property"}
@@ -191,7 +166,6 @@ def read_partition(
         return
     import pyarrow as pa
 
-    from tierd.spark.decode import ARROW_SCHEMA
     from tierd.spark.parts import ReadPart, read_part
     from tierd.spark.storage import credentials_advice, open_storage, report_stats
 
