@@ -329,7 +329,10 @@ class TierRouter:
                     continue
                 if (key in msg.keys or msg.uniq_key == key) and begin <= msg.store_timestamp <= end:
                     found.setdefault((msg.queue_id, msg.queue_offset), msg)
-        ordered = sorted(found.values(), key=lambda m: (m.store_timestamp, m.queue_offset), reverse=True)
+        # A total order (queue id last): a paged query (HTTP `next`) continues where it stopped.
+        ordered = sorted(
+            found.values(), key=lambda m: (m.store_timestamp, m.queue_offset, m.queue_id), reverse=True
+        )
         return ordered[:max_count]
 
 

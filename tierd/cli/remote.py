@@ -237,12 +237,19 @@ class RemoteStore:
     def query(
         self, topic: str, key: str, max_count: int = 32, begin: int = 0, end: int = 2**63 - 1
     ) -> list[MessageExt]:
-        doc = self.api.call(
-            "GET",
-            _path("v1", "topics", topic, "keys", key),
-            {"max": min(max_count, MAX_QUERY), "begin": begin, "end": end},
-        )
-        return [MessageExt.from_json(m) for m in doc["messages"]]
+        """Follows the answer's continuation (``next``: the server bounds each answer's bytes)
+        until ``max_count`` messages or no more."""
+        out: list[MessageExt] = []
+        params: dict[str, Any] = {"begin": begin, "end": end}
+        while len(out) < max_count:
+            params["max"] = min(max_count - len(out), MAX_QUERY)
+            doc = self.api.call("GET", _path("v1", "topics", topic, "keys", key), params)
+            out += [MessageExt.from_json(m) for m in doc["messages"]]
+            nxt = doc.get("next")
+            if not nxt or not doc["messages"]:
+                break
+            params |= nxt
+        return out
 
     def topics(self) -> dict[str, list[int]]:
         doc = self.api.call("GET", "/v1/topics")

@@ -25,6 +25,7 @@ from pydantic import BaseModel, BeforeValidator, ValidationError
 # FastAPI reads route annotations at runtime: this import must stay a real one.
 from tierd.errors import NotReadyError
 from tierd.format.message_id import OFFSET_MASK, offset_msg_id_template
+from tierd.local.store import byte_bounded_count
 from tierd.message import ReadPolicy  # noqa: TC001
 from tierd.service.auth import BearerAuthMiddleware, BodyLimitMiddleware
 from tierd.service.errors import (
@@ -524,10 +525,30 @@ async def query(
     end: Annotated[
         int, IntText, Query(ge=0, le=MAX_INT64, description="Latest store timestamp (ms).")
     ] = MAX_INT64,
+    skip: Annotated[
+        int,
+        IntText,
+        Query(
+            ge=0,
+            le=MAX_QUERY,
+            description="Leave out the first `skip` messages stored exactly at `end` (they came in "
+            "the previous page): pass on what `next` says.",
+        ),
+    ] = 0,
 ) -> dict[str, Any]:
-    """Messages of `topic` carrying `key`, from both tiers, newest first."""
-    found = await svc.store().query(topic, key, max, begin, end)
-    return {"messages": [MessageOut.of(m) for m in found]}
+    """Messages of `topic` carrying `key`, from both tiers, newest first. Like a queue read, one
+    answer stops before the message that would take it past `server.max_read_bytes` (the first
+    always comes); `next` then holds the `end` and `skip` that continue after it, else null."""
+    found = await svc.store().query(topic, key, max + skip, begin, end)
+    page = found[skip:] if all(m.store_timestamp == end for m in found[:skip]) else found
+    page = page[:max]
+    keep = byte_bounded_count([m.size for m in page], svc.cfg.server.max_read_bytes)
+    nxt: dict[str, int] | None = None
+    if keep < len(page):
+        last = page[keep - 1].store_timestamp
+        at_last = sum(1 for m in page[:keep] if m.store_timestamp == last)
+        nxt = {"end": last, "skip": at_last + (skip if last == end else 0)}
+    return {"messages": [MessageOut.of(m) for m in page[:keep]], "next": nxt}
 
 
 @router.get(

@@ -189,10 +189,22 @@ class GetOut(_Model):
         }
 
 
+class QueryNextOut(_Model):
+    """Where the next page of a key query starts: send these as query parameters."""
+
+    end: int = Field(description="The `end` to ask for (the store time of the last message given).")
+    skip: int = Field(description="The `skip` to ask for (messages at that time already given).")
+
+
 class QueryOut(_Model):
     messages: list[MessageOut] = Field(
         description="Messages whose keys really contain the key, newest first (hash collisions "
         "never produce a wrong result)."
+    )
+    next: QueryNextOut | None = Field(
+        None,
+        description="Set when the answer stopped at `server.max_read_bytes` before `max` messages: "
+        "the parameters that continue after it (null: nothing left within `max`).",
     )
 
 
