@@ -270,3 +270,19 @@ def test_global_options_after_the_command_are_the_same_options() -> None:
     for sub in group.commands.values():  # type: ignore[attr-defined]
         walk(sub)
     assert not set(seen) & GLOBAL_VALUE_OPTIONS
+
+
+def test_query_through_the_daemon_follows_the_byte_bounded_pages(tmp_path: Path) -> None:
+    """The daemon bounds each key-query answer by server.max_read_bytes; the CLI follows
+    `next` and prints every match, as a local query would."""
+    cfg = _config(tmp_path, max_read_bytes=1024)
+    proc = TierdProcess(cfg)
+    try:
+        proc.wait_for("cold tier ready", 60)
+        lines = "".join(f"{i:04d}" + "x" * 600 + "\n" for i in range(5))
+        ok(cli("--config", str(cfg), "produce", "orders", "--file", "-", "--lines", "-k", "k", stdin=lines))
+        got = json.loads(ok(cli("--config", str(cfg), "-o", "json", "query", "orders", "k")))
+    finally:
+        proc.kill()
+    assert len(got) == 5
+    assert len({m["queue_offset"] for m in got}) == 5  # each once
