@@ -447,6 +447,79 @@ class LogConfig(_Section):
     format: Literal["text", "json"] = Field("text", description="Log line format.")
 
 
+class TableConfig(_Section):
+    """``[table]`` — the Iceberg table view of the topics that opt in with
+    ``[topics.<name>] table = "iceberg"`` (docs/table.md): the catalog, where Parquet goes, how
+    often the writer runs and what maintenance keeps."""
+
+    catalog: Literal["sql", "rest", "glue"] = Field(
+        "sql",
+        description="Iceberg catalog: `sql` (SQLite under `store.dir` unless `catalog_uri` names "
+        "another database), `rest` (`catalog_uri` is its URL) or `glue` (AWS Glue).",
+    )
+    catalog_uri: str | None = Field(
+        None,
+        description="The catalog's URI: a SQLAlchemy URL for `sql` (default "
+        "`sqlite:///<store.dir>/table/catalog.db`), the endpoint for `rest`; unused for `glue`.",
+    )
+    warehouse: str | None = Field(
+        None,
+        description="Where tables' Parquet and metadata files go (`s3://bucket/prefix` or a "
+        "directory; default `<store.dir>/table/warehouse`).",
+    )
+    catalog_properties: dict[str, str] = Field(
+        default_factory=dict,
+        description="Further pyiceberg catalog properties (e.g. `s3.endpoint`, `glue.region`, "
+        "`token`); never put secrets here, use the environment.",
+    )
+    namespace: str = Field("tierd", min_length=1, description="Iceberg namespace of the tables.")
+    interval: float = Field(
+        60.0, gt=0, description="Seconds between the daemon's table writer passes (each a commit per topic)."
+    )
+    max_rows_per_commit: int = Field(
+        1_000_000, ge=1, description="Rows one commit adds at most; a larger backlog takes several commits."
+    )
+    snapshot_retention: float = Field(
+        7 * 86400.0,
+        gt=0,
+        description="Seconds a table snapshot is kept for time travel before maintenance expires it.",
+    )
+    min_snapshots: int = Field(5, ge=1, description="Snapshots maintenance always keeps, however old.")
+    compact_below: int = Field(
+        32 * MiB,
+        ge=0,
+        description="Maintenance rewrites a day's Parquet files into one when it has several smaller "
+        "than this many bytes (0: never compact).",
+    )
+    orphan_age: float = Field(
+        86400.0,
+        gt=0,
+        description="Seconds after which a Parquet file no snapshot references (left by a crashed "
+        "pass) is deleted by maintenance.",
+    )
+
+
+class TopicConfig(_Section):
+    """``[topics.<name>]`` — settings of one topic."""
+
+    table: Literal["none", "iceberg"] = Field(
+        "none", description="`iceberg`: keep an Iceberg table of the topic's sealed cold messages."
+    )
+    body_format: Literal["binary", "json"] = Field(
+        "binary",
+        description="`json`: also decode each body as a JSON object into `body_columns` "
+        "(bodies that do not decode go to the `<topic>_dead_letter` table).",
+    )
+    body_columns: dict[str, Literal["string", "long", "double", "boolean"]] = Field(
+        default_factory=dict,
+        description="Declared body fields and their types, added as table columns (a new one is "
+        "added to the table's schema; old rows read it as null).",
+    )
+    table_retention_days: int = Field(
+        0, ge=0, description="Days of store time the table keeps (0: forever, beyond cold retention)."
+    )
+
+
 SECTIONS: dict[str, type[_Section]] = {
     "store": StoreConfig,
     "tiered": TieredConfig,
@@ -454,7 +527,10 @@ SECTIONS: dict[str, type[_Section]] = {
     "server": ServerConfig,
     "grpc": GrpcConfig,
     "log": LogConfig,
+    "table": TableConfig,
 }
+#: Sections holding one table per name (``[topics.<name>]``), with the model of each.
+NAMED_SECTIONS: dict[str, type[_Section]] = {"topics": TopicConfig}
 
 
 class TierdConfig(_Section):
@@ -467,6 +543,8 @@ class TierdConfig(_Section):
     server: ServerConfig = Field(default_factory=lambda: ServerConfig())
     grpc: GrpcConfig = Field(default_factory=lambda: GrpcConfig())
     log: LogConfig = Field(default_factory=lambda: LogConfig())
+    table: TableConfig = Field(default_factory=lambda: TableConfig())
+    topics: dict[str, TopicConfig] = Field(default_factory=dict)
 
     @classmethod
     def load(
@@ -485,9 +563,13 @@ class TierdConfig(_Section):
             except tomllib.TOMLDecodeError as e:
                 raise ConfigError(f"config file {p} is not valid TOML: {e}", path=str(p)) from e
             for section, values in raw.items():
+                if section in NAMED_SECTIONS and isinstance(values, dict):
+                    data[section] = dict(values)
+                    continue
                 if section not in SECTIONS:
                     raise ConfigError(
-                        f"unknown config section [{section}] in {p}; known: {', '.join(SECTIONS)}",
+                        f"unknown config section [{section}] in {p}; "
+                        f"known: {', '.join([*SECTIONS, *NAMED_SECTIONS])}",
                         section=section,
                     )
                 if not isinstance(values, dict):
@@ -578,7 +660,8 @@ def reference_markdown() -> str:
         "Secrets (S3 credentials) are never configuration keys: use the environment or the provider chain.",
         "",
     ]
-    for name, section in SECTIONS.items():
+    named = {f"{k}.<name>": v for k, v in NAMED_SECTIONS.items()}
+    for name, section in {**SECTIONS, **named}.items():
         lines += [
             f"## [{name}]",
             "",
@@ -592,8 +675,7 @@ def reference_markdown() -> str:
             shown = f"`{default}`" if default not in (None, {}) else "(none)"
             extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
             rmq = f"`{extra['rocketmq']}`" if "rocketmq" in extra else ""
-            lines.append(
-                f"| `{key}` | {shown} | {field.description} | {rmq} | `TIERD_{name.upper()}__{key.upper()}` |"
-            )
+            env = f"`TIERD_{name.upper()}__{key.upper()}`" if name in SECTIONS else "(file only)"
+            lines.append(f"| `{key}` | {shown} | {field.description} | {rmq} | {env} |")
         lines.append("")
     return "\n".join(lines)
