@@ -403,6 +403,11 @@ class ServerConfig(_Section):
         return text
 
 
+#: RocketMQ's message delay levels from "1s" on ("1s 5s 10s 30s 1m 2m … 2h"): its retry backoff.
+_RETRY_DELAY_LEVELS = "1 5 10 30 60 120 180 240 300 360 420 480 540 600 1200 1800 3600 7200"
+ROCKETMQ_RETRY_DELAYS = tuple(float(s) for s in _RETRY_DELAY_LEVELS.split())
+
+
 class GrpcConfig(_Section):
     """``[grpc]`` — the RocketMQ 5 gRPC API (``apache.rocketmq.v2.MessagingService``) that
     unmodified RocketMQ clients speak (docs/grpc.md)."""
@@ -431,6 +436,21 @@ class GrpcConfig(_Section):
         description="A topic first named by a client exists at once with `store.default_queues` "
         "queues; `false`: unknown topics answer `TOPIC_NOT_FOUND`, as the RocketMQ proxy does.",
         json_schema_extra=_rmq("autoCreateTopicEnable"),
+    )
+
+    max_delivery_attempts: int = Field(
+        17,
+        ge=1,
+        le=1000,
+        description="Deliveries of a message to a consumer group before it moves to the group's "
+        "dead-letter topic `%DLQ%<group>` (RocketMQ: a group's `retryMaxTimes` 16, plus the "
+        "first delivery).",
+    )
+    retry_delays: list[float] = Field(
+        default_factory=lambda: list(ROCKETMQ_RETRY_DELAYS),
+        min_length=1,
+        description="Seconds a push consumer waits before its Nth retry of a failed message (the "
+        "last value repeats); RocketMQ's delay levels from 1 s.",
     )
 
     @model_validator(mode="after")

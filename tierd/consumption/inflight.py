@@ -16,6 +16,15 @@ Durability (the rule of docs/grpc.md): an ack answered OK is never redelivered. 
 appended to ``{store.dir}/consumption/acks.log`` and fsynced *before* the answer; a restart
 reads the journal back, so acked offsets above the committed prefix stay consumed. Leases are
 memory only: after a restart every un-acked message is visible at once (at-least-once).
+
+Dead letters: a message whose lease expires after ``max_attempts`` deliveries is not delivered
+again but copied to the topic ``%DLQ%<group>`` (RocketMQ's name), then acked in its own topic —
+in that order, so a crash between the two costs a second copy at most, never the message; the
+copy is skipped when ``%DLQ%<group>`` already holds one with the same message id.
+
+FIFO: a message carrying a message group (``__SHARDINGKEY``, all of one group in one queue) is
+delivered only when no earlier message of its queue with the same group is in flight: a group's
+next message waits until the previous one is acked or moved to the dead-letter topic.
 """
 
 from __future__ import annotations
@@ -33,8 +42,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tierd.errors import InvalidArgumentError, NotFoundError
+from tierd.format.properties import KEY_SEPARATOR, PROPERTY_KEYS, PROPERTY_TAGS, PROPERTY_UNIQ_KEY
 from tierd.local.validation import check_topic
-from tierd.message import GetStatus
+from tierd.message import GetStatus, Message
 from tierd.offsets import check_group, write_atomically
 from tierd.subscription import parse_tags
 
@@ -54,6 +64,12 @@ MIN_INVISIBLE = 1.0
 MAX_INVISIBLE = 12 * 3600.0
 #: Most messages one receive returns.
 MAX_BATCH = 1024
+#: RocketMQ's MessageConst.PROPERTY_SHARDING_KEY: a FIFO message's group.
+PROPERTY_MESSAGE_GROUP = "__SHARDINGKEY"
+#: Properties RocketMQ puts on a dead-letter copy: where it came from and how often it was tried.
+PROPERTY_DLQ_ORIGIN_TOPIC = "DLQ_ORIGIN_TOPIC"
+PROPERTY_DLQ_ORIGIN_MESSAGE_ID = "DLQ_ORIGIN_MESSAGE_ID"
+PROPERTY_RECONSUME_TIME = "RECONSUME_TIME"
 
 
 class InvalidReceiptHandleError(InvalidArgumentError):
@@ -67,6 +83,38 @@ class TopicNotFoundError(NotFoundError):
     """A topic that does not exist, where topics are not created on first use."""
 
     code = "topic_not_found"
+
+
+def dlq_topic(group: str) -> str:
+    """The dead-letter topic of a consumer group, as RocketMQ names it."""
+    return f"%DLQ%{group}"
+
+
+def message_id(ext: MessageExt) -> str:
+    """The id a client knows a message by: the producer's (``UNIQ_KEY``), else the offset id."""
+    return ext.properties.get(PROPERTY_UNIQ_KEY) or ext.msg_id
+
+
+def dead_letter(ext: MessageExt, group: str, attempts: int) -> Message:
+    """The copy of ``ext`` that goes to ``group``'s dead-letter topic: same body, id, keys, tag
+    and properties, plus the origin topic and message id and the retries made
+    (``RECONSUME_TIME`` = deliveries - 1, as RocketMQ counts)."""
+    props = {k: v for k, v in ext.properties.items() if k not in (PROPERTY_KEYS, PROPERTY_TAGS)}
+    mid = message_id(ext)
+    props[PROPERTY_UNIQ_KEY] = mid
+    props[PROPERTY_DLQ_ORIGIN_TOPIC] = ext.topic
+    props[PROPERTY_DLQ_ORIGIN_MESSAGE_ID] = mid
+    props[PROPERTY_RECONSUME_TIME] = str(max(0, attempts - 1))
+    keys = ext.properties.get(PROPERTY_KEYS, "")
+    return Message(
+        topic=dlq_topic(group),
+        body=ext.body,
+        queue_id=0,  # a dead-letter topic has one queue, as RocketMQ's
+        keys=tuple(k for k in keys.split(KEY_SEPARATOR) if k),
+        tags=ext.properties.get(PROPERTY_TAGS) or None,
+        properties=props,
+        born_timestamp=ext.born_timestamp,
+    )
 
 
 def valid_topic(topic: str) -> str:
@@ -89,6 +137,8 @@ class Lease:
     visible_at: float
     attempt: int
     nonce: str
+    #: The message group of a FIFO message (its group's next message waits for this one).
+    group: str | None = None
 
 
 @dataclass(slots=True)
@@ -196,8 +246,10 @@ class AckJournal:
 class Inflight:
     """The receive / ack state of every gRPC consumer group of one store (one event loop)."""
 
-    def __init__(self, store: MessageStore) -> None:
+    def __init__(self, store: MessageStore, max_attempts: int) -> None:
         self.store = store
+        #: Deliveries of a message before it moves to the group's dead-letter topic.
+        self.max_attempts = max_attempts
         self._now = time.monotonic
         self.journal = AckJournal(Path(store.config.store.dir))
         self._acked_on_disk = self.journal.load()
@@ -205,6 +257,8 @@ class Inflight:
         self._lock = asyncio.Lock()
         #: Redeliveries so far (a metric).
         self.redeliveries = 0
+        #: Messages moved to a dead-letter topic so far (a metric).
+        self.dead_letters = 0
 
     # ------------------------------------------------------------------ state
     async def _queue(self, group: str, topic: str, queue_id: int) -> _Queue:
@@ -301,16 +355,34 @@ class Inflight:
                     q.leases.pop(offset)  # gone (retention): nothing left to deliver
                     q.mark_done(offset, offset + 1)
                     continue
+                if lease.attempt >= self.max_attempts:
+                    await self._dead_letter(group, (group, topic, queue_id), r.messages[0], lease.attempt)
+                    continue
                 self.redeliveries += 1
                 out.append(self._lease(group, q, r.messages[0], lease.attempt + 1, invisible, now))
         # Then new messages, queue by queue from a rotating start so no queue starves.
         start = int(now * 1000) % len(states) if states else 0
         for queue_id, q in states[start:] + states[:start]:
+            # FIFO: message groups with a message in flight in this queue wait for it.
+            busy = {lease.group for lease in q.leases.values() if lease.group is not None}
             while len(out) < batch:
                 r = await self.store.get(topic, queue_id, q.cursor, batch - len(out), tags=flt)
-                fresh = [m for m in r.messages if not q.is_done(m.queue_offset)]
+                fresh: list[MessageExt] = []
+                held = None
+                for m in r.messages:
+                    if q.is_done(m.queue_offset):
+                        continue
+                    mgroup = m.properties.get(PROPERTY_MESSAGE_GROUP)
+                    if mgroup and mgroup in busy:
+                        held = m.queue_offset  # everything from here on waits, in order
+                        break
+                    if mgroup:
+                        busy.add(mgroup)
+                    fresh.append(m)
                 before = q.cursor
-                if r.messages:
+                if held is not None:
+                    q.cursor = held
+                elif r.messages:
                     q.cursor = r.messages[-1].queue_offset + 1
                 elif r.status in (GetStatus.OFFSET_TOO_SMALL, GetStatus.NO_MATCHED_MESSAGE) or (
                     r.status is GetStatus.OFFSET_OVERFLOW_BADLY
@@ -325,7 +397,7 @@ class Inflight:
                     gap_start = offset + 1
                 for m in fresh:
                     out.append(self._lease(group, q, m, 1, invisible, now))
-                if q.cursor == before:
+                if q.cursor == before or held is not None:
                     break
             await self._commit(group, topic, queue_id, q)
         return out
@@ -334,7 +406,8 @@ class Inflight:
         self, group: str, q: _Queue, m: MessageExt, attempt: int, invisible: float, now: float
     ) -> Delivery:
         nonce = secrets.token_hex(6)
-        q.leases[m.queue_offset] = Lease(now + invisible, attempt, nonce)
+        mgroup = m.properties.get(PROPERTY_MESSAGE_GROUP)
+        q.leases[m.queue_offset] = Lease(now + invisible, attempt, nonce, mgroup)
         handle = encode_handle(group, m.topic, m.queue_id, m.queue_offset, nonce)
         return Delivery(m, attempt, handle, invisible)
 
@@ -374,16 +447,57 @@ class Inflight:
                 results.append(None)
                 if lease is not None:
                     todo.append((key, offset))
-            if todo:
-                await asyncio.to_thread(self.journal.append, todo)
-                for key, offset in todo:
-                    q = self._queues[key]
-                    q.leases.pop(offset, None)
-                    q.mark_done(offset, offset + 1)
-                for key in {k for k, _ in todo}:
-                    await self._commit(*key, self._queues[key])
-                await self._compact()
+            await self._consume(todo)
             return results
+
+    async def _consume(self, todo: list[tuple[QueueKey, int]]) -> None:
+        """Journal (fsynced) then forget the leases of ``todo``; move the committed prefixes."""
+        if not todo:
+            return
+        await asyncio.to_thread(self.journal.append, todo)
+        for key, offset in todo:
+            q = self._queues[key]
+            q.leases.pop(offset, None)
+            q.mark_done(offset, offset + 1)
+        for key in {k for k, _ in todo}:
+            await self._commit(*key, self._queues[key])
+        await self._compact()
+
+    async def _dead_letter(self, group: str, key: QueueKey, ext: MessageExt, attempts: int) -> None:
+        """Copy ``ext`` to ``%DLQ%<group>`` (unless a copy with its id is there: a crash
+        between copy and ack), then ack it: the copy is in the store before the ack is."""
+        copy = dead_letter(ext, group, attempts)
+        mid = copy.properties[PROPERTY_UNIQ_KEY]
+        try:
+            existing = await self.store.query(copy.topic, mid, 1)
+        except NotFoundError:
+            existing = []
+        if not any(message_id(m) == mid for m in existing):
+            await self.store.put(copy)
+        await self._consume([(key, ext.queue_offset)])
+        self.dead_letters += 1
+        log.info(
+            "group %s: %s/%d offset %d (message %s) moved to %s after %d deliveries",
+            group,
+            ext.topic,
+            ext.queue_id,
+            ext.queue_offset,
+            mid,
+            copy.topic,
+            attempts,
+        )
+
+    async def forward_to_dead_letter(self, group: str, topic: str, handle: str, attempts: int) -> None:
+        """A push consumer gave up on a delivery (its own retries are spent): move it now."""
+        async with self._lock:
+            key, offset, lease = self._leased(group, topic, handle)
+            if lease is None:
+                return  # acked already: nothing to move
+            r = await self.store.get(topic, key[2], offset, 1)
+            if not r.messages or r.messages[0].queue_offset != offset:
+                await self._consume([(key, offset)])  # gone (retention)
+                return
+            await self._dead_letter(group, key, r.messages[0], max(attempts, lease.attempt))
 
     async def change_invisible(self, group: str, topic: str, handle: str, invisible: float) -> str:
         """A new receipt handle for the same delivery, visible again ``invisible`` s from now."""

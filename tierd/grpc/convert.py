@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from google.protobuf import duration_pb2, timestamp_pb2
 from rocketmq.grpc_protocol import definition_pb2 as pb
 
+from tierd.consumption.inflight import PROPERTY_MESSAGE_GROUP
 from tierd.errors import InvalidPropertiesError
 from tierd.format.properties import KEY_SEPARATOR, PROPERTY_KEYS, PROPERTY_TAGS, PROPERTY_UNIQ_KEY
 from tierd.grpc.codes import UnsupportedFeatureError
@@ -27,8 +28,6 @@ from tierd.message import Message
 if TYPE_CHECKING:
     from tierd.format.message_ext import MessageExt
 
-#: RocketMQ's MessageConst.PROPERTY_SHARDING_KEY: a FIFO message's group.
-PROPERTY_MESSAGE_GROUP = "__SHARDINGKEY"
 #: Properties the store or the protocol gives a meaning: never user properties.
 SYSTEM_PROPERTIES = frozenset({PROPERTY_KEYS, PROPERTY_TAGS, PROPERTY_UNIQ_KEY, PROPERTY_MESSAGE_GROUP})
 SUPPORTED_TYPES = frozenset({pb.NORMAL, pb.FIFO, pb.MESSAGE_TYPE_UNSPECIFIED})

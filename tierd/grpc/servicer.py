@@ -8,6 +8,7 @@ import logging
 import zlib
 from typing import TYPE_CHECKING, Any
 
+from google.protobuf import duration_pb2
 from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as svc
 from rocketmq.grpc_protocol import service_pb2_grpc as svc_grpc
@@ -50,6 +51,10 @@ def _check_filter(expr: Any) -> None:
         )
 
 
+def _duration(seconds: float) -> Any:
+    return duration_pb2.Duration(seconds=int(seconds), nanos=int(seconds % 1 * 1e9))
+
+
 def _seconds(d: Any) -> float:
     return float(d.seconds) + float(d.nanos) / 1e9
 
@@ -59,7 +64,7 @@ class Servicer(svc_grpc.MessagingServiceServicer):  # type: ignore[misc]
         self.cfg = cfg
         self.store = store
         self.bound = bound
-        self.inflight = Inflight(store)
+        self.inflight = Inflight(store, cfg.grpc.max_delivery_attempts)
 
     # ------------------------------------------------------------------ helpers
     async def _queue_count(self, topic: str) -> int:
@@ -139,14 +144,25 @@ class Servicer(svc_grpc.MessagingServiceServicer):  # type: ignore[misc]
     def _settings(self, client: Any) -> Any:
         settings = pb.Settings()
         settings.CopyFrom(client)
-        settings.backoff_policy.CopyFrom(
-            pb.RetryPolicy(
-                max_attempts=MAX_SEND_ATTEMPTS,
-                exponential_backoff=pb.ExponentialBackoff(
-                    initial={"nanos": 10_000_000}, max={"seconds": 1}, multiplier=2.0
-                ),
+        if client.HasField("subscription"):
+            # A consumer's retries: push consumers wait these delays before a failed message is
+            # retried, FIFO push consumers give up (forward to the DLQ) after max_attempts.
+            g = self.cfg.grpc
+            settings.backoff_policy.CopyFrom(
+                pb.RetryPolicy(
+                    max_attempts=g.max_delivery_attempts,
+                    customized_backoff=pb.CustomizedBackoff(next=[_duration(d) for d in g.retry_delays]),
+                )
             )
-        )
+        else:
+            settings.backoff_policy.CopyFrom(
+                pb.RetryPolicy(
+                    max_attempts=MAX_SEND_ATTEMPTS,
+                    exponential_backoff=pb.ExponentialBackoff(
+                        initial={"nanos": 10_000_000}, max={"seconds": 1}, multiplier=2.0
+                    ),
+                )
+            )
         if client.HasField("publishing"):
             settings.publishing.max_body_size = self.cfg.store.max_message_size
             settings.publishing.validate_message_type = False  # the server names unsupported types
@@ -265,14 +281,22 @@ class Servicer(svc_grpc.MessagingServiceServicer):  # type: ignore[misc]
         except Exception as e:
             return svc.ChangeInvisibleDurationResponse(status=status_of(e, "ChangeInvisibleDuration"))
 
+    async def ForwardMessageToDeadLetterQueue(self, request: Any, context: Any) -> Any:
+        """A push consumer whose own retries are spent (FIFO) hands the message back: it moves
+        to ``%DLQ%<group>`` and is acked in its topic."""
+        try:
+            await self.inflight.forward_to_dead_letter(
+                request.group.name, request.topic.name, request.receipt_handle, request.delivery_attempt
+            )
+            return svc.ForwardMessageToDeadLetterQueueResponse(status=ok())
+        except Exception as e:
+            return svc.ForwardMessageToDeadLetterQueueResponse(
+                status=status_of(e, "ForwardMessageToDeadLetterQueue")
+            )
+
     # ------------------------------------------------------------------ not yet implemented
     def _not_implemented(self, rpc: str) -> Any:
         return status_of(UnsupportedFeatureError(f"{rpc} is not supported by tierd yet", rpc=rpc), rpc)
-
-    async def ForwardMessageToDeadLetterQueue(self, request: Any, context: Any) -> Any:
-        return svc.ForwardMessageToDeadLetterQueueResponse(
-            status=self._not_implemented("ForwardMessageToDeadLetterQueue")
-        )
 
     async def EndTransaction(self, request: Any, context: Any) -> Any:
         return svc.EndTransactionResponse(status=self._not_implemented("EndTransaction"))
