@@ -7,7 +7,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import pyarrow as pa
 import pytest
 
 import tierd.arrow
@@ -19,6 +18,8 @@ from ..arrow.conftest import BATCHES, config, fill
 if TYPE_CHECKING:
     from collections.abc import Iterator
     from pathlib import Path
+
+    import pyarrow as pa
 
 KEY = ("topic", "queue_id", "queue_offset")
 
@@ -60,3 +61,31 @@ def tier(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Tier]:
 @pytest.fixture
 def writer(tier: Tier, tmp_path: Path) -> TableWriter:
     return TableWriter(writer_config(tier, tmp_path / "store", orders={}))
+
+
+#: The ``events`` topic: JSON bodies with an ``id`` (long) and a ``name``, and every 10th body
+#: not decodable into them (not JSON, a JSON list, or a string ``id``).
+EVENTS = "events"
+
+
+def event_body(i: int) -> bytes:
+    if i % 10 == 3:
+        return b"not json %d" % i
+    if i % 10 == 6:
+        return b"[1, 2]"
+    if i % 10 == 9:
+        return b'{"id": "%d"}' % i
+    return b'{"id": %d, "name": "n%d", "pad": "%s"}' % (i, i, b"x" * 40)
+
+
+@pytest.fixture(scope="session")
+def events(tier: Tier) -> pa.Table:
+    """``events`` written and tiered into the shared tier (queue 0, several sealed segments);
+    what the raw source returns for its sealed segments."""
+    from tierd import Message
+
+    tier.store.put_batch([Message(topic=EVENTS, body=event_body(i), queue_id=0) for i in range(400)])
+    assert tier.store.tier_now().committed > 0
+    rows = sealed(tier.url, EVENTS)
+    assert rows.num_rows > 100
+    return rows

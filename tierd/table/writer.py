@@ -514,9 +514,8 @@ class TableWriter:
         than ``orphan_age`` (left by a pass that crashed before committing)."""
         from pyarrow import fs as pafs
 
-        referenced = (
-            set(tbl.inspect.all_files().column("file_path").to_pylist()) if tbl.snapshots() else set()
-        )
+        paths = tbl.inspect.all_files().column("file_path").to_pylist() if tbl.snapshots() else []
+        referenced = {urlparse(p).path if p.startswith("file:") else p for p in paths}
         data = f"{tbl.location().rstrip('/')}/data"
         parsed = urlparse(data)
         filesystem, root = pafs.FileSystem.from_uri(data) if parsed.scheme in ("file", "") else (None, "")
@@ -531,8 +530,7 @@ class TableWriter:
         for info in infos:
             if info.type != pafs.FileType.File or not info.path.endswith(".parquet"):
                 continue
-            uri = Path(info.path).as_uri()
-            if uri in referenced or info.path in referenced or f"file:{info.path}" in referenced:
+            if info.path in referenced:
                 continue
             if info.mtime is not None and info.mtime.timestamp() < cutoff:
                 filesystem.delete_file(info.path)
