@@ -280,3 +280,89 @@ def test_the_cold_index_package_is_lazy_for_spark_lookups() -> None:
         "tierd.tiered.index.results",
     }
     assert "tierd.tiered.index.service" in _loaded_after("from tierd.tiered.index import ColdIndexService")
+
+
+# ----------------------------------------------------------------------------- the record layout
+# The record layout is declared once, in tierd/format/layout.py (issue 31 item 1). Outside
+# tierd/format nothing may restate it: no arithmetic of a layout name with a number (``POS_X + 8``,
+# ``HEADER_V4 - 16``), no layout constant defined, no SYSFLAG tested against a literal, no magic
+# number, no host-width pair (``20, 8``). Where a module outside the owner's reach still does, the
+# finding sits here with the item that removes it.
+LAYOUT_ALLOWED: dict[tuple[str, str], str] = {
+    ("tierd.local.recovery", "HEADER_V4 + 3"): "issue 31 item 1: use tierd.format.layout.MIN_RECORD_SIZE",
+    ("tierd.spark.stream", "POS_BORN_HOST + 20"): "issue 31 item 1: use tierd.format.layout.position",
+}
+_LAYOUT_NAME = ("POS_", "HEADER_V4", "HEADER_FIXED", "SYSFLAG_", "MAGIC_V", "BLANK_MAGIC")
+_MAGICS = {0xDAA320A7, 0xDAA320AB, 0xCBD43194}
+
+
+def _layout_findings(tree: ast.AST) -> set[str]:
+    def layout_name(node: ast.AST) -> str | None:
+        name = node.id if isinstance(node, ast.Name) else getattr(node, "attr", None)
+        return name if name is not None and name.startswith(_LAYOUT_NAME) else None
+
+    def number(node: ast.AST) -> int | None:
+        ok = isinstance(node, ast.Constant) and type(node.value) is int
+        return node.value if ok else None  # type: ignore[attr-defined]
+
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Sub)):
+            for a, b in ((node.left, node.right), (node.right, node.left)):
+                name, n = layout_name(a), number(b)
+                if name is not None and n is not None:
+                    found.add(f"{name} {'+' if isinstance(node.op, ast.Add) else '-'} {n}")
+        elif isinstance(node, ast.BinOp) and isinstance(node.op, ast.BitAnd):
+            for a, b in ((node.left, node.right), (node.right, node.left)):
+                text = ast.unparse(a).lower()
+                if ("sysflag" in text or "sys_flag" in text) and number(b) is not None:
+                    found.add(f"sysflag & {number(b)}")
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for t in targets:
+                name = layout_name(t)
+                if name is not None:
+                    found.add(f"defines {name}")
+        elif isinstance(node, ast.Constant) and node.value in _MAGICS and type(node.value) is int:
+            found.add(f"magic {node.value:#x}")
+        elif isinstance(node, ast.Call):
+            args = {number(a) for a in node.args}
+            if {20, 8} <= args:
+                found.add("host widths 20, 8")
+    return found
+
+
+def _layout_violations() -> set[tuple[str, str]]:
+    return {
+        (name, finding)
+        for name, path in SOURCES.items()
+        if not _under(name, FORMAT)
+        for finding in _layout_findings(ast.parse(path.read_text(), str(path)))
+    }
+
+
+def test_the_layout_check_finds_restatements() -> None:
+    # The rule below must be able to fail: each kind of restatement it looks for is found.
+    code = (
+        "a = buf[POS_SYSFLAG + 4]\nb = HEADER_V4 - 16\nc = sysflag & 0x10\nSYSFLAG_X = 1\n"
+        "d = 0xDAA320A7\ne = np.where(v6, 20, 8)\nf = layout.POS_BORN_HOST + 8\n"
+    )
+    assert _layout_findings(ast.parse(code)) == {
+        "POS_SYSFLAG + 4",
+        "HEADER_V4 - 16",
+        "sysflag & 16",
+        "defines SYSFLAG_X",
+        f"magic {0xDAA320A7:#x}",
+        "host widths 20, 8",
+        "POS_BORN_HOST + 8",
+    }
+    assert not _layout_findings(ast.parse("a = position('store_timestamp', born, store)\nb = x + 8\n"))
+
+
+def test_no_module_outside_the_format_restates_the_record_layout() -> None:
+    new = sorted(_layout_violations() - set(LAYOUT_ALLOWED))
+    assert not new, "record layout restated outside tierd/format (use tierd.format.layout): " + ", ".join(
+        f"{a}: {b}" for a, b in new
+    )
+    gone = sorted(set(LAYOUT_ALLOWED) - _layout_violations())
+    assert not gone, f"fixed, remove from LAYOUT_ALLOWED: {gone}"

@@ -224,7 +224,7 @@ typedef struct {
  */
 static int frame_record(const uint8_t *base, int64_t len, int64_t s, int64_t total, Record *out) {
     /* framing: everything read below lies inside [s, s + total), so inside the buffer */
-    if (s < 0 || total < HEADER_V4 + 3 || total > len || s > len - total)
+    if (s < 0 || total < MIN_RECORD_SIZE || total > len || s > len - total)
         return 0;
     const uint8_t *r = base + s;
     if (be_i32(r + POS_TOTAL) != total)
@@ -235,7 +235,7 @@ static int frame_record(const uint8_t *base, int64_t len, int64_t s, int64_t tot
     if (be_i32(r + POS_SYSFLAG) & SYSFLAG_HOSTS_V6)
         return 0;
     const int64_t body_len = be_i32(r + POS_BODY_LENGTH);
-    if (body_len < 0 || HEADER_V4 + body_len + 3 > total)
+    if (body_len < 0 || MIN_RECORD_SIZE + body_len > total)
         return 0;
     const int64_t body_end = HEADER_V4 + body_len;
     int64_t topic_start, topic_len;
@@ -426,7 +426,7 @@ static PyObject *decode_queue(PyObject *module, PyObject *args) {
             Py_DECREF(v[F_BODY]);
             goto error;
         }
-        if ((computed & 0x7FFFFFFFul) != stored_crc) {
+        if ((computed & BODY_CRC_MASK) != stored_crc) {
             Py_DECREF(v[F_BODY]);
             goto mismatch;
         }
@@ -752,7 +752,7 @@ static PyObject *spark_check(PyObject *module, PyObject *args) {
         if (!same_topic(&rec, topic, topic_len) || be_i32(r + POS_QUEUE_ID) != queue_id ||
             be_i64(r + POS_PHYSICAL_OFFSET) != (int64_t)((uint64_t)flat_base + (uint64_t)s))
             break;
-        if ((body_crc32(0, r + HEADER_V4, (uint64_t)body_len) & 0x7FFFFFFFu) != be_u32(r + POS_BODY_CRC))
+        if ((body_crc32(0, r + HEADER_V4, (uint64_t)body_len) & BODY_CRC_MASK) != be_u32(r + POS_BODY_CRC))
             break;
         if (!utf8_valid(r + rec.props_start, rec.props_len))
             break;

@@ -19,6 +19,20 @@ import numpy as np
 import numpy.typing as npt
 
 from tierd.format.host import decode_host
+from tierd.format.layout import (
+    BODY_CRC_MASK,
+    HOST_V4,
+    MIN_RECORD_SIZE,
+    POS_BODY_LENGTH,
+    POS_PREPARED_OFFSET,
+    POS_RECONSUME_TIMES,
+    POS_STORE_HOST,
+    POS_STORE_TIMESTAMP,
+    PROPERTIES_LENGTH_WIDTH,
+    TOPIC_LENGTH_WIDTH,
+    gather_at,
+    header_dtype,
+)
 from tierd.format.message_ext import MessageExt
 from tierd.format.record import (
     HEADER_V4,
@@ -46,26 +60,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 # ----------------------------------------------------------------------------- batch encoding
-_HEADER_V4_DTYPE = np.dtype(
-    [
-        ("total", ">i4"),
-        ("magic", ">u4"),
-        ("crc", ">u4"),
-        ("queue_id", ">i4"),
-        ("flag", ">i4"),
-        ("queue_offset", ">i8"),
-        ("physical_offset", ">i8"),
-        ("sys_flag", ">i4"),
-        ("born_timestamp", ">i8"),
-        ("born_host", "V8"),
-        ("store_timestamp", ">i8"),
-        ("store_host", "V8"),
-        ("reconsume_times", ">i4"),
-        ("prepared_offset", ">i8"),
-        ("body_length", ">i4"),
-    ]
-)
-assert _HEADER_V4_DTYPE.itemsize == HEADER_V4
+_HEADER_V4_DTYPE = header_dtype(HOST_V4, HOST_V4)
 
 
 def encode_batch(
@@ -95,7 +90,7 @@ def encode_batch(
     h = np.empty(n, _HEADER_V4_DTYPE)
     h["total"] = sizes
     h["magic"] = magics
-    h["crc"] = crcs
+    h["body_crc"] = crcs
     h["queue_id"] = queue_ids
     h["flag"] = flags
     h["queue_offset"] = queue_offsets
@@ -122,19 +117,6 @@ _I4 = np.dtype(">i4")
 _U4 = np.dtype(">u4")
 _I8 = np.dtype(">i8")
 _U8 = np.dtype(">u8")
-
-
-def gather_at(
-    buf: npt.NDArray[np.uint8], pos: npt.NDArray[np.int64], dtype: np.dtype[Any]
-) -> npt.NDArray[Any]:
-    """The ``dtype`` value stored at each byte position ``pos`` of ``buf`` (any alignment): one
-    fancy index into a view whose element ``i`` is the value starting at byte ``i`` (stride 1),
-    rather than gathering ``itemsize`` bytes per value — 2-3x faster per field. Positions must
-    leave room for the whole value (else IndexError)."""
-    view: npt.NDArray[Any] = np.ndarray(
-        (max(0, len(buf) - dtype.itemsize + 1),), dtype=dtype, buffer=buf, strides=(1,)
-    )
-    return view[pos]
 
 
 def _host_column(raw: npt.NDArray[np.uint64]) -> list[str]:
@@ -218,25 +200,25 @@ class RecordBatch:
             return None
         total = gather_at(buf, s, _I4).astype(np.int64)
         magic = gather_at(buf, s + POS_MAGIC, _U4).astype(np.int64)
-        body_len = gather_at(buf, s + HEADER_V4 - 4, _I4).astype(np.int64)
+        body_len = gather_at(buf, s + POS_BODY_LENGTH, _I4).astype(np.int64)
         v2 = magic == MAGIC_V2
         if (
             np.any(total != self.sizes)
             or np.any((magic != MAGIC_V1) & ~v2)
             or np.any(body_len < 0)
-            or np.any(HEADER_V4 + body_len + 3 > total)
+            or np.any(MIN_RECORD_SIZE + body_len > total)
         ):
             return None
         body_end = s + HEADER_V4 + body_len
         hi = buf[body_end].astype(np.int64)
         lo = buf[np.minimum(body_end + 1, len(buf) - 1)].astype(np.int64)
         topic_len = np.where(v2, hi * 256 + lo, hi)
-        topic_start = body_end + np.where(v2, 2, 1)
+        topic_start = body_end + np.where(v2, TOPIC_LENGTH_WIDTH[MAGIC_V2], TOPIC_LENGTH_WIDTH[MAGIC_V1])
         topic_end = topic_start + topic_len
-        if np.any(topic_end + 2 > s + total):
+        if np.any(topic_end + PROPERTIES_LENGTH_WIDTH > s + total):
             return None
         props_len = gather_at(buf, topic_end, _U2).astype(np.int64)
-        if np.any(topic_end + 2 + props_len != s + total):
+        if np.any(topic_end + PROPERTIES_LENGTH_WIDTH + props_len != s + total):
             return None
         queue_ids = gather_at(buf, s + POS_QUEUE_ID, _I4).astype(np.int64)
         queue_offsets = gather_at(buf, s + POS_QUEUE_OFFSET, _I8)
@@ -251,9 +233,9 @@ class RecordBatch:
             gather_at(buf, s + POS_PHYSICAL_OFFSET, _I8),
             sysflag,
             gather_at(buf, s + POS_BORN_TIMESTAMP, _I8),
-            gather_at(buf, s + POS_BORN_HOST + 8, _I8),
-            gather_at(buf, s + 72, _I4).astype(np.int64),
-            gather_at(buf, s + 76, _I8),
+            gather_at(buf, s + POS_STORE_TIMESTAMP, _I8),
+            gather_at(buf, s + POS_RECONSUME_TIMES, _I4).astype(np.int64),
+            gather_at(buf, s + POS_PREPARED_OFFSET, _I8),
             s + HEADER_V4,
             body_end,
             topic_start,
@@ -306,9 +288,9 @@ class RecordBatch:
         cut = self._cutter()
         bodies = cut(body_start, body_end)
         crcs = np.fromiter(map(crc32, bodies), np.int64, n)
-        if not np.array_equal(crcs & 0x7FFFFFFF, crc):
+        if not np.array_equal(crcs & BODY_CRC_MASK, crc):
             return None
-        props = cut(topic_end + 2, end)
+        props = cut(topic_end + PROPERTIES_LENGTH_WIDTH, end)
         try:
             # One check for all: a byte below 0x80 between them cannot complete or start a
             # multi-byte sequence, so the whole is valid UTF-8 exactly when each part is.
@@ -318,7 +300,7 @@ class RecordBatch:
         buf = np.frombuffer(self.data, np.uint8)
         s = self.starts[start:stop]
         born = _host_column(gather_at(buf, s + POS_BORN_HOST, _U8))
-        store = _host_column(gather_at(buf, s + POS_BORN_HOST + 16, _U8))
+        store = _host_column(gather_at(buf, s + POS_STORE_HOST, _U8))
         return list(
             map(
                 MessageExt,
@@ -435,9 +417,9 @@ class RecordBatch:
         ) = row
         data = self._bytes()
         body = data[body_start:body_end]
-        if (crc32(body) & 0x7FFFFFFF) != crc:
+        if (crc32(body) & BODY_CRC_MASK) != crc:
             raise record_error(f"body CRC mismatch (stored {crc})", body_start - HEADER_V4)
-        raw_props = data[topic_end + 2 : end]
+        raw_props = data[topic_end + PROPERTIES_LENGTH_WIDTH : end]
         try:
             raw_props.decode()
         except UnicodeDecodeError as e:

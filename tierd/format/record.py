@@ -19,6 +19,44 @@ from isal.isal_zlib import crc32 as crc32  # re-exported: see the note above MAG
 
 from tierd.errors import CorruptRecordError
 from tierd.format.host import decode_host
+from tierd.format.layout import (
+    BLANK_MAGIC,
+    BODY_CRC_MASK,
+    END_FILE_MIN_BLANK,
+    FIELD_NAMES,
+    HEADER_V4,
+    HOST_V4,
+    HOST_V6,
+    MAGIC_V1,
+    MAGIC_V2,
+    MIN_RECORD_SIZE,
+    POS_BODY_CRC,
+    POS_BORN_HOST,
+    POS_BORN_TIMESTAMP,
+    POS_FLAG,
+    POS_MAGIC,
+    POS_PHYSICAL_OFFSET,
+    POS_QUEUE_ID,
+    POS_QUEUE_OFFSET,
+    POS_SYSFLAG,
+    POS_TOTAL,
+    PROPERTIES_LENGTH_WIDTH,
+    SYSFLAG_BORNHOST_V6,
+    SYSFLAG_COMPRESSED,
+    SYSFLAG_MULTI_TAGS,
+    SYSFLAG_STOREHOST_V6,
+    SYSFLAG_TRANSACTION_COMMIT,
+    SYSFLAG_TRANSACTION_MASK,
+    SYSFLAG_TRANSACTION_PREPARED,
+    SYSFLAG_TRANSACTION_ROLLBACK,
+    TOPIC_LENGTH_WIDTH,
+    V1_TOPIC_MAX,
+    V2_TOPIC_MAX_BYTES,
+    header_struct,
+    host_sys_flag,
+    host_widths,
+    position,
+)
 from tierd.format.message_ext import MessageExt
 
 # The body CRC is zlib's CRC-32 (masked to 31 bits, as RocketMQ stores it). ``crc32`` here is
@@ -26,66 +64,68 @@ from tierd.format.message_ext import MessageExt
 # ~0.4 µs — one call per message on every write and every read, so it was a fifth of a cold
 # read's per-message cost. Every module computing body CRCs imports it from here.
 
-MAGIC_V1: Final = 0xDAA320A7
-MAGIC_V2: Final = 0xDAA320AB
-BLANK_MAGIC: Final = 0xCBD43194
-#: A record needs this many spare bytes after it in its file, else the file ends with a blank marker.
-END_FILE_MIN_BLANK: Final = 8
-
-SYSFLAG_COMPRESSED: Final = 0x1
-SYSFLAG_MULTI_TAGS: Final = 0x2
-SYSFLAG_TRANSACTION_MASK: Final = 0xC
-SYSFLAG_TRANSACTION_PREPARED: Final = 0x4
-SYSFLAG_TRANSACTION_COMMIT: Final = 0x8
-SYSFLAG_TRANSACTION_ROLLBACK: Final = 0xC
-SYSFLAG_BORNHOST_V6: Final = 0x10
-SYSFLAG_STOREHOST_V6: Final = 0x20
-
-#: Topics longer than this (in characters) are written with the v2 magic (2-byte topic length).
-V1_TOPIC_MAX: Final = 127
-V2_TOPIC_MAX_BYTES: Final = 32767
-
-# Byte positions that do not depend on host widths.
-POS_TOTAL: Final = 0
-POS_MAGIC: Final = 4
-POS_BODY_CRC: Final = 8
-POS_QUEUE_ID: Final = 12
-POS_FLAG: Final = 16
-POS_QUEUE_OFFSET: Final = 20
-POS_PHYSICAL_OFFSET: Final = 28
-POS_SYSFLAG: Final = 36
-POS_BORN_TIMESTAMP: Final = 40
-POS_BORN_HOST: Final = 48
-#: Header length with IPv4 hosts, up to and including BODYLENGTH.
-HEADER_V4: Final = 88
+# The layout's names the record's users import from here (it is declared in tierd.format.layout).
+__all__ = [
+    "BLANK",
+    "BLANK_MAGIC",
+    "BODY_CRC_MASK",
+    "END_FILE_MIN_BLANK",
+    "HEADER_V4",
+    "HOST_V4",
+    "HOST_V6",
+    "INVALID",
+    "MAGIC_V1",
+    "MAGIC_V2",
+    "MIN_RECORD_SIZE",
+    "POS_BODY_CRC",
+    "POS_BORN_HOST",
+    "POS_BORN_TIMESTAMP",
+    "POS_FLAG",
+    "POS_MAGIC",
+    "POS_PHYSICAL_OFFSET",
+    "POS_QUEUE_ID",
+    "POS_QUEUE_OFFSET",
+    "POS_SYSFLAG",
+    "POS_TOTAL",
+    "SYSFLAG_BORNHOST_V6",
+    "SYSFLAG_COMPRESSED",
+    "SYSFLAG_MULTI_TAGS",
+    "SYSFLAG_STOREHOST_V6",
+    "SYSFLAG_TRANSACTION_COMMIT",
+    "SYSFLAG_TRANSACTION_MASK",
+    "SYSFLAG_TRANSACTION_PREPARED",
+    "SYSFLAG_TRANSACTION_ROLLBACK",
+    "V1_TOPIC_MAX",
+    "V2_TOPIC_MAX_BYTES",
+    "VALID",
+    "RecordView",
+    "blank_marker",
+    "crc32",
+    "decode_record",
+    "encode_record",
+    "header_struct",
+    "parse_record_view",
+    "record_error",
+    "scan_record",
+    "store_timestamp_at",
+    "topic_field",
+]
 
 _INT = struct.Struct(">i")
-_SHORT = struct.Struct(">H")
+_LONG = struct.Struct(">q")
+#: Index of each fixed-header field in an unpacked header tuple.
+_F = {name: i for i, name in enumerate(FIELD_NAMES)}
+_PL = PROPERTIES_LENGTH_WIDTH
 _SIZE_MAGIC = struct.Struct(">iI")
 
 
-def _header_struct(born_len: int, store_len: int) -> struct.Struct:
-    # total, magic, crc, queue id, flag, queue offset, physical offset, sysflag, born ts,
-    # born host, store ts, store host, reconsume times, prepared tx offset, body length
-    return struct.Struct(f">iIiiiqqiq{born_len}sq{store_len}siqi")
-
-
-_HEADERS: dict[tuple[int, int], struct.Struct] = {
-    (b, s): _header_struct(b, s) for b in (8, 20) for s in (8, 20)
-}
-
-
-def header_struct(born_host_len: int, store_host_len: int) -> struct.Struct:
-    """The fixed header up to BODYLENGTH for these host widths (8: IPv4, 20: IPv6), for writers
-    that pack it in place (``pack_into``) instead of building the record as bytes first."""
-    return _HEADERS[born_host_len, store_host_len]
+_HEADERS = {(b, st): header_struct(b, st) for b in (HOST_V4, HOST_V6) for st in (HOST_V4, HOST_V6)}
 
 
 def topic_field(topic_bytes: bytes) -> tuple[int, bytes]:
     """Magic and length-prefixed topic bytes for a UTF-8 topic (v2 beyond 127 bytes/chars)."""
-    if len(topic_bytes) > V1_TOPIC_MAX:
-        return MAGIC_V2, len(topic_bytes).to_bytes(2, "big") + topic_bytes
-    return MAGIC_V1, bytes((len(topic_bytes),)) + topic_bytes
+    magic = MAGIC_V2 if len(topic_bytes) > V1_TOPIC_MAX else MAGIC_V1
+    return magic, len(topic_bytes).to_bytes(TOPIC_LENGTH_WIDTH[magic], "big") + topic_bytes
 
 
 # ----------------------------------------------------------------------------- single record
@@ -110,15 +150,12 @@ def encode_record(
     """One record. ``topic_part`` is the length-prefixed topic from :func:`topic_field` (cached by
     callers); host widths set the v6 sysflag bits automatically. Arguments may be passed
     positionally — the single-put path does, since keyword calls cost a microsecond here."""
-    if len(born_host) == 20:
-        sys_flag |= SYSFLAG_BORNHOST_V6
-    if len(store_host) == 20:
-        sys_flag |= SYSFLAG_STOREHOST_V6
+    sys_flag |= host_sys_flag(len(born_host), len(store_host))
     hdr = _HEADERS[len(born_host), len(store_host)]
     body_len = len(body)
     props_len = len(properties)
-    total = hdr.size + body_len + len(topic_part) + 2 + props_len
-    crc = (crc32(body) & 0x7FFFFFFF) if body_crc is None else body_crc
+    total = hdr.size + body_len + len(topic_part) + PROPERTIES_LENGTH_WIDTH + props_len
+    crc = (crc32(body) & BODY_CRC_MASK) if body_crc is None else body_crc
     return b"".join(
         (
             hdr.pack(
@@ -140,7 +177,7 @@ def encode_record(
             ),
             body,
             topic_part,
-            _SHORT.pack(props_len),
+            props_len.to_bytes(PROPERTIES_LENGTH_WIDTH, "big"),
             properties,
         )
     )
@@ -164,9 +201,9 @@ def store_timestamp_at(buf: bytes | memoryview, pos: int) -> int:
     """STORETIMESTAMP of the record starting at ``pos``, read from its header alone (it follows
     BORNHOST, whose width the SYSFLAG gives): for scans that need only the time, such as local
     retention, without decoding or checking the record."""
-    sys_flag = int.from_bytes(buf[pos + POS_SYSFLAG : pos + POS_SYSFLAG + 4], "big")
-    at = pos + POS_BORN_HOST + (20 if sys_flag & SYSFLAG_BORNHOST_V6 else 8)
-    return int.from_bytes(buf[at : at + 8], "big", signed=True)
+    sys_flag = _INT.unpack_from(buf, pos + POS_SYSFLAG)[0]
+    at = pos + position("store_timestamp", *host_widths(sys_flag))
+    return int(_LONG.unpack_from(buf, at)[0])
 
 
 def record_error(reason: str, pos: int) -> CorruptRecordError:
@@ -182,7 +219,7 @@ def _walk(
 
     Checks the magic; that TOTALSIZE fits in ``limit``; that BODYLENGTH, the topic length and the
     PROPERTIES length each fit and add up to TOTALSIZE exactly; and, with ``check_crc``, the body
-    CRC. Returns the fixed header's fields (see :func:`_header_struct`), the body (a slice of
+    CRC. Returns the fixed header's fields (see :func:`header_struct`), the body (a slice of
     ``buf``), and where the topic starts and ends; raises :class:`CorruptRecordError` naming the
     first inconsistency."""
     if limit - pos < HEADER_V4:
@@ -190,34 +227,32 @@ def _walk(
     size, magic = _SIZE_MAGIC.unpack_from(buf, pos)
     if magic not in (MAGIC_V1, MAGIC_V2):
         raise record_error(f"bad magic 0x{magic:08X}", pos)
-    if size < HEADER_V4 + 3 or size > limit - pos:
+    if size < MIN_RECORD_SIZE or size > limit - pos:
         raise record_error(f"total size {size} does not fit in {limit - pos} bytes", pos)
     sys_flag = _INT.unpack_from(buf, pos + POS_SYSFLAG)[0]
-    header = _HEADERS[
-        20 if sys_flag & SYSFLAG_BORNHOST_V6 else 8, 20 if sys_flag & SYSFLAG_STOREHOST_V6 else 8
-    ]
-    if size < header.size + 3:  # else the unpack below could read past the buffer
+    header = _HEADERS[host_widths(sys_flag)]
+    if size < header.size + MIN_RECORD_SIZE - HEADER_V4:  # else the unpack below could read past the buffer
         raise record_error(f"total size {size} is smaller than its {header.size}-byte header", pos)
     fields = header.unpack_from(buf, pos)
-    body_len = fields[14]
+    body_len = fields[_F["body_length"]]
     body_start = pos + header.size
     body_end = body_start + body_len
-    topic_start = body_end + (2 if magic == MAGIC_V2 else 1)
+    topic_start = body_end + TOPIC_LENGTH_WIDTH[magic]
     rec_end = pos + size
     if body_len < 0 or topic_start > rec_end:
         raise record_error(f"body length {body_len} overruns the record", pos)
     topic_len = int.from_bytes(buf[body_end:topic_start], "big")
     topic_end = topic_start + topic_len
-    if topic_end + 2 > rec_end:
+    if topic_end + _PL > rec_end:
         raise record_error(f"topic length {topic_len} overruns the record", pos)
-    props_len = int.from_bytes(buf[topic_end : topic_end + 2], "big")
-    if topic_end + 2 + props_len != rec_end:
+    props_len = int.from_bytes(buf[topic_end : topic_end + _PL], "big")
+    if topic_end + _PL + props_len != rec_end:
         raise record_error(
-            f"field lengths add up to {topic_end + 2 + props_len - pos}, total size says {size}", pos
+            f"field lengths add up to {topic_end + _PL + props_len - pos}, total size says {size}", pos
         )
     body = buf[body_start:body_end]
-    if check_crc and (crc32(body) & 0x7FFFFFFF) != fields[2]:
-        raise record_error(f"body CRC mismatch (stored {fields[2]})", pos)
+    if check_crc and (crc32(body) & BODY_CRC_MASK) != fields[_F["body_crc"]]:
+        raise record_error(f"body CRC mismatch (stored {fields[_F['body_crc']]})", pos)
     return fields, body, topic_start, topic_end
 
 
@@ -245,7 +280,7 @@ def decode_record(
     ) = fields
     try:
         topic = bytes(buf[topic_start:topic_end]).decode()
-        raw_props = bytes(buf[topic_end + 2 : pos + size])
+        raw_props = bytes(buf[topic_end + _PL : pos + size])
         raw_props.decode()  # validate now; parse on first access
     except UnicodeDecodeError as e:
         raise record_error(f"topic or properties are not UTF-8 ({e.reason})", pos) from e
@@ -297,13 +332,23 @@ def parse_record_view(buf: bytes | memoryview, pos: int, limit: int, check_crc: 
 
 def _view(buf: bytes | memoryview, pos: int, limit: int, check_crc: bool) -> tuple[int, RecordView]:
     fields, _, topic_start, topic_end = _walk(buf, pos, limit, check_crc)
-    size = fields[0]
+    size = fields[_F["total"]]
     try:
         topic = bytes(buf[topic_start:topic_end]).decode()
-        props = bytes(buf[topic_end + 2 : pos + size]).decode()
+        props = bytes(buf[topic_end + _PL : pos + size]).decode()
     except UnicodeDecodeError as e:
         raise record_error(f"topic or properties are not UTF-8 ({e.reason})", pos) from e
-    view = RecordView(size, fields[3], fields[5], fields[6], fields[7], fields[10], topic, props)
+    f = _F
+    view = RecordView(
+        size,
+        fields[f["queue_id"]],
+        fields[f["queue_offset"]],
+        fields[f["physical_offset"]],
+        fields[f["sys_flag"]],
+        fields[f["store_timestamp"]],
+        topic,
+        props,
+    )
     return size, view
 
 

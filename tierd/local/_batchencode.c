@@ -322,7 +322,7 @@ static int write_plain(const Plain *p, const int64_t *sizes, const int64_t *prop
         memset(r, 0, HEADER_V4);
         put_u32(r + POS_TOTAL, (uint32_t)sizes[j]);
         put_u32(r + POS_MAGIC, p->magic);
-        put_u32(r + POS_BODY_CRC, (uint32_t)(crc & 0x7FFFFFFFu));
+        put_u32(r + POS_BODY_CRC, (uint32_t)(crc & BODY_CRC_MASK));
         put_u64(r + POS_BORN_TIMESTAMP, (uint64_t)born_ts);
         memcpy(r + POS_BORN_HOST, host, 8);
         memcpy(r + POS_STORE_HOST, host, 8);

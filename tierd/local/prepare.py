@@ -22,15 +22,17 @@ import numpy.typing as npt
 from tierd.errors import InvalidArgumentError, MessageTooLargeError
 from tierd.format.cq_unit import tags_code
 from tierd.format.host import encode_host
-from tierd.format.properties import MAX_PROPERTIES_LENGTH, PROPERTY_KEYS, PROPERTY_TAGS, PROPERTY_UNIQ_KEY
-from tierd.format.record import (
-    HEADER_V4,
-    SYSFLAG_BORNHOST_V6,
-    SYSFLAG_STOREHOST_V6,
-    crc32,
+from tierd.format.layout import (
+    BODY_CRC_MASK,
+    HEADER_FIXED,
+    HOST_V4,
+    PROPERTIES_LENGTH_WIDTH,
+    header_length,
     header_struct,
-    topic_field,
+    host_sys_flag,
 )
+from tierd.format.properties import MAX_PROPERTIES_LENGTH, PROPERTY_KEYS, PROPERTY_TAGS, PROPERTY_UNIQ_KEY
+from tierd.format.record import crc32, topic_field
 from tierd.local.validation import (
     INT32_MAX,
     INT32_MIN,
@@ -178,8 +180,7 @@ class Preparer:
         self._topics: dict[str, tuple[int, bytes]] = {}
         self._round_robin: dict[str, tuple[itertools.count[int], list[GroupKey]]] = {}
         #: Sysflag and header layout of a record whose born host is the store host.
-        self._store_v6 = SYSFLAG_STOREHOST_V6 if len(store_host) == 20 else 0
-        self._own_sys_flag = self._store_v6 | (SYSFLAG_BORNHOST_V6 if len(store_host) == 20 else 0)
+        self._own_sys_flag = host_sys_flag(len(store_host), len(store_host))
         self._own_header = header_struct(len(store_host), len(store_host))
 
     def _topic(self, topic: str) -> tuple[int, bytes]:
@@ -229,9 +230,9 @@ class Preparer:
             born_host, sys_flag, header = self.store_host, self._own_sys_flag, self._own_header
         else:
             born_host = encode_host(m.born_host)
-            sys_flag = self._store_v6 | (SYSFLAG_BORNHOST_V6 if len(born_host) == 20 else 0)
+            sys_flag = host_sys_flag(len(born_host), len(self.store_host))
             header = header_struct(len(born_host), len(self.store_host))
-        tail = topic_part + len(pb).to_bytes(2, "big") + pb
+        tail = topic_part + len(pb).to_bytes(PROPERTIES_LENGTH_WIDTH, "big") + pb
         size = header.size + len(body) + len(tail)
         if size > self.max_body + RECORD_OVERHEAD_LIMIT:
             raise MessageTooLargeError(
@@ -254,7 +255,7 @@ class Preparer:
         return (
             key,
             body,
-            crc32(body) & 0x7FFFFFFF,
+            crc32(body) & BODY_CRC_MASK,
             magic,
             tail,
             size,
@@ -286,7 +287,7 @@ class Preparer:
         both to byte-identical records), which then takes the Python paths."""
         assert _encoder is not None
         first = messages[0]
-        if type(first) is not Message or type(first.topic) is not str or len(self.store_host) != 8:
+        if type(first) is not Message or type(first.topic) is not str or len(self.store_host) != HOST_V4:
             return None
         topic = first.topic
         # Validates the topic; message 0's topic error is the first the general path reports too.
@@ -369,7 +370,7 @@ class Preparer:
                 mixed = True
             bodies[j] = body
             topic_parts[j] = topic_part
-            tails[j] = topic_part + len(pb).to_bytes(2, "big") + pb
+            tails[j] = topic_part + len(pb).to_bytes(PROPERTIES_LENGTH_WIDTH, "big") + pb
             magics[j] = magic
             qids[j] = qid
             if m.flag:
@@ -402,9 +403,9 @@ class Preparer:
         if born_hosts and len(born_hosts) != n:
             born_hosts = [encode_host(m.born_host) if m.born_host else self.store_host for m in messages]
         hosts = born_hosts or [self.store_host]
-        uniform_v4 = len(self.store_host) == 8 and len(set(hosts)) == 1 and len(hosts[0]) == 8
+        uniform_v4 = len(self.store_host) == HOST_V4 and len(set(hosts)) == 1 and len(hosts[0]) == HOST_V4
         body_lengths = np.fromiter(map(len, bodies), np.int64, count=n)
-        sizes = body_lengths + np.fromiter(map(len, tails), np.int64, count=n) + (HEADER_V4 - 16)
+        sizes = body_lengths + np.fromiter(map(len, tails), np.int64, count=n) + HEADER_FIXED
         sizes += (
             np.fromiter(map(len, hosts), np.int64, count=len(hosts)) if len(hosts) == n else len(hosts[0])
         )
@@ -417,7 +418,7 @@ class Preparer:
                 size=int(sizes[j]),
                 limit=limit,
             )
-        crcs = np.fromiter(map(crc32, bodies), np.uint32, count=n) & np.uint32(0x7FFFFFFF)
+        crcs = np.fromiter(map(crc32, bodies), np.uint32, count=n) & np.uint32(BODY_CRC_MASK)
         return PreparedBatch(
             bodies=bodies,
             tails=tails,
@@ -447,7 +448,7 @@ class Preparer:
         :meth:`prepare`'s general loop handles it and raises its precise errors: this path
         never accepts what that loop would refuse, and encodes byte-identical records."""
         n = len(messages)
-        if len(self.store_host) != 8 or set(map(type, messages)) != {Message}:
+        if len(self.store_host) != HOST_V4 or set(map(type, messages)) != {Message}:
             return None
         # One list per field (no tuple per message: at 1,000 messages a call, short-lived
         # tuples would trigger collections that scan every object the caller holds).
@@ -469,7 +470,7 @@ class Preparer:
         counts = np.fromiter(map(len, keys_col), np.intp, count=n)
         all_keys: list[str] = list(itertools.chain.from_iterable(keys_col))
         if not all_keys:
-            tails = [topic_part + b"\x00\x00"] * n
+            tails = [topic_part + bytes(PROPERTIES_LENGTH_WIDTH)] * n
             tail_lengths: npt.NDArray[np.int64] | int = len(tails[0])
             index_keys: list[str] = []
             index_msgs: list[int] = []
@@ -495,16 +496,18 @@ class Preparer:
             if max(piece_lengths) + len(_KEYS_PREFIX) > MAX_PROPERTIES_LENGTH:
                 return None
             heads = {
-                length: topic_part + (len(_KEYS_PREFIX) + length).to_bytes(2, "big") + _KEYS_PREFIX
+                length: topic_part
+                + (len(_KEYS_PREFIX) + length).to_bytes(PROPERTIES_LENGTH_WIDTH, "big")
+                + _KEYS_PREFIX
                 for length in set(piece_lengths)
             }
             tails = list(map(bytes.__add__, map(heads.__getitem__, piece_lengths), pieces))
             tail_lengths = np.fromiter(piece_lengths, np.int64, count=n) + (
-                len(topic_part) + 2 + len(_KEYS_PREFIX)
+                len(topic_part) + PROPERTIES_LENGTH_WIDTH + len(_KEYS_PREFIX)
             )
             index_keys = list(map((topic + "#").__add__, all_keys))
             index_msgs = list(range(n)) if len(all_keys) == n else np.repeat(np.arange(n), counts).tolist()
-        sizes = body_lengths + tail_lengths + (HEADER_V4 - 16 + 2 * len(self.store_host))
+        sizes = body_lengths + tail_lengths + header_length(len(self.store_host), len(self.store_host))
         if int(sizes.max()) > self.max_body + RECORD_OVERHEAD_LIMIT:
             return None
         qid = self._next_queue(topic)
@@ -513,7 +516,7 @@ class Preparer:
             tails=tails,
             topic_parts=[topic_part] * n,
             magics=np.full(n, magic, np.uint32),
-            crcs=np.fromiter(map(crc32, bodies), np.uint32, count=n) & np.uint32(0x7FFFFFFF),
+            crcs=np.fromiter(map(crc32, bodies), np.uint32, count=n) & np.uint32(BODY_CRC_MASK),
             queue_ids=np.full(n, qid, np.int32),
             flags=np.zeros(n, np.int32),
             born_timestamps=np.full(n, now_ms, np.int64),

@@ -29,28 +29,31 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tierd.errors import CorruptRecordError
-from tierd.format.batch import gather_at
 from tierd.format.compiled import SparkFunctions, spark_functions
 from tierd.format.host import decode_host
-from tierd.format.message_id import offset_msg_ids
-from tierd.format.properties import KEY_SEPARATOR, PROPERTY_KEYS, PROPERTY_TAGS, PROPERTY_UNIQ_KEY
-from tierd.format.record import (
+from tierd.format.layout import (
+    BODY_CRC_MASK,
     HEADER_V4,
+    HOST_V4,
     MAGIC_V1,
     MAGIC_V2,
-    POS_BODY_CRC,
+    MIN_TAIL,
     POS_BORN_HOST,
-    POS_BORN_TIMESTAMP,
-    POS_MAGIC,
-    POS_PHYSICAL_OFFSET,
-    POS_QUEUE_ID,
-    POS_QUEUE_OFFSET,
-    POS_SYSFLAG,
+    PROPERTIES_LENGTH_WIDTH,
     SYSFLAG_BORNHOST_V6,
+    SYSFLAG_HOSTS_V6,
     SYSFLAG_STOREHOST_V6,
-    crc32,
-    decode_record,
+    TOPIC_LENGTH_WIDTH,
+    field_dtype,
+    gather_at,
+    header_length,
+    host_widths,
+    position,
 )
+from tierd.format.layout import MIN_RECORD_SIZE as MIN_RECORD_SIZE
+from tierd.format.message_id import offset_msg_ids
+from tierd.format.properties import KEY_SEPARATOR, PROPERTY_KEYS, PROPERTY_TAGS, PROPERTY_UNIQ_KEY
+from tierd.format.record import crc32, decode_record
 from tierd.spark.filters import property_mask, row_mask
 
 if TYPE_CHECKING:
@@ -98,7 +101,6 @@ ARROW_SCHEMA: Final = pa.schema(
     ]
 )
 #: Smallest valid record: IPv4 header, empty body, empty topic length byte, properties length.
-MIN_RECORD_SIZE: Final = HEADER_V4 + 3
 #: Sanity bound on TOTALSIZE (the store allows max_message_size + 64 KiB; this leaves room for
 #: stores configured far above the 4 MiB default while still catching garbage sizes).
 MAX_RECORD_SIZE: Final = 256 * 1024 * 1024
@@ -115,43 +117,33 @@ _EMPTY_INDEX = np.zeros(0, np.int64)
 #: the others only where both hosts are IPv4 (SYSFLAG says). Decoding gathers every record's
 #: header at once (two cache lines per record) instead of one field at a time: a 16 MiB piece
 #: does not stay in the CPU cache, so each per-field gather missed it once per record.
+#: (Column name here, field name in :mod:`tierd.format.layout`.)
+_HEAD_FIELDS: Final = (
+    ("magic", "magic"),
+    ("body_crc", "body_crc"),
+    ("queue_id", "queue_id"),
+    ("queue_offset", "queue_offset"),
+    ("physical_offset", "physical_offset"),
+    ("sysflag", "sys_flag"),
+    ("born_timestamp", "born_timestamp"),
+    ("born_host", "born_host"),
+    ("store_timestamp", "store_timestamp"),
+    ("store_host", "store_host"),
+    ("reconsume_times", "reconsume_times"),
+    ("body_len", "body_length"),
+)
 _HEAD_V4: Final = np.dtype(
     {
-        "names": [
-            "magic",
-            "body_crc",
-            "queue_id",
-            "queue_offset",
-            "physical_offset",
-            "sysflag",
-            "born_timestamp",
-            "born_host",
-            "store_timestamp",
-            "store_host",
-            "reconsume_times",
-            "body_len",
-        ],
-        "formats": [_U4, _U4, _I4, _I8, _I8, _I4, _I8, _U8, _I8, _U8, _I4, _I4],
-        "offsets": [
-            POS_MAGIC,
-            POS_BODY_CRC,
-            POS_QUEUE_ID,
-            POS_QUEUE_OFFSET,
-            POS_PHYSICAL_OFFSET,
-            POS_SYSFLAG,
-            POS_BORN_TIMESTAMP,
-            POS_BORN_HOST,
-            POS_BORN_HOST + 8,
-            POS_BORN_HOST + 16,
-            POS_BORN_HOST + 24,
-            HEADER_V4 - 4,
-        ],
+        "names": [name for name, _ in _HEAD_FIELDS],
+        # Hosts as one big-endian integer of their 8 bytes (see _hosts).
+        "formats": [_U8 if field.endswith("host") else field_dtype(field) for _, field in _HEAD_FIELDS],
+        "offsets": [position(field, HOST_V4, HOST_V4) for _, field in _HEAD_FIELDS],
         "itemsize": HEADER_V4,
     }
 )
 #: The same bytes as an opaque item, which numpy gathers with one copy per record.
 _HEAD_BYTES: Final = np.dtype((np.void, HEADER_V4))
-_V6_FLAGS: Final = SYSFLAG_BORNHOST_V6 | SYSFLAG_STOREHOST_V6
+_V6_FLAGS: Final = SYSFLAG_HOSTS_V6
 #: One row of the compiled check's output (``SparkRow`` in ``_batchdecode.c``): the fields the
 #: columns are built from, native-endian but for the hosts (their stored bytes, as ``_HEAD_V4``
 #: has them). Named as ``_HEAD_V4``'s fields, so the column code takes either.
@@ -475,7 +467,7 @@ def decode_records(
         born_v6 = store_v6 = np.zeros(n, np.bool_)
         born_len = store_len = np.full(n, 8, np.int64)
         phys = head["physical_offset"]
-        topic_end = head["props_start"] - 2
+        topic_end = head["props_start"] - PROPERTIES_LENGTH_WIDTH
         body_len = np.diff(np.frombuffer(body_col.buffers()[1], np.int32, n + 1)).astype(np.int64)
     else:  # checked here, and the first bad record named
         sizes = ends - s
@@ -487,24 +479,25 @@ def decode_records(
         v4 = not (sysflag & _V6_FLAGS).any()
         born_v6 = (sysflag & SYSFLAG_BORNHOST_V6) != 0
         store_v6 = (sysflag & SYSFLAG_STOREHOST_V6) != 0
-        born_len = np.where(born_v6, 20, 8)
-        store_len = np.where(store_v6, 20, 8)
-        header = HEADER_V4 - 16 + born_len + store_len
-        bad = ((magic != MAGIC_V1) & (magic != MAGIC_V2)) | (sizes < header + 3)
-        safe = np.where(bad, s, s + header - 4)  # keep gathers in bounds until the record is judged
+        born_len, store_len = host_widths(sysflag)
+        header = header_length(born_len, store_len)
+        bad = ((magic != MAGIC_V1) & (magic != MAGIC_V2)) | (sizes < header + MIN_TAIL)
+        safe = np.where(
+            bad, s, s + position("body_length", born_len, store_len)
+        )  # keep gathers in bounds until the record is judged
         body_len = (head["body_len"] if v4 else gather_at(buf, safe, _I4)).astype(np.int64)
         body_start = s + header
         body_end = body_start + body_len
         v2 = magic == MAGIC_V2
-        tlen_width = np.where(v2, 2, 1)
-        bad |= (body_len < 0) | (body_end + tlen_width + 2 > ends)
+        tlen_width = np.where(v2, TOPIC_LENGTH_WIDTH[MAGIC_V2], TOPIC_LENGTH_WIDTH[MAGIC_V1])
+        bad |= (body_len < 0) | (body_end + tlen_width + PROPERTIES_LENGTH_WIDTH > ends)
         phys = head["physical_offset"]
         expected_phys = flat_base + s
         qids = head["queue_id"]
         topic_b = topic.encode()
         tails_ok = not bad.any() and _tails_match(buf, body_end, ends, topic_b, v2)
         if tails_ok:
-            topic_end = body_end + 1 + len(topic_b)
+            topic_end = body_end + TOPIC_LENGTH_WIDTH[MAGIC_V1] + len(topic_b)
         else:
             body_end_safe = np.where(bad, s, body_end)
             topic_len = np.where(
@@ -512,9 +505,9 @@ def decode_records(
             )
             topic_start = body_end + tlen_width
             topic_end = topic_start + topic_len
-            bad |= topic_end + 2 > ends
+            bad |= topic_end + PROPERTIES_LENGTH_WIDTH > ends
             props_len = gather_at(buf, np.where(bad, s, topic_end), _U2).astype(np.int64)
-            bad |= topic_end + 2 + props_len != ends
+            bad |= topic_end + PROPERTIES_LENGTH_WIDTH + props_len != ends
             if bad.any():
                 _raise_first(data, s, ends, bad, fail)
             bad |= topic_len != len(topic_b)
@@ -532,15 +525,17 @@ def decode_records(
                 _raise_first(data, s, ends, bad, fail, flat_base=flat_base, topic=topic, queue_id=queue_id)
         mv = memoryview(data)
         bodies = map(mv.__getitem__, map(slice, body_start.tolist(), body_end.tolist()))  # no list
-        crc = np.fromiter(map(crc32, bodies), np.int64, n) & 0x7FFFFFFF
+        crc = np.fromiter(map(crc32, bodies), np.int64, n) & BODY_CRC_MASK
         stored = head["body_crc"].astype(np.int64)
         bad = crc != stored
         if bad.any():
             _raise_first(data, s, ends, bad, fail)
     queue_offsets = head["queue_offset"].astype(np.int64)
-    store_ms = (head["store_timestamp"] if v4 else gather_at(buf, s + POS_BORN_HOST + born_len, _I8)).astype(
-        np.int64
-    )
+    store_ms = (
+        head["store_timestamp"]
+        if v4
+        else gather_at(buf, s + position("store_timestamp", born_len, store_len), _I8)
+    ).astype(np.int64)
     keep = select(queue_offsets, store_ms) if select is not None else None
     if keep is not None:
         idx = np.flatnonzero(keep)
@@ -561,8 +556,8 @@ def decode_records(
         )
         n = len(idx)
     whole = pa.py_buffer(data)
-    body_start = s + (HEADER_V4 - 16 + born_len + store_len)
-    props_start = topic_end + 2
+    body_start = s + header_length(born_len, store_len)
+    props_start = topic_end + PROPERTIES_LENGTH_WIDTH
     props = _spans(whole, props_start, ends, pa.string())
     try:
         if body_col is None:  # the compiled check has validated every row's UTF-8
@@ -599,7 +594,7 @@ def decode_records(
             taken = pa.array(idx)
             made = {name: col.take(taken) for name, col in made.items()}
             n = len(idx)
-    store_host_pos = s + POS_BORN_HOST + born_len + 8
+    store_host_pos = s + position("store_host", born_len, store_len)
     if wanted & {"store_host", "msg_id"}:
         made["store_host"], store_raw = _hosts(
             buf, store_host_pos, store_v6, head["store_host"] if v4 else None
@@ -621,9 +616,11 @@ def decode_records(
         ),
         "sys_flag": lambda: pa.array(sysflag.astype(np.int32)),
         "reconsume_times": lambda: pa.array(
-            (head["reconsume_times"] if v4 else gather_at(buf, store_host_pos + store_len, _I4)).astype(
-                np.int32
-            )
+            (
+                head["reconsume_times"]
+                if v4
+                else gather_at(buf, s + position("reconsume_times", born_len, store_len), _I4)
+            ).astype(np.int32)
         ),
         "born_host": lambda: _hosts(buf, s + POS_BORN_HOST, born_v6, head["born_host"] if v4 else None)[0],
     }
@@ -674,13 +671,17 @@ def _tails_match(
     instead of three (length byte, topic, properties length), each of which missed the CPU cache
     once per record. False when any record differs: the caller then checks field by field and
     names the first bad record."""
-    w = len(topic) + 3
-    if not len(body_end) or len(topic) > 0xFF or v2.any() or (body_end + w > ends).any():
+    lw = TOPIC_LENGTH_WIDTH[MAGIC_V1]
+    w = len(topic) + MIN_TAIL
+    if not len(body_end) or len(topic) >= 1 << (8 * lw) or v2.any() or (body_end + w > ends).any():
         return False
     tails = gather_at(buf, body_end, np.dtype((np.void, w))).view(np.uint8).reshape(-1, w)
-    if not (tails[:, : w - 2] == np.frombuffer(bytes([len(topic)]) + topic, np.uint8)).all():
+    expected = len(topic).to_bytes(lw, "big") + topic
+    if not (tails[:, : len(expected)] == np.frombuffer(expected, np.uint8)).all():
         return False
-    props_len = (tails[:, w - 2].astype(np.int64) << 8) | tails[:, w - 1]
+    props_len = np.zeros(len(tails), np.int64)
+    for i in range(len(expected), w):  # the big-endian properties length
+        props_len = (props_len << 8) | tails[:, i]
     return bool((body_end + w + props_len == ends).all())
 
 

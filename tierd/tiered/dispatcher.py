@@ -26,7 +26,7 @@ import numpy as np
 import numpy.typing as npt
 
 from tierd.errors import CorruptionError, TierdError
-from tierd.format.record import POS_BORN_HOST, POS_SYSFLAG, SYSFLAG_BORNHOST_V6
+from tierd.format.layout import field_column
 from tierd.repeats import EXPECTED, FailureLog
 
 if TYPE_CHECKING:
@@ -51,8 +51,6 @@ SMALL_REST_SHARE = 2
 NEW_QUEUES_LISTED = 8
 #: Failed queues named in a round's failure line (beyond that, a count).
 FAILED_QUEUES_LISTED = 5
-_EIGHT = np.arange(8)
-_FOUR = np.arange(4)
 
 
 @dataclass(slots=True)
@@ -148,9 +146,8 @@ def store_timestamps(
 ) -> npt.NDArray[np.int64]:
     """STORETIMESTAMP of every record (its position depends on the born-host width)."""
     buf = np.frombuffer(records, np.uint8)
-    sysflag = buf[(starts[:, None] + POS_SYSFLAG + _FOUR).ravel()].view(">i4")
-    pos = starts + POS_BORN_HOST + np.where(sysflag & SYSFLAG_BORNHOST_V6, 20, 8)
-    stamps: npt.NDArray[np.int64] = buf[(pos[:, None] + _EIGHT).ravel()].view(">i8").astype(np.int64)
+    sysflag = field_column(buf, starts, "sys_flag")
+    stamps: npt.NDArray[np.int64] = field_column(buf, starts, "store_timestamp", sysflag).astype(np.int64)
     return stamps
 
 

@@ -23,15 +23,17 @@ import numpy.typing as npt
 from tierd.drivers.segment import DriverRoot, FileType
 from tierd.errors import CorruptionError
 from tierd.format.cq_unit import UNIT_SIZE, decode_units, encode_units, tags_code
+from tierd.format.layout import POS_QUEUE_OFFSET, field_column, set_field_column, width
 from tierd.format.properties import decode_properties as _decode_properties
-from tierd.format.record import POS_PHYSICAL_OFFSET, POS_QUEUE_OFFSET, VALID, scan_record
+from tierd.format.record import VALID, scan_record
 from tierd.tiered.flatfile import ChangeHook, FlatAppendFile, ignore_change
 
 if TYPE_CHECKING:
     from tierd.config import TieredConfig
 
 log = logging.getLogger(__name__)
-_OFFSET_BYTES = np.arange(8)
+#: A segment whose first record's QUEUEOFFSET is committed has at least this many bytes.
+_QUEUE_OFFSET_END = POS_QUEUE_OFFSET + width("queue_offset")
 #: Roll-forward reads the orphan commitlog tail in pieces of this size.
 RECOVERY_READ = 16 * 1024 * 1024
 
@@ -123,8 +125,8 @@ class FlatMessageFile:
         out: list[int | None] = []
         for seg in cl.segments:
             known = cl.first_queue_offset(seg.base_offset)
-            if known is None and seg.commit_position >= POS_QUEUE_OFFSET + 8:
-                raw = await seg.read(POS_QUEUE_OFFSET, 8)
+            if known is None and seg.commit_position >= _QUEUE_OFFSET_END:
+                raw = await seg.read(POS_QUEUE_OFFSET, width("queue_offset"))
                 known = int.from_bytes(raw, "big", signed=True)
                 cl.learn_first_queue_offset(seg.base_offset, known)
             out.append(known)
@@ -159,7 +161,7 @@ class FlatMessageFile:
         buf = np.frombuffer(records, np.uint8)
         if not buf.flags.writeable:
             buf = buf.copy()
-        qoffs = buf[(starts[:, None] + POS_QUEUE_OFFSET + _OFFSET_BYTES).ravel()].view(">i8")
+        qoffs = field_column(buf, starts, "queue_offset")
         expected = np.arange(first_queue_offset, first_queue_offset + n, dtype=np.int64)
         if not np.array_equal(qoffs, expected):
             bad = int(np.flatnonzero(qoffs != expected)[0])
@@ -169,9 +171,7 @@ class FlatMessageFile:
                 index=bad,
             )
         flat = self.commitlog.append_offset + starts
-        buf[(starts[:, None] + POS_PHYSICAL_OFFSET + _OFFSET_BYTES).ravel()] = flat.astype(">i8").view(
-            np.uint8
-        )
+        set_field_column(buf, starts, "physical_offset", flat)
         patched = buf.tobytes()
         await self._append_split(self.commitlog, patched, ends, store_timestamps, first_queue_offset)
         units = encode_units(flat, sizes, tags_codes)

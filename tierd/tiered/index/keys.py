@@ -7,9 +7,20 @@ from typing import TYPE_CHECKING, Final, NamedTuple
 import numpy as np
 
 from tierd.errors import CorruptionError
-from tierd.format.batch import gather_at
+from tierd.format.layout import (
+    MAGIC_V1,
+    MAGIC_V2,
+    MIN_RECORD_SIZE,
+    MIN_TAIL,
+    PROPERTIES_LENGTH_WIDTH,
+    TOPIC_LENGTH_WIDTH,
+    field_column,
+    gather_at,
+    header_length,
+    host_widths,
+    position,
+)
 from tierd.format.properties import KEY_SEPARATOR, PROP_NAME_SEP, PROP_SEP, PROPERTY_KEYS, PROPERTY_UNIQ_KEY
-from tierd.format.record import HEADER_V4, MAGIC_V1, MAGIC_V2, POS_MAGIC, POS_SYSFLAG
 
 if TYPE_CHECKING:
     import numpy.typing as npt
@@ -31,27 +42,30 @@ def _property_offsets(records: bytes, sizes: I64Array) -> tuple[I64Array, I64Arr
     n = len(sizes)
     buf = np.frombuffer(records, dtype=np.uint8)
     ends = np.cumsum(sizes, dtype=np.int64)
-    if n == 0 or int(ends[-1]) != len(records) or int(sizes.min()) < HEADER_V4 + 3:
+    if n == 0 or int(ends[-1]) != len(records) or int(sizes.min()) < MIN_RECORD_SIZE:
         raise CorruptionError(
             f"record sizes {sizes.tolist()[:8]}... do not frame a batch of {len(records)} bytes",
             size=len(records),
         )
     starts = ends - sizes
     last = len(records) - 1
-    magic = gather_at(buf, starts + POS_MAGIC, _U4).astype(np.int64)
-    sysflag = gather_at(buf, starts + POS_SYSFLAG, _U4).astype(np.int64)
-    hosts = np.where(sysflag & 0x10, 20, 8) + np.where(sysflag & 0x20, 20, 8)
-    body_start = starts + (HEADER_V4 - 16) + hosts  # fixed header bytes besides the two hosts
-    body_len = gather_at(buf, np.minimum(body_start - 4, last - 3), _U4).astype(np.int64)
+    magic = field_column(buf, starts, "magic").astype(np.int64)
+    born, store = host_widths(field_column(buf, starts, "sys_flag"))
+    body_start = starts + header_length(born, store)
+    body_len_at = np.minimum(starts + position("body_length", born, store), last - 3)
+    body_len = gather_at(buf, body_len_at, _U4).astype(np.int64)
     v2 = magic == MAGIC_V2
     tpos = np.minimum(body_start + body_len, last - 1)
     topic_len = np.where(v2, gather_at(buf, tpos, _U2).astype(np.int64), buf[tpos].astype(np.int64))
-    props_start = body_start + body_len + np.where(v2, 2, 1) + topic_len + 2
-    props_len = gather_at(buf, np.clip(props_start - 2, 0, last - 1), _U2).astype(np.int64)
+    tlen_width = np.where(v2, TOPIC_LENGTH_WIDTH[MAGIC_V2], TOPIC_LENGTH_WIDTH[MAGIC_V1])
+    props_start = body_start + body_len + tlen_width + topic_len + PROPERTIES_LENGTH_WIDTH
+    props_len = gather_at(buf, np.clip(props_start - PROPERTIES_LENGTH_WIDTH, 0, last - 1), _U2).astype(
+        np.int64
+    )
     ok = (
         ((magic == MAGIC_V1) | v2)
         & (body_len < 2**31)
-        & (body_start + body_len + 3 <= ends)
+        & (body_start + body_len + MIN_TAIL <= ends)
         & (props_start + props_len == ends)
     )
     if not ok.all():
