@@ -39,9 +39,10 @@ FACADE = {
     "tierd.consumption",
     "tierd.consumption.inflight",
 }
-ACCESS = ("tierd.service", "tierd.grpc", "tierd.cli", "tierd.spark", "tierd.arrow")
+ACCESS = ("tierd.service", "tierd.grpc", "tierd.cli", "tierd.spark", "tierd.arrow", "tierd.table")
 # Bucket readers: a Spark job or an Arrow scan in a notebook has the bucket URL and nothing else.
-BUCKET_READERS = ("tierd.spark", "tierd.arrow")
+# The Iceberg table writer too: it reads the bucket through tierd.arrow, never the tiering engine.
+BUCKET_READERS = ("tierd.spark", "tierd.arrow", "tierd.table")
 # What a Spark job must never need: a running daemon (facade, engine, hot store) or local metadata.
 SPARK_FORBIDDEN = FACADE | {
     "tierd.local.store",

@@ -8,10 +8,10 @@ segments), :mod:`~tierd.cli.admin` (serve, tier, verify, gc, restore),
 
 from __future__ import annotations
 
-from tierd.cli import admin, consumers, data, inspect
+from tierd.cli import admin, consumers, data, inspect, table
 from tierd.cli.app import app, handle_errors
 
-__all__ = ["admin", "app", "consumers", "data", "handle_errors", "inspect", "main"]
+__all__ = ["admin", "app", "consumers", "data", "handle_errors", "inspect", "main", "table"]
 
 
 def main() -> None:

@@ -252,10 +252,17 @@ class Daemon:
             if on_ready is not None:
                 on_ready(self)
             watch = asyncio.create_task(_watch_cold_tier(store), name="tierd-cold-watch")
+            tables = None
+            if any(t.table == "iceberg" for t in self.cfg.topics.values()):  # docs/table.md
+                from tierd.table.loop import table_loop  # the table extra: only when opted in
+
+                tables = asyncio.create_task(table_loop(self.cfg), name="tierd-table")
             try:
                 await _first(self._stop.wait(), http)
             finally:
                 watch.cancel()
+                if tables is not None:
+                    tables.cancel()
             await self._shutdown(store, server, http)
         finally:
             if self.grpc is not None:
