@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import botocore.auth
 import pytest
-from aiobotocore.credentials import AioRefreshableCredentials
+from aiobotocore.credentials import AioCredentials, AioRefreshableCredentials
+from aiobotocore.httpsession import AIOHTTPSession
 from aiobotocore.session import AioSession
 from botocore.awsrequest import AWSRequest
 from botocore.credentials import Credentials as BotoCredentials
@@ -269,6 +270,107 @@ def test_virtual_host_addressing_is_the_clients(moto_server: S3Server) -> None:
         "my-bucket.s3.example.test:9000",
         "/",
     )
+
+
+# ---------------------------------------------------------------------------- the client's own, publicly
+@pytest.mark.parametrize("where", ["storage_options", "client_kwargs", "environment"])
+def test_credentials_are_the_ones_the_client_signs_with(
+    seaweedfs_server: S3Server, monkeypatch: pytest.MonkeyPatch, where: str
+) -> None:
+    """Every way s3fs hands credentials to the client — ``key``/``secret``, the same in
+    ``client_kwargs``, or none (botocore's session resolves them, here from the environment) —
+    is found without botocore's private attributes, and SeaweedFS (which checks every
+    signature) serves the lean GETs."""
+    bucket = create_bucket(seaweedfs_server)
+    _put(seaweedfs_server, bucket, "cold/seg", DATA)
+    server = seaweedfs_server
+    base: dict[str, Any] = {
+        "endpoint_url": server.endpoint_url,
+        "client_kwargs": {"region_name": server.region},
+    }
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+    if where == "storage_options":
+        options = base | {"key": server.access_key, "secret": server.secret_key}
+    elif where == "client_kwargs":
+        client = {"aws_access_key_id": server.access_key, "aws_secret_access_key": server.secret_key}
+        options = base | {"client_kwargs": base["client_kwargs"] | client}
+    else:
+        monkeypatch.setenv("AWS_ACCESS_KEY_ID", server.access_key)
+        monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", server.secret_key)
+        options = base
+
+    async def main() -> LeanGet:
+        async with S3Root(f"s3://{bucket}/cold", options) as root:
+            assert await _read_both(root, "seg", 10, 1000) == (DATA[10:1010], DATA[10:1010])
+            lean = await root.lean_get()
+            assert lean is not None
+            return lean
+
+    lean = _run(main())
+    assert (lean.sent, lean.fell_back) == (2, 0)
+
+
+def test_credentials_other_than_botocores_turn_the_lean_get_off(
+    moto_server: S3Server, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The setup recomputes botocore's signature of its marker request with the credentials it
+    found; if a later s3fs or botocore gave the client others, reads stay on botocore's pipeline
+    (with one INFO line saying why) instead of signing as someone else."""
+    bucket = create_bucket(moto_server)
+    _put(moto_server, bucket, "cold/seg", DATA)
+
+    async def someone_else(fs: Any) -> Any:
+        return AioCredentials(moto_server.access_key, "not-the-secret-the-client-has")
+
+    monkeypatch.setattr(s3fastget, "signing_credentials", someone_else)
+
+    async def main() -> LeanGet | None:
+        async with S3Root(f"s3://{bucket}/cold", moto_server.storage_options) as root:
+            assert await _read_both(root, "seg", 3, 30) == (DATA[3:33], DATA[3:33])
+            return await root.lean_get()
+
+    with caplog.at_level(logging.INFO, logger=s3fastget.__name__):
+        assert _run(main()) is None
+    assert "not the ones botocore signed with" in caplog.text
+    assert "not-the-secret" not in caplog.text
+
+
+def test_lean_gets_go_out_on_the_clients_own_session(moto_server: S3Server) -> None:
+    """The session a lean GET sends on is the one aiobotocore made for the client (its pool,
+    TLS, proxies and timeouts): the client's ``http_session_cls`` (tierd's
+    :class:`~tierd.drivers.s3fastget.ClientSession`) names itself at setup. The private
+    attribute is read here, in the test only, to check that claim."""
+    bucket = create_bucket(moto_server)
+
+    async def main() -> None:
+        async with S3Root(f"s3://{bucket}/cold", moto_server.storage_options) as root:
+            fs = await root.filesystem()
+            lean = await root.lean_get()
+            assert lean is not None
+            assert isinstance(lean.session, s3fastget.ClientSession)
+            assert lean.session is (await fs.get_s3(bucket))._endpoint.http_session
+
+    _run(main())
+
+
+def test_a_session_class_of_the_users_own_keeps_botocores_gets(
+    moto_server: S3Server, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A user who chose the client's ``http_session_cls`` keeps it; tierd then cannot know the
+    client's session and leaves every GET to botocore (one INFO line), reads unchanged."""
+    bucket = create_bucket(moto_server)
+    _put(moto_server, bucket, "cold/seg", DATA)
+    options = moto_server.storage_options | {"config_kwargs": {"http_session_cls": AIOHTTPSession}}
+
+    async def main() -> LeanGet | None:
+        async with S3Root(f"s3://{bucket}/cold", options) as root:
+            assert await _read_both(root, "seg", 3, 30) == (DATA[3:33], DATA[3:33])
+            return await root.lean_get()
+
+    with caplog.at_level(logging.INFO, logger=s3fastget.__name__):
+        assert _run(main()) is None
+    assert "HTTP session class is AIOHTTPSession" in caplog.text
 
 
 # ---------------------------------------------------------------------------- kept on botocore

@@ -69,7 +69,7 @@ from tierd.drivers._chunks import (
     crc32c,
 )
 from tierd.drivers._objects import listed_paths
-from tierd.drivers.s3fastget import LeanGet
+from tierd.drivers.s3fastget import LeanGet, with_client_session
 from tierd.drivers.s3probe import S3Capabilities, WritePolicy, cached_probe, decide
 from tierd.drivers.segment import DriverRoot, validate_object_prefix, validate_segment_path
 from tierd.errors import (
@@ -518,7 +518,8 @@ class S3Root(DriverRoot):
         async with self._lock:  # concurrent first calls must not each create (and leak) a client
             if self._fs is not None:
                 return self._fs
-            options = s3fs_options(self.storage_options)
+            # On a session class that lets the lean GET find the client's own (s3fastget).
+            options = with_client_session(s3fs_options(self.storage_options))
             options.update(asynchronous=True, skip_instance_cache=True, loop=loop)
             try:
                 fs = s3fs.S3FileSystem(**options)

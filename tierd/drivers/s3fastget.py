@@ -10,26 +10,35 @@ the client itself resolved and sends each one with a handful of string operation
 signature (:mod:`tierd.drivers.sigv4`).
 
 What stays the client's own, so that nothing about *where* and *as whom* differs from a botocore
-call:
+call — each learnt through public API only (no private attribute of botocore or aiobotocore;
+``tests/drivers/test_foreign_internals.py`` holds tierd to that):
 
+* **Transport**: the client's own HTTP session (aiobotocore's ``AIOHTTPSession``: the same
+  connection pool, TLS verification, client certificate, proxies and timeouts, and its
+  translation of transport failures). tierd makes the client with :class:`ClientSession` as
+  its ``http_session_cls`` (aiobotocore's documented ``AioConfig`` option, see
+  :func:`with_client_session`): aiobotocore's own session class, which shows the setup's
+  marker request (below) the session instance that was about to send it.
 * **Endpoint, addressing style, region and signing name** come from the client: at setup, one
   regular ``GetObject`` of a marker key goes through s3fs and botocore as every call does and is
-  stopped just before it would be sent (a ``before-send`` hook answers it; nothing reaches the
-  server). The prepared request shows the URL prefix objects live under (path or virtual-host
-  style, any endpoint path), the signature and credential scope botocore chose, and every
-  header it adds — so ``s3_additional_kwargs`` (SSE-C keys...), requester pays, another
-  signature version or an endpoint needing more show up there and keep botocore's pipeline.
-* **Credentials** are the client's credential object, frozen per request
+  stopped just before it would be sent (the session answers it; nothing reaches the server).
+  The prepared request shows the URL prefix objects live under (path or virtual-host style, any
+  endpoint path), the signature and credential scope botocore chose, and every header it adds —
+  so ``s3_additional_kwargs`` (SSE-C keys...), requester pays, another signature version or an
+  endpoint needing more show up there and keep botocore's pipeline.
+* **Credentials** are the ones s3fs hands the client (:func:`signing_credentials`: explicit keys,
+  or the botocore session's credentials object, which the client holds too), frozen per request
   (``get_frozen_credentials``), so refreshing credentials (assumed roles, instance metadata)
   refresh exactly as for botocore's own requests; anonymous clients send unsigned requests.
-* **Transport**: the request goes through the client's own HTTP session (aiobotocore's
-  ``AIOHTTPSession.send``): the same connection pool, TLS verification, client certificate,
-  proxies and timeouts, and its translation of transport failures.
+  The setup recomputes the marker request's signature with them: unless it is botocore's,
+  byte for byte, the lean GET is not used.
 
 When the lean GET is not used at all (:meth:`LeanGet.setup` returns None and says why, once):
 settings that add headers to GetObject (SSE-C keys in ``s3_additional_kwargs``, requester
 pays, ...; SSE-S3/KMS settings apply to writes only and do not count), a signature other than
-SigV4 or none, an endpoint that needs a query string, an HTTP backend other than aiohttp. Not sent: botocore's
+SigV4 or none, an endpoint that needs a query string, an HTTP session class of the user's own
+(``config_kwargs.http_session_cls``, e.g. httpx), credentials other than the ones s3fs hands
+the client. Not sent: botocore's
 ``x-amz-checksum-mode`` (S3 returns no checksum for a ranged GET, and every record tierd reads
 carries its own CRC, checked on every cold read).
 
@@ -48,25 +57,28 @@ regular GET (the body stream is the same aiohttp stream).
 from __future__ import annotations
 
 import contextlib
+import hmac
 import logging
 import time
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import quote, urlsplit
 
 import botocore
 from aiobotocore.awsrequest import AioAWSResponse
+from aiobotocore.credentials import AioCredentials
 from aiobotocore.httpsession import AIOHTTPSession
 from botocore.awsrequest import AWSPreparedRequest
 
-from tierd.drivers.sigv4 import ALGORITHM, Credentials, sign_headers
+from tierd.drivers.sigv4 import ALGORITHM, Credentials, sign_headers, signature
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable
+    from collections.abc import Awaitable, Callable, Mapping
 
     import s3fs
 
-__all__ = ["REFUSED", "LeanGet"]
+__all__ = ["REFUSED", "ClientSession", "LeanGet", "signing_credentials", "with_client_session"]
 
 log = logging.getLogger(__name__)
 _T = TypeVar("_T")
@@ -102,6 +114,62 @@ class _NoBody:
 
     async def read(self) -> bytes:
         return b""
+
+
+#: Set while :meth:`LeanGet.setup` sends its marker request: where :class:`ClientSession` puts
+#: itself and the request instead of sending it.
+_CAPTURE: ContextVar[list[tuple[ClientSession, Any]] | None] = ContextVar(
+    "tierd_lean_get_capture", default=None
+)
+
+
+class ClientSession(AIOHTTPSession):  # type: ignore[misc]  # aiobotocore ships no types
+    """aiobotocore's default HTTP session, which also answers :meth:`LeanGet.setup`'s marker
+    request: it records itself and botocore's prepared request, and answers 404 without sending.
+
+    Why a subclass: the lean GET must send on the very session the client sends on (its pool,
+    TLS, proxies, timeouts), and aiobotocore offers no public way to ask a client for it; its
+    public ``http_session_cls`` option lets tierd choose the class, and a session of this class
+    can then say which instance is the client's. Every other request is aiobotocore's own
+    ``send``, unchanged."""
+
+    async def send(self, request: Any) -> Any:
+        capture = _CAPTURE.get()
+        if capture is not None and urlsplit(str(request.url)).path.endswith("/" + MARKER):
+            capture.append((self, request))
+            return AioAWSResponse(request.url, 404, {}, _NoBody())
+        return await super().send(request)
+
+
+def with_client_session(options: Mapping[str, Any]) -> dict[str, Any]:
+    """s3fs options whose client sends on a :class:`ClientSession` — unless the user chose a
+    session class (``config_kwargs.http_session_cls``), which is kept (and the lean GET is then
+    not used)."""
+    out = dict(options)
+    config = dict(out.get("config_kwargs") or {})
+    config.setdefault("http_session_cls", ClientSession)
+    out["config_kwargs"] = config
+    return out
+
+
+async def signing_credentials(fs: s3fs.S3FileSystem) -> Any:
+    """The credentials ``fs``'s S3 clients sign with (a botocore credentials object), or None
+    for an anonymous filesystem; found as s3fs hands them to aiobotocore's ``create_client``:
+    explicit keys (``key``/``secret``/``token``, or the same in ``client_kwargs``) or else the
+    botocore session's own credentials — the object the client was given, cached by the session,
+    so asking costs no lookup once the client exists.
+
+    Public attributes and calls only (see the module doc); :meth:`LeanGet.setup` checks the
+    result against a signature botocore made, so a later s3fs that resolves differently turns
+    the lean GET off rather than signing as someone else."""
+    if fs.anon:
+        return None
+    given = fs.client_kwargs
+    key = given.get("aws_access_key_id", fs.key)
+    secret = given.get("aws_secret_access_key", fs.secret)
+    if key is not None and secret is not None:
+        return AioCredentials(key, secret, given.get("aws_session_token", fs.token))
+    return await fs.session.get_credentials()
 
 
 @dataclass
@@ -142,14 +210,15 @@ class LeanGet:
         made: LeanGet | str
         try:
             client = await fs.get_s3(bucket)  # with cache_regions, the bucket's own client
-            if not isinstance(client._endpoint.http_session, AIOHTTPSession):
-                made = f"the client's HTTP session is {type(client._endpoint.http_session).__name__}"
+            session_cls = client.meta.config.http_session_cls
+            if not (isinstance(session_cls, type) and issubclass(session_cls, ClientSession)):
+                made = f"the client's HTTP session class is {getattr(session_cls, '__name__', session_cls)}"
             else:
-                prepared = await cls._prepare(fs, client, bucket)
+                captured = await cls._prepare(fs, bucket)
                 made = (
-                    prepared
-                    if isinstance(prepared, str)
-                    else cls._from_request(prepared, bucket, client, observers)
+                    captured
+                    if isinstance(captured, str)
+                    else await cls._from_request(*captured, bucket, fs, client, observers)
                 )
         except Exception as e:  # the regular path meets (and reports) whatever this was
             made = f"setting it up failed ({type(e).__name__})"
@@ -166,61 +235,67 @@ class LeanGet:
         return made
 
     @staticmethod
-    async def _prepare(fs: s3fs.S3FileSystem, client: Any, bucket: str) -> Any:
-        """botocore's prepared request for a ranged GetObject of :data:`MARKER`, made through
-        s3fs's call path (so with everything s3fs and botocore add) and never sent; or why
-        there is none."""
-        prepared: list[Any] = []
-
-        def stop(request: Any, **_: Any) -> AioAWSResponse:
-            prepared.append(request)
-            return AioAWSResponse(request.url, 404, {}, _NoBody())
-
-        event = "before-send.s3.GetObject"
-        client.meta.events.register_first(event, stop)
+    async def _prepare(fs: s3fs.S3FileSystem, bucket: str) -> tuple[ClientSession, Any] | str:
+        """The client's HTTP session and botocore's prepared request for a ranged GetObject of
+        :data:`MARKER`, made through s3fs's call path (so with everything s3fs and botocore add)
+        and never sent; or why there are none."""
+        captured: list[tuple[ClientSession, Any]] = []
+        token = _CAPTURE.set(captured)
+        error: Exception | None = None
         try:
             await fs._call_s3("get_object", Bucket=bucket, Key=MARKER, Range="bytes=0-0")
-        except Exception as e:  # the 404 answered above, or no request at all
+        except Exception as e:  # the 404 answered by the session, or no request at all
             error = e
         finally:
-            client.meta.events.unregister(event, stop)
-        if not prepared:
+            _CAPTURE.reset(token)
+        if not captured:
             return f"botocore prepared no GetObject ({type(error).__name__})"
-        return prepared[0]
+        return captured[0]
 
     @classmethod
-    def _from_request(
-        cls, request: Any, bucket: str, client: Any, observers: list[Callable[[str, str], None]]
+    async def _from_request(
+        cls,
+        session: ClientSession,
+        request: Any,
+        bucket: str,
+        fs: s3fs.S3FileSystem,
+        client: Any,
+        observers: list[Callable[[str, str], None]],
     ) -> LeanGet | str:
         parts = urlsplit(str(request.url))
         if parts.query or not parts.path.endswith("/" + MARKER):
             return "botocore's GetObject URL is not the object's path alone"
-        headers = {str(name).lower(): value for name, value in request.headers.items()}
+        headers = {
+            str(name).lower(): value.decode() if isinstance(value, bytes) else str(value)
+            for name, value in request.headers.items()
+        }
         auth = headers.get("authorization")
-        auth = auth.decode() if isinstance(auth, bytes) else auth
         algorithm, _, fields = (auth or "").partition(" ")
         if auth is not None and algorithm != ALGORITHM:
             return f"botocore signs GetObject with {algorithm}, not plain SigV4"
         extra = sorted(set(headers) - _KNOWN_HEADERS)
         if extra:  # names only: values may be keys (SSE-C)
             return f"botocore's GetObject carries {', '.join(extra)}"
-        base = dict(
+        base: dict[str, Any] = dict(
             bucket=bucket,
             origin=f"{parts.scheme}://{parts.netloc}",
             host=parts.netloc,
             base_path=parts.path[: -len(MARKER)],
-            session=client._endpoint.http_session,
+            session=session,
             observers=observers,
         )
         if auth is None:
             if client.meta.config.signature_version is not botocore.UNSIGNED:
                 return "botocore's GetObject is neither signed nor anonymous"
             return cls(region=None, service=None, credentials=None, **base)
-        scope = fields.partition("Credential=")[2].partition(",")[0].split("/")
-        credentials = client._request_signer._credentials
-        if len(scope) < 5 or scope[-1] != "aws4_request" or credentials is None:
+        signed = dict(field.strip().partition("=")[::2] for field in fields.split(","))
+        scope = signed.get("Credential", "").split("/")
+        if len(scope) != 5 or scope[-1] != "aws4_request":
             return "botocore's SigV4 credential scope is not one tierd can sign for"
-        return cls(region=scope[-3], service=scope[-2], credentials=credentials, **base)
+        credentials = await signing_credentials(fs)
+        if credentials is None or not await _signs_as(credentials, request, parts, headers, signed):
+            return "the credentials s3fs gives the client are not the ones botocore signed with"
+        return cls(region=scope[2], service=scope[3], credentials=credentials, **base)
 
     def _observe(self, path: str) -> None:
         # botocore's url_path for GetObject is "/{Key+}" whatever the addressing style.
@@ -305,3 +380,32 @@ class LeanGet:
                 self.disabled,
             )
         return received
+
+
+async def _signs_as(
+    credentials: Any, request: Any, url: Any, headers: dict[str, str], signed: dict[str, str]
+) -> bool:
+    """Whether ``credentials`` (frozen now) give botocore's signature of ``request``: the same
+    access key in its scope, and the same signature recomputed over the headers it signed."""
+    frozen = await credentials.get_frozen_credentials()
+    names = signed.get("SignedHeaders", "").split(";")
+    values = {name: headers.get(name, url.netloc if name == "host" else None) for name in names}
+    stamp, payload = headers.get("x-amz-date"), headers.get("x-amz-content-sha256")
+    if stamp is None or payload is None or None in values.values():
+        return False
+    scope = signed["Credential"].split("/")
+    if scope[0] != frozen.access_key:
+        return False
+    signed_names, ours = signature(
+        frozen.secret_key,
+        stamp=stamp,
+        region=scope[2],
+        service=scope[3],
+        method=str(request.method),
+        path=url.path,
+        headers={name: value for name, value in values.items() if value is not None},
+        payload_sha256=payload,
+    )
+    return signed_names == signed.get("SignedHeaders") and hmac.compare_digest(
+        ours, signed.get("Signature", "")
+    )

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
-__all__ = ["ALGORITHM", "EMPTY_PAYLOAD_SHA256", "Credentials", "sign_headers"]
+__all__ = ["ALGORITHM", "EMPTY_PAYLOAD_SHA256", "Credentials", "sign_headers", "signature"]
 
 ALGORITHM = "AWS4-HMAC-SHA256"
 #: The hex SHA-256 of an empty payload: a GET's body. Signing the real (empty) payload's hash is
@@ -43,6 +43,42 @@ class Credentials:
 
 def _hmac(key: bytes, msg: str) -> bytes:
     return hmac.digest(key, msg.encode(), "sha256")
+
+
+def signature(
+    secret_key: str,
+    *,
+    stamp: str,
+    region: str,
+    service: str,
+    method: str,
+    path: str,
+    headers: Mapping[str, str],
+    payload_sha256: str,
+) -> tuple[str, str]:
+    """``(SignedHeaders, Signature)`` of a request with no query string, signed at ``stamp``
+    (``YYYYMMDDTHHMMSSZ``) over exactly ``headers`` (lower-case names, values as sent).
+
+    The algorithm's one owner: :func:`sign_headers` signs tierd's requests with it, and the lean
+    GET's setup checks with it that the credentials it found are the ones botocore signed with."""
+    signed = {name: " ".join(value.split()) for name, value in headers.items()}
+    names = sorted(signed)
+    signed_names = ";".join(names)
+    canonical = "\n".join(
+        (
+            method,
+            path,
+            "",  # no query string
+            "".join(f"{name}:{signed[name]}\n" for name in names),
+            signed_names,
+            payload_sha256,
+        )
+    )
+    date = stamp[:8]
+    scope = f"{date}/{region}/{service}/aws4_request"
+    to_sign = f"{ALGORITHM}\n{stamp}\n{scope}\n{hashlib.sha256(canonical.encode()).hexdigest()}"
+    key = _hmac(_hmac(_hmac(_hmac(f"AWS4{secret_key}".encode(), date), region), service), "aws4_request")
+    return signed_names, hmac.digest(key, to_sign.encode(), "sha256").hex()
 
 
 def sign_headers(
@@ -66,37 +102,28 @@ def sign_headers(
     sent, e.g. ``Range``). ``now`` (epoch seconds) pins the clock for known-answer tests.
     """
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(now))
-    date = stamp[:8]
-    signed = {name.lower(): " ".join(value.split()) for name, value in headers.items()}
+    signed = {name.lower(): value for name, value in headers.items()}
     signed["host"] = host
     signed["x-amz-date"] = stamp
     signed["x-amz-content-sha256"] = EMPTY_PAYLOAD_SHA256
     if credentials.token:
         signed["x-amz-security-token"] = credentials.token
-    names = sorted(signed)
-    signed_names = ";".join(names)
-    canonical = "\n".join(
-        (
-            method,
-            path,
-            "",  # no query string
-            "".join(f"{name}:{signed[name]}\n" for name in names),
-            signed_names,
-            EMPTY_PAYLOAD_SHA256,
-        )
+    signed_names, sig = signature(
+        credentials.secret_key,
+        stamp=stamp,
+        region=region,
+        service=service,
+        method=method,
+        path=path,
+        headers=signed,
+        payload_sha256=EMPTY_PAYLOAD_SHA256,
     )
-    scope = f"{date}/{region}/{service}/aws4_request"
-    to_sign = f"{ALGORITHM}\n{stamp}\n{scope}\n{hashlib.sha256(canonical.encode()).hexdigest()}"
-    key = _hmac(
-        _hmac(_hmac(_hmac(f"AWS4{credentials.secret_key}".encode(), date), region), service), "aws4_request"
-    )
-    signature = hmac.digest(key, to_sign.encode(), "sha256").hex()
     out = {
         "X-Amz-Date": stamp,
         "X-Amz-Content-SHA256": EMPTY_PAYLOAD_SHA256,
         "Authorization": (
-            f"{ALGORITHM} Credential={credentials.access_key}/{scope}, "
-            f"SignedHeaders={signed_names}, Signature={signature}"
+            f"{ALGORITHM} Credential={credentials.access_key}/{stamp[:8]}/{region}/{service}/aws4_request, "
+            f"SignedHeaders={signed_names}, Signature={sig}"
         ),
     }
     if credentials.token:

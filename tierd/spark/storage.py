@@ -241,11 +241,15 @@ class ColdStorage:
         for other filesystems."""
         if self.scheme not in ("s3", "s3a"):
             return None
+        from fsspec.asyn import sync
+
+        from tierd.drivers.s3fastget import signing_credentials
+
         try:
-            client = getattr(self.fs, "s3", None)
-        except Exception:  # not connected yet
+            self.fs.s3  # noqa: B018 - connects: the client and its credentials exist from then on
+            creds = sync(self.fs.loop, signing_credentials, self.fs)
+        except Exception:  # not connected (it will say why at the first request)
             return None
-        creds = getattr(getattr(client, "_request_signer", None), "_credentials", None)
         method = getattr(creds, "method", None)
         return str(method) if method else None
 
