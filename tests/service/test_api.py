@@ -115,7 +115,7 @@ def test_produce_tier_and_read_back_from_the_cold_tier(svc: Running) -> None:
 
     hits = c.get("/v1/topics/orders/keys/o-1").json()["messages"]
     assert [base64.b64decode(m["body"]) for m in hits] == [b"first"]
-    assert c.get("/v1/topics/orders/keys/nobody").json() == {"messages": []}
+    assert c.get("/v1/topics/orders/keys/nobody").json() == {"messages": [], "next": None}
 
     assert c.get("/v1/topics").json() == {"topics": [{"name": "orders", "queues": [put["queue_id"]]}]}
     queues = c.get("/v1/topics/orders/queues").json()["queues"]
