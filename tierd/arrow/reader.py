@@ -18,6 +18,7 @@ decodes only the columns asked for plus those the filter needs.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime as dt
 from collections.abc import Sequence
@@ -30,7 +31,7 @@ from tierd.errors import InvalidArgumentError
 from tierd.spark.decode import ARROW_SCHEMA
 from tierd.spark.filters import Constraints
 from tierd.spark.options import ReadOptions
-from tierd.spark.parts import plan_parts, read_part
+from tierd.spark.parts import plan_parts, read_parts
 from tierd.spark.storage import ColdStorage
 
 if TYPE_CHECKING:
@@ -182,16 +183,19 @@ class TierdScanner:
         self.projected_schema = pa.schema([SCHEMA.field(c) for c in self.columns])
 
     def to_batches(self) -> Iterator[pa.RecordBatch]:
-        """The rows, batch by batch: memory holds about three 16 MiB pieces of a segment,
-        whatever the size of the read."""
+        """The rows, batch by batch, the next parts read ahead (:func:`~tierd.spark.parts.read_parts`:
+        memory holds a few 16 MiB pieces, whatever the size of the read)."""
         ds, expr = self.dataset, self.filter
         pushed = conjuncts(expr) if expr is not None else []
         needed = set(self.columns) | (_needed(expr) if expr is not None else set())
         decoded = pa.schema([f for f in SCHEMA if f.name in needed] or [SCHEMA.field("queue_offset")])
         c = ds._restrictions.constraints(pushed or ())
         storage = ds._storage
-        for part in plan_parts(storage, ds._restrictions.options, c):
-            for batch in read_part(storage, part, c, decoded):
+        parts = plan_parts(storage, ds._restrictions.options, c)
+        # Closed explicitly when the scan stops early: the parts read ahead stop then, not
+        # whenever the garbage collector gets to them.
+        with contextlib.closing(read_parts(storage, parts, c, decoded)) as batches:
+            for batch in batches:
                 if expr is not None:
                     batch = batch.filter(expr)
                 if not batch.num_rows:
