@@ -7,8 +7,8 @@ What is checked, and why each matters to an operator:
   next record a consume queue points at (or the next file), so every bad region is reported;
 - hot consume queues: every unit points at a record of its own topic, queue and offset, with its
   record's tags code (a wrong unit hands out the wrong message or hides it from a tag filter);
-- hot key index: files with a bad header, found (and rebuilt from the commitlog) when the store
-  opened — reported, so damage is never silent;
+- hot key index: files with a bad header, found when the store opens (a normal open or
+  --repair rebuilds them from the commitlog) — reported, so damage is never silent;
 - consumer offsets: the main file and its ``.bak``, each on its own (the store opens on either);
 - tiering metadata: the main file and its ``.bak`` are read separately (a corrupt main file
   hidden behind a good backup is reported); no metadata at all while the bucket prefix holds
@@ -25,12 +25,14 @@ What is checked, and why each matters to an operator:
   consumer-offsets copy, the index manifest and owner records are known), and who owns the
   prefix (another store's claim means this one may not write there).
 
-**Read-only by default.** Offline (:func:`verify_store`, what the CLI runs) nothing is started:
-no tiering, no roll-forward, no manifest or metadata write; only the hot store's own opening
-(its lock file and, after a crash, its recovery) touches the directory — damaged consume-queue
-units are left as they are, not rebuilt or cut. ``repair=True`` then fixes what can be fixed
-safely and lists what it changed: consume-queue units rebuilt from the commitlog (the source of
-truth); a metadata or consumer-offsets file restored from the other, readable one; manifests
+**Read-only by default.** Offline (:func:`verify_store`, what the CLI runs) nothing is started
+and nothing under ``store.dir`` changes: no tiering, no roll-forward, no manifest or metadata
+write, and the hot store is opened read-only (``HotStore.open(read_only=True)``), so not even its
+recovery writes — a torn tail, a missing commitlog file, damaged units or key-index files and
+records to re-dispatch are *reported* (its ``findings``), not repaired. ``repair=True`` then
+opens the hot store normally — its recovery repairs what it found — and fixes what else can be
+fixed safely, listing what it changed: consume-queue units rebuilt from the commitlog (the source
+of truth); a metadata or consumer-offsets file restored from the other, readable one; manifests
 rewritten from metadata (only by the prefix's owner). Everything
 else (corrupt records or segments, missing metadata) is reported with what to do.
 """
@@ -101,6 +103,9 @@ READ_PIECE = 16 * 1024 * 1024
 #: Units read per call when collecting the hot record starts (the resync points of the scan).
 _UNITS_PER_READ = 1 << 16
 
+#: Appended to a lost range found by a read-only open (recorded by the next open).
+_NOT_RECORDED = " — not yet recorded: the next open records it"
+
 #: Fixes ``repair`` knows (a problem's ``fix``).
 FIX_MAIN_FROM_BACKUP = "restore the main metadata file from its backup"
 FIX_BACKUP_FROM_MAIN = "rewrite the backup from the main metadata file"
@@ -108,6 +113,9 @@ FIX_MANIFESTS = "rewrite the bucket manifests from the metadata"
 FIX_UNITS = "rebuild the consume-queue unit from the commitlog"
 FIX_OFFSETS_FROM_BACKUP = "restore the consumer offsets from their backup"
 FIX_OFFSETS_BACKUP = "rewrite the consumer-offsets backup from the main file"
+#: What the hot store's recovery does on a normal open; --repair opens the store that way.
+FIX_RECOVERY = "let recovery repair it (what the next normal open does)"
+FIX_RECORD_LOSS = "record the range as quarantined and give its lost messages holes (they stay lost)"
 
 
 @dataclass(slots=True)
@@ -200,12 +208,17 @@ def _record_starts(hot: HotStore) -> list[int]:
 
 def _verify_hot(hot: HotStore, report: VerifyReport, tally: _Tally) -> None:
     cl = hot.commitlog
-    pos, end = cl.min_offset, cl.max_offset
+    # A read-only open holds a missing newest file's range in memory only, past the files' end.
+    pos, end = cl.min_offset, max([cl.max_offset, *(r.end for r in hot.quarantine.ranges)])
     starts: list[int] | None = None
     while pos < end:
         damaged = hot.quarantine.covers(pos)
         if damaged is not None:  # found by recovery: reported, then stepped over like a read does
-            report.add("hot-quarantine", str(pos), damaged.describe())
+            if damaged.start in hot.quarantine.pending:  # found by this read-only open
+                what = f"{damaged.describe()}{_NOT_RECORDED}"
+                report.add("hot-quarantine", str(pos), what, FIX_RECORD_LOSS)
+            else:
+                report.add("hot-quarantine", str(pos), damaged.describe())
             tally.add(damaged.end - pos, "hot commitlog")
             pos = damaged.end
             continue
@@ -249,12 +262,20 @@ def _verify_hot(hot: HotStore, report: VerifyReport, tally: _Tally) -> None:
         for qid in queue_ids:
             _verify_hot_queue(hot, topic, qid, report)
     for path, problem in hot.index.damaged:  # found when the store opened (its header checks)
-        report.add(
-            "hot-index",
-            str(path),
-            f"{problem}; the store dropped it (and later index files) and rebuilt their keys from "
-            "the commitlog when it opened: no key is lost",
-        )
+        if hot.read_only:
+            what = (
+                f"{problem}; key queries miss the keys it held until the next open, which drops it (and "
+                "later index files) and rebuilds their keys from the commitlog: no key is lost"
+            )
+            report.add("hot-index", str(path), what, FIX_RECOVERY)
+        else:
+            what = (
+                f"{problem}; the store dropped it (and later index files) and rebuilt their keys from "
+                "the commitlog when it opened: no key is lost"
+            )
+            report.add("hot-index", str(path), what)
+    for found in hot.findings:  # what recovery would have repaired, had it been allowed to write
+        report.add(found.area, found.where, found.message, FIX_RECOVERY)
 
 
 def _resume_at(starts: list[int], pos: int, file_end: int, end: int) -> int:
@@ -844,20 +865,42 @@ def _total(hot: HotStore, view: ColdView | None) -> int:
     return total
 
 
-async def _run(
-    hot: HotStore, view: ColdView | None, report: VerifyReport, progress: Progress | None, repair: bool
-) -> VerifyReport:
+async def _check(
+    hot: HotStore, view: ColdView | None, report: VerifyReport, progress: Progress | None
+) -> None:
+    """Every check, nothing written."""
     tally = _Tally(_total(hot, view), progress)
     _verify_hot(hot, report, tally)
     await asyncio.to_thread(_verify_offsets, hot.dir, report)
-    if repair:
-        await asyncio.to_thread(_repair_units, hot, report)
-        await asyncio.to_thread(_repair_offsets, hot.dir, report)
     if view is not None:
         await _verify_cold(view, report, tally)
-        if repair:
-            await _repair(view, report)
     report.bytes = tally.done
+
+
+async def _repair_all(hot: HotStore, view: ColdView | None, report: VerifyReport) -> None:
+    """Repair what the checks found (``hot`` open for writing: its recovery ran)."""
+    await asyncio.to_thread(_repair_units, hot, report)
+    await asyncio.to_thread(_repair_offsets, hot.dir, report)
+    if view is not None:
+        await _repair(view, report)
+
+
+def _recovered(report: VerifyReport) -> None:
+    """After the normal open --repair makes: what recovery repaired is marked so. A lost range
+    is recorded, not undone: it stays a problem (its messages are gone)."""
+    for p in report.problems:
+        if p.fix == FIX_RECOVERY and not p.fixed:
+            p.fixed = True
+            report.repairs.append(f"recovery repaired {p.area} {p.where}")
+        elif p.fix == FIX_RECORD_LOSS:
+            p.fix = None
+            p.message = p.message.removesuffix(_NOT_RECORDED)
+            report.repairs.append(
+                f"recorded the quarantined range at commitlog offset {p.where} (its messages are lost)"
+            )
+
+
+def _log_problems(report: VerifyReport) -> None:
     for p in report.problems:
         log.log(
             logging.INFO if p.fixed else logging.ERROR,
@@ -867,6 +910,15 @@ async def _run(
             p.message,
             " (repaired)" if p.fixed else "",
         )
+
+
+async def _run(
+    hot: HotStore, view: ColdView | None, report: VerifyReport, progress: Progress | None, repair: bool
+) -> VerifyReport:
+    await _check(hot, view, report, progress)
+    if repair:
+        await _repair_all(hot, view, report)
+    _log_problems(report)
     return report
 
 
@@ -890,17 +942,28 @@ async def verify_store(
     store_dir = Path(cfg.store.dir)
     if not store_dir.is_dir():
         raise NotFoundError(f"no store at {store_dir} (store.dir)", path=str(store_dir))
-    hot = await asyncio.to_thread(functools.partial(HotStore.open, cfg.store, rebuild_units=False))
+    # Checked read-only (nothing under store.dir changes, not even by recovery); --repair then
+    # opens the store normally, which repairs what recovery repairs, and fixes the rest.
+    hot = await asyncio.to_thread(functools.partial(HotStore.open, cfg.store, read_only=True))
     try:
-        await asyncio.to_thread(hot.require_dispatched, 30, "verify")
         report = VerifyReport()
-        if not cfg.tiered.enabled:
-            return await _run(hot, None, report, progress, repair)
-        root = GuardedRoot(open_driver_factory(cfg.backend), cfg.tiered.backend_timeout)
+        view = None
+        root = None
         try:
-            view = await _load_view(cfg, root, report)
-            return await _run(hot, view, report, progress, repair)
+            if cfg.tiered.enabled:
+                root = GuardedRoot(open_driver_factory(cfg.backend), cfg.tiered.backend_timeout)
+                view = await _load_view(cfg, root, report)
+            await _check(hot, view, report, progress)
+            if repair:
+                await asyncio.to_thread(hot.close)
+                hot = await asyncio.to_thread(HotStore.open, cfg.store)
+                _recovered(report)
+                await asyncio.to_thread(hot.require_dispatched, 30, "verify --repair")
+                await _repair_all(hot, view, report)
         finally:
-            await root.aclose()
+            if root is not None:
+                await root.aclose()
+        _log_problems(report)
+        return report
     finally:
         await asyncio.to_thread(hot.close)

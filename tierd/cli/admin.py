@@ -103,8 +103,12 @@ def verify(
         bool,
         typer.Option(
             "--repair",
-            help="Fix what can be fixed safely — a metadata file from its readable twin, bucket "
-            "manifests rewritten from metadata (as the prefix's owner) — and list what changed.",
+            help="Fix what can be fixed safely and list what changed: the hot store's recovery (a "
+            "torn commitlog tail cut, a missing commitlog file's range recorded as lost, damaged "
+            "consume-queue units and key-index files rebuilt, records re-dispatched after a crash), "
+            "wrong consume-queue units rebuilt from the commitlog, consumer offsets and tiering "
+            "metadata from their readable twin, bucket manifests rewritten from metadata (as the "
+            "prefix's owner).",
         ),
     ] = False,
 ) -> None:

@@ -32,17 +32,25 @@ MIN_TIMESTAMP_MARGIN_MS = 3000
 
 
 class Checkpoint:
-    def __init__(self, path: Path) -> None:
+    """``read_only``: read the file as it is (zeros where it is missing or short) and never
+    write it — ``tierd verify`` without --repair must not touch the store."""
+
+    def __init__(self, path: Path, *, read_only: bool = False) -> None:
         self.path = path
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            if os.fstat(fd).st_size < CHECKPOINT_SIZE:
-                os.ftruncate(fd, CHECKPOINT_SIZE)
-            self._mm = mmap.mmap(fd, CHECKPOINT_SIZE)
-        finally:
-            os.close(fd)
-        self.physic_timestamp, self.logics_timestamp, self.index_timestamp = _LONGS.unpack_from(self._mm, 0)
-        self.dispatched_offset: int = _DISPATCHED.unpack_from(self._mm, DISPATCHED_POS)[0]
+        self._mm: mmap.mmap | None = None
+        if read_only:
+            raw = path.read_bytes()[:CHECKPOINT_SIZE] if path.exists() else b""
+            source: bytes | mmap.mmap = raw + bytes(CHECKPOINT_SIZE - len(raw))
+        else:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                if os.fstat(fd).st_size < CHECKPOINT_SIZE:
+                    os.ftruncate(fd, CHECKPOINT_SIZE)
+                self._mm = source = mmap.mmap(fd, CHECKPOINT_SIZE)
+            finally:
+                os.close(fd)
+        self.physic_timestamp, self.logics_timestamp, self.index_timestamp = _LONGS.unpack_from(source, 0)
+        self.dispatched_offset: int = _DISPATCHED.unpack_from(source, DISPATCHED_POS)[0]
 
     @property
     def min_timestamp(self) -> int:
@@ -54,21 +62,37 @@ class Checkpoint:
         return int(min(self.min_timestamp, self.index_timestamp))
 
     def flush(self) -> None:
+        """Write the values (nothing when read-only)."""
+        if self._mm is None:
+            return
         _LONGS.pack_into(self._mm, 0, self.physic_timestamp, self.logics_timestamp, self.index_timestamp)
         _DISPATCHED.pack_into(self._mm, DISPATCHED_POS, self.dispatched_offset)
         self._mm.flush()
 
     def close(self) -> None:
-        self.flush()
-        self._mm.close()
+        if self._mm is not None:
+            self.flush()
+            self._mm.close()
+            self._mm = None
 
 
 class StoreLock:
-    """Exclusive ``flock`` on ``{dir}/lock`` for the lifetime of the store."""
+    """Exclusive ``flock`` on ``{dir}/lock`` for the lifetime of the store.
 
-    def __init__(self, path: Path) -> None:
+    ``read_only`` (``tierd verify`` without --repair) takes the same lock through a read-only
+    descriptor and writes no pid: the file is not changed. With no lock file (a store never
+    opened by tierd) there is nothing to lock without creating one, so no lock is taken."""
+
+    def __init__(self, path: Path, *, read_only: bool = False) -> None:
         self.path = path
-        self._fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        if read_only:
+            try:
+                self._fd = os.open(path, os.O_RDONLY)
+            except FileNotFoundError:
+                self._fd = -1
+                return
+        else:
+            self._fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError as e:
@@ -78,8 +102,9 @@ class StoreLock:
                 "stop that process or point store.dir elsewhere",
                 path=str(path),
             ) from e
-        os.ftruncate(self._fd, 0)
-        os.write(self._fd, str(os.getpid()).encode())
+        if not read_only:
+            os.ftruncate(self._fd, 0)
+            os.write(self._fd, str(os.getpid()).encode())
 
     def release(self) -> None:
         if self._fd >= 0:

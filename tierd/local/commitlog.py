@@ -26,7 +26,7 @@ from tierd.format.record import (
     encode_record,
     store_timestamp_at,
 )
-from tierd.local.mapped_file import MappedFile, MappedFileQueue
+from tierd.local.mapped_file import MappedFile, MappedFileQueue, offset_to_name
 from tierd.repeats import FailureLog
 
 if TYPE_CHECKING:
@@ -45,8 +45,15 @@ def _now_ms() -> int:
 
 
 class CommitLog:
-    def __init__(self, directory: Path, file_size: int, store_host: bytes) -> None:
-        self.files: MappedFileQueue[MappedFile] = MappedFileQueue(directory, file_size, MappedFile)
+    def __init__(
+        self, directory: Path, file_size: int, store_host: bytes, *, read_only: bool = False
+    ) -> None:
+        def open_file(path: Path, size: int, create: bool) -> MappedFile:
+            return MappedFile(path, size, create, read_only=read_only)
+
+        self.files: MappedFileQueue[MappedFile] = MappedFileQueue(
+            directory, file_size, open_file, read_only=read_only
+        )
         self.file_size = file_size
         self.store_host = store_host
         self.lock = threading.Lock()
@@ -102,9 +109,7 @@ class CommitLog:
                 phys[i:k] = f.file_from_offset + f.wrote - rel + ends[i:k] - sizes[i:k]
                 if isinstance(batch, EncodedBatch):
                     # The records are encoded; write where and when they landed, then the run.
-                    stop = stamp(
-                        batch.records, rel, k - i, batch.queue_id, int(qoffs[i]), int(phys[i]), store_ts
-                    )
+                    stop = stamp(batch.records, rel, qoffs[i:k], int(phys[i]), store_ts)
                     f.write_pieces([memoryview(batch.records)[rel:stop]])
                 else:
                     f.write_pieces(self._encode(batch, i, k, qoffs, phys, store_ts))
@@ -345,7 +350,8 @@ class CommitLog:
         """Files missing below ``end`` (the durable end the checkpoint recorded) at the top of
         the log — deleted or lost while the store was stopped: recreate them as zeros, so the
         log continues *after* ``end`` and no commitlog offset (a message id) is handed out
-        twice. Returns where the missing bytes start and the missing files' names, or None."""
+        twice. Returns where the missing bytes start and the missing files' names, or None.
+        Read-only: the names are those it would recreate; nothing is created."""
         last = self.files.last_file()
         present = last.file_from_offset + last.size if last is not None else 0
         if end <= present:
@@ -355,7 +361,10 @@ class CommitLog:
         pos = present if last is not None else end - end % self.file_size
         names: list[str] = []
         while pos < end or (last is None and not names):
-            names.append(self.files.new_file(pos).path.name)
+            if self.files.read_only:
+                names.append(offset_to_name(pos))
+            else:
+                names.append(self.files.new_file(pos).path.name)
             pos += self.file_size
         return present, names
 

@@ -56,7 +56,9 @@ class ConsumeQueue:
             return CachedFile(path, size, create, cache)
 
         directory = root / topic / str(queue_id)
-        self.files = MappedFileQueue(directory, units_per_file * UNIT_SIZE, open_file, dir_syncs)
+        self.files = MappedFileQueue(
+            directory, units_per_file * UNIT_SIZE, open_file, dir_syncs, read_only=cache.read_only
+        )
         #: First valid queue offset (moves up when retention deletes commitlog data).
         self.min_offset = 0
         #: Offset this queue starts at when it did not start at 0 (a store restored from the cold
@@ -140,10 +142,13 @@ class ConsumeQueue:
                 break
             self.damaged += range(pos // UNIT_SIZE, resume // UNIT_SIZE)
             pos = resume
-        self.files.truncate(valid_end)
+        self.files.truncate(valid_end)  # read-only: readers stop there, nothing is erased
         if files and not self.files.files and valid_end // UNIT_SIZE > self.floor:
             # Everything was torn: remember where the queue stands so its offsets never restart.
-            self.set_floor(valid_end // UNIT_SIZE)
+            if self.files.read_only:
+                self.floor = self.min_offset = valid_end // UNIT_SIZE
+            else:
+                self.set_floor(valid_end // UNIT_SIZE)
         for f in self.files:
             f.wrote = f.flushed = min(f.size, max(0, valid_end - f.file_from_offset))
         return end_phys

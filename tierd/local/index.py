@@ -567,10 +567,19 @@ class IndexService:
     """
 
     def __init__(
-        self, directory: Path, slots: int, items: int, *, clock: Callable[[], int] = _now_ms
+        self,
+        directory: Path,
+        slots: int,
+        items: int,
+        *,
+        clock: Callable[[], int] = _now_ms,
+        read_only: bool = False,
     ) -> None:
         _check_geometry(slots, items)
         self.directory = Path(directory)
+        #: Opened for ``tierd verify``: :meth:`load` deletes no file it would drop (it only
+        #: leaves it out and says so in :attr:`damaged`), and nothing is written.
+        self.read_only = read_only
         self.slots = slots
         self.items = items
         self._clock = clock
@@ -608,10 +617,11 @@ class IndexService:
             for f in self._files:
                 f.close()
             self._files = []
-            self.directory.mkdir(parents=True, exist_ok=True)
+            if not self.read_only:
+                self.directory.mkdir(parents=True, exist_ok=True)
             named = sorted(
                 (p.name, ms)
-                for p in self.directory.iterdir()
+                for p in (self.directory.iterdir() if self.directory.is_dir() else ())
                 if (ms := _name_to_ms(p.name)) is not None and p.is_file()
             )
             paths = [self.directory / name for name, _ in named]
@@ -638,7 +648,8 @@ class IndexService:
                         )
                         if not torn:
                             raise
-                        path.unlink()
+                        if not self.read_only:
+                            path.unlink()
                         continue
                     if not last_exit_ok and f.end_timestamp > checkpoint_index_timestamp:
                         if f.item_count > 1:  # its entries must be rebuilt, from its first one
@@ -647,12 +658,16 @@ class IndexService:
                                 first if self.rebuild_from is None else min(self.rebuild_from, first)
                             )
                         log.info(
-                            "abnormal exit: destroying index file %s (end timestamp %d > checkpoint %d)",
+                            "abnormal exit: %s index file %s (end timestamp %d > checkpoint %d)",
+                            "leaving out (read-only)" if self.read_only else "destroying",
                             path,
                             f.end_timestamp,
                             checkpoint_index_timestamp,
                         )
-                        f.destroy()
+                        if self.read_only:
+                            f.close()
+                        else:
+                            f.destroy()
                         continue
                     files.append(f)
             except BaseException:
@@ -668,11 +683,14 @@ class IndexService:
         self.rebuild_from = start if self.rebuild_from is None else min(self.rebuild_from, start)
         self.damaged.append((paths[0], problem))
         log.error(
-            "%s; deleting it and %d later index file(s), rebuilding their keys from commitlog offset %d",
+            "%s; %s it and %d later index file(s), rebuilding their keys from commitlog offset %d",
             problem,
+            "left as it is (read-only): the next open deletes" if self.read_only else "deleting",
             len(paths) - 1,
             start,
         )
+        if self.read_only:
+            return
         for p in paths:
             p.unlink()
         fsync_dir(self.directory)

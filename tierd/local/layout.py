@@ -142,10 +142,10 @@ def _write(path: Path, layout: Layout) -> None:
     fsync_dir(path.parent)
 
 
-def check_layout(store_dir: Path, cfg: StoreConfig) -> Layout:
+def check_layout(store_dir: Path, cfg: StoreConfig, *, read_only: bool = False) -> Layout:
     """Compare the configured layout with the store's (recorded, or read off its files) and
-    refuse a difference before anything is written; record it for a store that has none yet.
-    Call with the store lock held."""
+    refuse a difference before anything is written; record it for a store that has none yet
+    (not when ``read_only``: ``tierd verify`` writes nothing). Call with the store lock held."""
     path = store_dir / LAYOUT_FILE
     configured = Layout.of(cfg)
     if path.exists():
@@ -170,6 +170,6 @@ def check_layout(store_dir: Path, cfg: StoreConfig) -> Layout:
             store_dir=str(store_dir),
             settings={name: {"store": found, "configured": want} for name, found, want, _ in problems},
         )
-    if not path.exists():
+    if not path.exists() and not read_only:
         _write(path, configured)
     return configured

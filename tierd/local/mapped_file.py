@@ -294,24 +294,36 @@ def _create_sparse(path: Path, size: int, *, create: bool, fd: int) -> None:
         os.ftruncate(fd, size)
 
 
+def _check_size(path: Path, size: int, fd: int) -> None:
+    """A file opened read-only must already have its size (it cannot be given it)."""
+    if (actual := os.fstat(fd).st_size) != size:
+        raise CorruptionError(f"{path} is {actual} bytes, expected {size}", path=str(path))
+
+
 class MappedFile(FixedFile):
     """One file mapped into memory for its whole life (the commitlog). ``reserved``: bytes from
     the start with blocks reserved on disk (see :meth:`reserve`)."""
 
     __slots__ = ("_cbuf", "_fd", "_mm", "_view", "populated", "reserved")
 
-    def __init__(self, path: Path, size: int, create: bool) -> None:
+    def __init__(self, path: Path, size: int, create: bool, *, read_only: bool = False) -> None:
         super().__init__(path, size)
         self._cbuf: ctypes.Array[ctypes.c_char] | None = None
         #: Bytes from the start whose pages are already faulted in (see :meth:`populate`).
         self.populated = 0
         #: 0 for a file found on disk: reserving again what is allocated already costs nothing.
         self.reserved = 0
-        fd = _open(path, os.O_RDWR | (os.O_CREAT if create else 0))
+        # Read-only (``tierd verify``): mapped without write permission, so no code path can
+        # change a byte of it; a short file is reported instead of being sized.
+        fd = _open(path, os.O_RDONLY if read_only else os.O_RDWR | (os.O_CREAT if create else 0))
         try:
-            _create_sparse(path, size, create=create, fd=fd)
+            if read_only:
+                _check_size(path, size, fd)
+            else:
+                _create_sparse(path, size, create=create, fd=fd)
+            prot = mmap.PROT_READ if read_only else mmap.PROT_READ | mmap.PROT_WRITE
             try:
-                mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+                mm = mmap.mmap(fd, size, mmap.MAP_SHARED, prot)
             except OSError as e:
                 if e.errno in _EXHAUSTED:
                     raise exhausted(e, f"map {path}") from e
@@ -471,8 +483,10 @@ class FileCache:
     :class:`~tierd.errors.ResourceExhaustedError`.
     """
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, *, read_only: bool = False) -> None:
         self.limit = max(1, limit)
+        #: Files are opened read-only (``tierd verify``): a write fails instead of changing one.
+        self.read_only = read_only
         self._open: OrderedDict[CachedFile, None] = OrderedDict()
         self._lock = threading.Lock()
         #: Opens and closes since the start (metrics, tests).
@@ -486,6 +500,8 @@ class FileCache:
 
     def pin(self, f: CachedFile, flags: int = os.O_RDWR) -> int:
         """Open ``f`` if needed, mark it most recently used and pinned; return its descriptor."""
+        if self.read_only:
+            flags = os.O_RDONLY
         with self._lock:
             if f._closed:
                 raise StoreClosedError(f"{f.path} is closed", path=str(f.path))
@@ -560,8 +576,8 @@ class CachedFile(FixedFile):
         self._fd: int | None = None
         self._pins = 0
         self._closed = False
-        if not create and os.stat(path).st_size == size:
-            return  # opened on first use
+        if not create and (cache.read_only or os.stat(path).st_size == size):
+            return  # opened on first use (read-only: a short file is read as it is, not sized)
         fd = cache.pin(self, os.O_RDWR | (os.O_CREAT if create else 0))
         try:
             _create_sparse(path, size, create=create, fd=fd)
@@ -634,8 +650,13 @@ class MappedFileQueue(Generic[F]):
         file_size: int,
         open_file: Callable[[Path, int, bool], F],
         dir_syncs: PendingDirSyncs | None = None,
+        *,
+        read_only: bool = False,
     ) -> None:
         self.directory = directory
+        #: Opened for ``tierd verify``: nothing is created, deleted or erased; :meth:`truncate`
+        #: only moves the positions (what a reader sees), never the bytes on disk.
+        self.read_only = read_only
         self.file_size = file_size
         self.open_file = open_file
         #: Where a new file's directory entry is left to be made durable (None: at once).
@@ -646,6 +667,8 @@ class MappedFileQueue(Generic[F]):
     def load(self) -> None:
         """Open every existing file in offset order; files must be contiguous and full-sized.
         Only the last keeps a descriptor of its own."""
+        if self.read_only and not self.directory.is_dir():
+            return
         self.directory.mkdir(parents=True, exist_ok=True)
         names = sorted(p for p in self.directory.iterdir() if p.name.isdigit() and len(p.name) == 20)
         expected: int | None = None
@@ -659,7 +682,8 @@ class MappedFileQueue(Generic[F]):
                 )
             if p.stat().st_size == 0:
                 # Created but never sized: a crash between open and ftruncate. Nothing in it.
-                p.unlink()
+                if not self.read_only:
+                    p.unlink()
                 continue
             f = self.open_file(p, self.file_size, False)
             f.wrote = f.flushed = self.file_size
@@ -686,6 +710,8 @@ class MappedFileQueue(Generic[F]):
         return self.files[-1] if self.files else None
 
     def new_file(self, start: int) -> F:
+        if self.read_only:
+            raise StoreClosedError(f"{self.directory} is open read-only", path=str(self.directory))
         self.directory.mkdir(parents=True, exist_ok=True)
         f = self.open_file(self.directory / offset_to_name(start), self.file_size, True)
         if self.dir_syncs is not None:
@@ -736,12 +762,19 @@ class MappedFileQueue(Generic[F]):
 
     def truncate(self, offset: int) -> None:
         """Drop everything at or beyond ``offset`` (recovery): zero the tail of the file holding
-        it and delete later files."""
+        it and delete later files. Read-only: the files stay as they are; readers stop at
+        ``offset`` (later files are closed, the one holding it ends there)."""
         with self.lock:
             keep: list[F] = []
             for f in self.files:
                 if f.file_from_offset + self.file_size <= offset:
                     keep.append(f)
+                elif self.read_only:
+                    if f.file_from_offset < offset:
+                        f.wrote = f.flushed = offset - f.file_from_offset
+                        keep.append(f)
+                    else:
+                        f.close()
                 elif f.file_from_offset <= offset:
                     f.zero_from(offset - f.file_from_offset)
                     if offset > f.file_from_offset:
@@ -752,7 +785,7 @@ class MappedFileQueue(Generic[F]):
                     f.destroy()
             removed = len(keep) < len(self.files)
             self.files = keep
-        if removed and self.directory.exists():
+        if removed and self.directory.exists() and not self.read_only:
             fsync_dir(self.directory)
 
     def discard(self, files: list[F]) -> None:

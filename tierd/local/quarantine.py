@@ -69,10 +69,15 @@ class QuarantinedRange:
 class Quarantine:
     """The quarantined ranges of one store (sorted, non-overlapping), persisted atomically."""
 
-    def __init__(self, store_dir: Path) -> None:
+    def __init__(self, store_dir: Path, *, read_only: bool = False) -> None:
         self.dir = store_dir / QUARANTINE_DIR
         self.ranges: list[QuarantinedRange] = []
         self._starts: list[int] = []
+        #: ``tierd verify`` without --repair: :meth:`add` keeps a range in memory only (reads
+        #: and checks treat it as quarantined) and lists its start in :attr:`pending`.
+        self.read_only = read_only
+        #: Starts of ranges found by this read-only open and not recorded on disk.
+        self.pending: set[int] = set()
 
     def load(self) -> None:
         path = self.dir / RANGES_FILE
@@ -125,6 +130,11 @@ class Quarantine:
     ) -> QuarantinedRange:
         """Record a damaged range (a copy of its first :data:`COPY_LIMIT` bytes is kept; no copy
         when there are no bytes — a missing file). ``what``: see :attr:`QuarantinedRange.what`."""
+        if self.read_only:
+            found = QuarantinedRange(start, end, int(time.time() * 1000), tuple(lost), None, what)
+            self._set([*(r for r in self.ranges if r.start != start), found])
+            self.pending.add(start)
+            return found
         self.dir.mkdir(parents=True, exist_ok=True)
         name: str | None = None
         if len(data):

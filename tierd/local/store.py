@@ -194,6 +194,19 @@ class SourceUnits:
         return SourceUnits(self.offset, self.lost, self.positions[:n], self.sizes[:n], self.tags_codes[:n])
 
 
+@dataclass(frozen=True, slots=True)
+class RecoveryFinding:
+    """Something a read-only open (``tierd verify``) found that recovery repairs on a normal
+    open — and did not repair, because nothing may be written: ``tierd verify`` reports each."""
+
+    #: The ``tierd verify`` problem area (hot-commitlog, hot-consumequeue, hot-dispatch).
+    area: str
+    #: Where: a file, ``file@position``, ``topic/queue@offset`` or a commitlog offset.
+    where: str
+    #: What is wrong and what the next open (or ``tierd verify --repair``) does about it.
+    message: str
+
+
 @functools.cache
 def note_python_fallbacks() -> None:
     """Say once per process, when a store opens, that a C extension was not built (they are
@@ -255,36 +268,55 @@ class HotStore:
         self.corrupt_reads = 0
         #: Commitlog offsets of corrupt records already logged (each is logged once).
         self._reported: dict[int, None] = {}
-        #: Whether recovery rebuilds damaged consume-queue units (see :meth:`open`).
-        self._rebuild_units = True
+        #: Opened for ``tierd verify`` without --repair (see :meth:`open`).
+        self.read_only = False
+        #: What a read-only open found for recovery to repair (empty otherwise: it repaired it).
+        self.findings: list[RecoveryFinding] = []
 
     # ------------------------------------------------------------------ lifecycle
     @classmethod
-    def open(cls, cfg: StoreConfig, *, rebuild_units: bool = True) -> HotStore:
-        """Open (and recover) the store. ``rebuild_units=False`` leaves damaged consume-queue
-        units as they are — ``tierd verify`` reports them and rebuilds them only with --repair."""
+    def open(cls, cfg: StoreConfig, *, read_only: bool = False) -> HotStore:
+        """Open (and recover) the store.
+
+        ``read_only`` (``tierd verify`` without --repair) changes nothing under ``store.dir``:
+        files are opened and mapped read-only, no thread starts, and recovery only *finds* what
+        it would repair — a torn tail, a missing commitlog file, damaged units or index files,
+        records to re-dispatch — and lists it in :attr:`findings` (missing or damaged ranges
+        are kept in memory as quarantined, so reads and checks step over them as they will
+        after a normal open). Nothing may be written through such a store."""
         note_python_fallbacks()
         store = cls(cfg)
-        store._rebuild_units = rebuild_units
+        store.read_only = read_only
         store._open()
         return store
 
     def _open(self) -> None:
-        self.dir.mkdir(parents=True, exist_ok=True)
-        self._lock = StoreLock(self.dir / "lock")
+        ro = self.read_only
+        if not ro:
+            self.dir.mkdir(parents=True, exist_ok=True)
+        self._lock = StoreLock(self.dir / "lock", read_only=ro)
         try:
-            check_layout(self.dir, self.cfg)  # before any data file is opened (never resized)
+            check_layout(self.dir, self.cfg, read_only=ro)  # before any data file is opened (never resized)
             self._abort = AbortMarker(self.dir / "abort")
             self.last_exit_ok = not self._abort.found_at_start
-            self.checkpoint = Checkpoint(self.dir / "checkpoint")
-            self.commitlog = CommitLog(self.dir / "commitlog", self.cfg.commitlog_file_size, self.store_host)
-            self.index = IndexService(self.dir / "index", self.cfg.index_slots, self.cfg.index_items)
-            self.quarantine = Quarantine(self.dir)
+            self.checkpoint = Checkpoint(self.dir / "checkpoint", read_only=ro)
+            self.commitlog = CommitLog(
+                self.dir / "commitlog", self.cfg.commitlog_file_size, self.store_host, read_only=ro
+            )
+            self.index = IndexService(
+                self.dir / "index", self.cfg.index_slots, self.cfg.index_items, read_only=ro
+            )
+            self.quarantine = Quarantine(self.dir, read_only=ro)
             self.quarantine.load()
+            if ro:
+                self.queue_files.read_only = True
             self._recover()
         except BaseException:
             self._lock.release()
             raise
+        if ro:
+            self._closed = False
+            return
         self._abort.create()
         self.preparer = Preparer(
             max_body=self.cfg.max_message_size,
@@ -360,7 +392,11 @@ class HotStore:
                 valid_end,
             )
         self.recovery_truncated = bool(junk) or scan.cut_torn_append
-        cl.truncate(valid_end)
+        if self.read_only:
+            self._find_unrepaired(valid_end, start, records, scan.damage)
+        cl.truncate(valid_end)  # read-only: reads stop there; nothing is erased
+        if self.read_only:
+            return
         for cq in self.cqs.values():
             cq.truncate_from_physical(valid_end)
         self.index.truncate_to(valid_end)
@@ -400,6 +436,50 @@ class HotStore:
         self.checkpoint.dispatched_offset = valid_end
         self.checkpoint.flush()
 
+    def _find_unrepaired(
+        self, valid_end: int, start: int, records: Sequence[tuple[int, object]], damage: list[Damage]
+    ) -> None:
+        """Read-only open: list what :meth:`_recover` would now change on disk (see
+        :attr:`findings`). Missing files and damaged ranges are in :attr:`quarantine` already
+        (in memory), damaged units and index files in ``cq.damaged`` and ``index.damaged``."""
+        for d in damage:  # held in memory only, so reads and checks step over the range
+            if not d.known:
+                self.quarantine.add(d.start, d.end, b"", d.lost)
+        cl = self.commitlog
+        written = cl.max_offset
+        if self.recovery_truncated and written > valid_end:
+            f = cl.files.find(valid_end)
+            where = f"{f.path}@{valid_end - f.file_from_offset}" if f is not None else str(valid_end)
+            self.findings.append(
+                RecoveryFinding(
+                    "hot-commitlog",
+                    where,
+                    f"torn or invalid data after the last valid record, at commitlog offset {valid_end} "
+                    f"(an append cut short by a crash: never acknowledged as durable); the next open "
+                    "cuts it",
+                )
+            )
+        for (topic, qid), cq in sorted(self.cqs.items()):
+            if cq.cut_written:
+                self.findings.append(
+                    RecoveryFinding(
+                        "hot-consumequeue",
+                        f"{topic}/{qid}@{cq.max_offset}",
+                        "the last unit is torn (a crash while it was written); the next open cuts it "
+                        "and rebuilds it from the commitlog",
+                    )
+                )
+        if records and (not self.last_exit_ok or any(cq.cut_written for cq in self.cqs.values())):
+            self.findings.append(
+                RecoveryFinding(
+                    "hot-dispatch",
+                    str(start),
+                    f"{len(records)} record(s) from commitlog offset {start} may be missing from their "
+                    "consume queues and the key index (the store was not closed cleanly); the next open "
+                    "dispatches them again",
+                )
+            )
+
     def _quarantine_missing_files(self) -> None:
         """Commitlog files missing below the checkpoint's durable end: their messages are lost
         — a hole per message (their units point into a quarantined range), one ERROR line,
@@ -425,7 +505,7 @@ class HotStore:
         """Rebuild from the commitlog the units recovery found damaged mid-queue (one ERROR
         line per queue); left as they are when opened for ``tierd verify`` without --repair."""
         for cq in self.cqs.values():
-            if not cq.damaged or not self._rebuild_units:
+            if not cq.damaged:
                 continue
             rebuilt = rebuild_units(
                 cq,
@@ -497,6 +577,14 @@ class HotStore:
         if self._closed:
             return
         self._closed = True
+        if self.read_only:  # nothing was started, nothing is written
+            for cq in self.cqs.values():
+                cq.close()
+            self.index.close()
+            self.commitlog.close()
+            self.checkpoint.close()
+            self._lock.release()
+            return
         self._stop.set()
         self._housekeeper.join()
         self.prefaulter.stop()
@@ -1057,7 +1145,10 @@ class HotStore:
         return doomed
 
     def wait_dispatched(self, timeout: float | None = None) -> bool:
-        """Block until everything appended so far is in the consume queues and index."""
+        """Block until everything appended so far is in the consume queues and index (read-only:
+        nothing is dispatched; what recovery would dispatch is in :attr:`findings`)."""
+        if self.read_only:
+            return True
         return self.reput.wait_dispatched(self.commitlog.max_offset, timeout)
 
     def require_dispatched(self, timeout: float, what: str) -> None:
