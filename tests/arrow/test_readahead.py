@@ -109,6 +109,31 @@ def test_how_far_ahead_is_bounded(
         batches.close()
 
 
+@pytest.mark.parametrize("fragment_readahead", [0, 2])
+def test_fragment_readahead_caps_the_parts_read_ahead(
+    posix_tier: Tier, monkeypatch: pytest.MonkeyPatch, fragment_readahead: int
+) -> None:
+    """pyarrow's "files to read ahead", as Polars or a caller of ``pyarrow.dataset`` passes it:
+    the parts read ahead at most; 0 reads one part at a time, and the rows are the same."""
+    started: list[ReadPart] = []
+
+    class Counted(parts_module._Ahead):
+        def __init__(self, *args: Any) -> None:
+            started.append(args[1])
+            super().__init__(*args)
+
+    monkeypatch.setattr(parts_module, "_Ahead", Counted)
+    ds = tierd.arrow.dataset(posix_tier.url)
+    batches = ds.to_batches(fragment_readahead=fragment_readahead)
+    assert isinstance(batches, Generator)
+    try:
+        next(batches)
+        assert len(started) == (1 + fragment_readahead if fragment_readahead else 0)
+    finally:
+        batches.close()
+    assert ds.to_table(fragment_readahead=fragment_readahead).equals(ds.to_table())
+
+
 def _rows_until_error(batches: Iterator[pa.RecordBatch]) -> tuple[list[Any], CorruptRecordError]:
     """The (topic, queue, offset) of every row handed out before the scan failed, and the error."""
     rows: list[Any] = []

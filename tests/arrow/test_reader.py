@@ -231,6 +231,7 @@ def test_head_count_and_the_c_stream(posix_tier: Tier) -> None:
         ({"offsets": (1,)}, {}, "offsets must be a pair"),
         ({}, {"batch_size": 0}, "batch_size must be an integer >= 1"),
         ({}, {"use_threads": True, "exclude_rows": 1}, "unknown scan option(s) ['exclude_rows']"),
+        ({}, {"fragment_readahead": -1}, "fragment_readahead must be an integer >= 0, got -1"),
     ],
 )
 def test_bad_arguments_are_named(

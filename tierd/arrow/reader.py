@@ -31,7 +31,7 @@ from tierd.errors import InvalidArgumentError
 from tierd.spark.decode import ARROW_SCHEMA
 from tierd.spark.filters import Constraints
 from tierd.spark.options import ReadOptions
-from tierd.spark.parts import plan_parts, read_parts
+from tierd.spark.parts import READ_AHEAD_PARTS, plan_parts, read_parts
 from tierd.spark.storage import ColdStorage
 
 if TYPE_CHECKING:
@@ -47,7 +47,9 @@ SCHEMA: Final = ARROW_SCHEMA
 #: ranges one after another, so a cut would only cost its consume-queue reads.
 _NO_SPLIT: Final = 2**62
 #: pyarrow scan options that tune how a scan runs, never which rows or columns it returns:
-#: accepted (callers written for ``pyarrow.dataset`` pass them) and ignored.
+#: accepted (callers written for ``pyarrow.dataset`` pass them) and ignored — except
+#: ``fragment_readahead``, pyarrow's "files to read ahead": here the parts read ahead at most
+#: (0: one part at a time), within the read-ahead's byte bound.
 _TUNING: Final = frozenset(
     {"batch_readahead", "fragment_readahead", "fragment_scan_options", "use_threads", "cache_metadata"}
 )
@@ -179,6 +181,13 @@ class TierdScanner:
         if filter is not None and ds._filter is not None:
             self.filter = ds._filter & filter
         self.batch_size = batch_size
+        ahead = tuning.get("fragment_readahead")
+        if ahead is not None and (not isinstance(ahead, int) or isinstance(ahead, bool) or ahead < 0):
+            raise InvalidArgumentError(
+                f"fragment_readahead must be an integer >= 0, got {ahead!r}", fragment_readahead=ahead
+            )
+        #: Parts read ahead at most (``fragment_readahead``; see :func:`~tierd.spark.parts.read_parts`).
+        self.read_ahead = min(ahead, READ_AHEAD_PARTS) if ahead is not None else READ_AHEAD_PARTS
         #: The schema of the batches: the selected columns, in the order asked.
         self.projected_schema = pa.schema([SCHEMA.field(c) for c in self.columns])
 
@@ -194,7 +203,9 @@ class TierdScanner:
         parts = plan_parts(storage, ds._restrictions.options, c)
         # Closed explicitly when the scan stops early: the parts read ahead stop then, not
         # whenever the garbage collector gets to them.
-        with contextlib.closing(read_parts(storage, parts, c, decoded)) as batches:
+        with contextlib.closing(
+            read_parts(storage, parts, c, decoded, ahead_parts=self.read_ahead)
+        ) as batches:
             for batch in batches:
                 if expr is not None:
                     batch = batch.filter(expr)

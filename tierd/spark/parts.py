@@ -170,6 +170,7 @@ def read_parts(
     schema: pa.Schema,
     *,
     ahead_bytes: int | None = None,
+    ahead_parts: int = READ_AHEAD_PARTS,
 ) -> Generator[pa.RecordBatch]:
     """:func:`read_part` of each part, in order, with the next parts read ahead: each part is
     read and decoded in a thread of its own while the parts before it are consumed, so a part's
@@ -179,15 +180,15 @@ def read_parts(
 
     Bounded: parts are started ahead while the bytes the plan knows of for them stay within
     ``ahead_bytes`` (default :data:`READ_AHEAD_PIECES` pieces; at least one part is always
-    ahead; 0 reads one part at a time, in this thread) and they are at most
-    :data:`READ_AHEAD_PARTS`; each runs at most one batch ahead of its consumer. Batches come
+    ahead) and they are at most ``ahead_parts`` (0 in either reads one part at a time, in this
+    thread); each runs at most one batch ahead of its consumer. Batches come
     out in the parts' order and a failure surfaces where it happened: after every batch of the
     parts before it, never in place of one. Stopping early (closing this iterator) stops the
     parts read ahead at their next batch and waits for them, so no read outlives the scan."""
     from tierd.spark.decode import READ_PIECE
 
     budget = READ_AHEAD_PIECES * READ_PIECE if ahead_bytes is None else ahead_bytes
-    if budget <= 0:
+    if budget <= 0 or ahead_parts <= 0:
         for part in parts:
             yield from read_part(storage, part, constraints, schema)
         return
@@ -199,7 +200,7 @@ def read_parts(
 
     def fill() -> None:
         nonlocal planned
-        while len(running) < 2 or (planned < budget and len(running) <= READ_AHEAD_PARTS):
+        while len(running) < 2 or (planned < budget and len(running) <= ahead_parts):
             part = next(pending, None)
             if part is None:
                 return
