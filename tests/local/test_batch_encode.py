@@ -1,11 +1,12 @@
-"""The C plain-batch encoder (tierd/local/_batchencode.c) against the Python paths it replaces.
+"""The C batch encoder (tierd/local/_batchencode.c) against the Python paths it replaces.
 
-For the usual ``put_batch`` — one topic, keys, nothing else — ``Preparer.prepare`` hands the
-messages to the C encoder, which checks them and writes the records into one buffer; the
-commitlog stamps each record's queue id, offsets and store timestamp under its lock. Its records
-must be byte for byte what :func:`~tierd.format.record.encode_record` makes of the same fields,
-with the same index keys, and every batch the Python plain path would not take must be declined
-(None), so that the general loop raises its precise, typed error.
+``Preparer.prepare`` hands every ``put_batch`` to the C encoder, which checks the messages and
+writes the records into one buffer — any shape: tags, properties, explicit queue ids, several
+topics, flags, born hosts and timestamps, v2 topics, IPv6 hosts, keys or none; the commitlog
+stamps each record's offsets and store timestamp under its lock. Its records must be byte for
+byte what :func:`~tierd.format.record.encode_record` makes of the same fields (the Python
+fallback's records), with the same columns and index keys, and every batch a rule rejects must
+be declined (None), so that the general loop raises its precise, typed error.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from hypothesis import strategies as st
 
 from tierd import BlockingMessageStore, Message
 from tierd.errors import InvalidPropertiesError
+from tierd.format.host import encode_host
 from tierd.format.key_hash import key_hash, key_hashes
 from tierd.format.properties import MAX_PROPERTIES_LENGTH
 from tierd.format.record import encode_record
@@ -44,15 +46,18 @@ def test_the_c_encoder_is_built_and_bound_in_this_checkout() -> None:
     from tierd.local import _batchencode
 
     assert prepare_module.ACCELERATED
-    assert _batchencode.encode_plain is not None
+    assert _batchencode.encode is not None
 
 
 def encode(p: Preparer, msgs: list[Message]) -> EncodedBatch | None:
-    return p._encode_plain(msgs, NOW)
+    return p._encode(msgs, NOW)
 
 
-def reference(p: Preparer, msgs: list[Message], qid: int, first_qoff: int, first_phys: int) -> bytes:
-    """What the record encoder makes of ``msgs`` laid out from ``first_phys``."""
+def reference(
+    p: Preparer, msgs: list[Message], enc: EncodedBatch, qoffs: list[int], first_phys: int
+) -> bytes:
+    """What the record encoder makes of ``msgs`` in the queues ``enc`` chose, laid out from
+    ``first_phys`` with queue offsets ``qoffs``."""
     out = []
     phys = first_phys
     for i, m in enumerate(msgs):
@@ -62,13 +67,13 @@ def reference(p: Preparer, msgs: list[Message], qid: int, first_qoff: int, first
             topic_part,
             magic,
             build_properties(m.keys, m.tags, m.properties),
-            qid,
-            0,
-            first_qoff + i,
+            int(enc.queue_ids[i]),
+            m.flag,
+            qoffs[i],
             phys,
             0,
-            NOW,
-            p.store_host,
+            NOW if m.born_timestamp is None else m.born_timestamp,
+            p.store_host if m.born_host is None else encode_host(m.born_host),
             STORE_TS,
             p.store_host,
         )
@@ -77,15 +82,18 @@ def reference(p: Preparer, msgs: list[Message], qid: int, first_qoff: int, first
     return b"".join(out)
 
 
-def check_against_python(msgs: list[Message]) -> EncodedBatch:
+def check_against_python(msgs: list[Message], store_host: str = "127.0.0.1:10911") -> EncodedBatch:
     """The C batch, stamped, against the record encoder, and its columns against the general
     loop's (twin preparers in the same round-robin state)."""
-    fast, general = preparer(), preparer()
+    fast, general = preparer(store_host), preparer(store_host)
     enc = encode(fast, msgs)
     want = general._prepare_general(msgs, NOW)
     assert enc is not None
-    assert stamp(enc.records, 0, len(msgs), enc.queue_id, 17, 4096, STORE_TS) == len(enc.records)
-    assert bytes(enc.records) == reference(fast, msgs, enc.queue_id, 17, 4096)
+    qoffs = np.zeros(len(msgs), np.int64)
+    for g, (_, idx) in enumerate(enc.groups):
+        qoffs[idx] = 17 * g + np.arange(len(idx))
+    assert stamp(enc.records, 0, qoffs, 4096, STORE_TS) == len(enc.records)
+    assert bytes(enc.records) == reference(fast, msgs, enc, qoffs.tolist(), 4096)
     assert enc.sizes.tolist() == want.sizes.tolist()
     assert enc.index_hashes.tolist() == key_hashes(want.index_keys).tolist()
     assert enc.index_messages == want.index_messages
@@ -93,6 +101,49 @@ def check_against_python(msgs: list[Message]) -> EncodedBatch:
     assert enc.tags_codes.tolist() == want.tags_codes.tolist()
     assert [(k, idx.tolist()) for k, idx in enc.groups] == [(k, idx.tolist()) for k, idx in want.groups]
     return enc
+
+
+TEXT = st.text(
+    alphabet=st.characters(exclude_categories=["Cs"], exclude_characters="\x01\x02"), min_size=1, max_size=8
+)
+HOSTS = st.sampled_from([None, "10.0.0.1:1", "[::1]:7", "[fe80::2]:65535"])
+
+
+@st.composite
+def any_batches(draw: st.DrawFn) -> list[Message]:
+    """Batches of every shape the store accepts: 1-3 topics (a v2 one among them), explicit
+    queue ids or none, tags, user properties (UNIQ_KEY and TAGS among them), flags, born hosts
+    (IPv4, IPv6) and timestamps, keys or none, per message."""
+    topics = draw(st.lists(st.sampled_from(["a", "b", "v" * 130]), min_size=1, max_size=3, unique=True))
+    n = draw(st.integers(1, 12))
+    out = []
+    for _ in range(n):
+        tags = draw(st.one_of(st.none(), TEXT))
+        props = draw(st.dictionaries(st.sampled_from(["p", "q", "UNIQ_KEY", "ключ"]), TEXT, max_size=3))
+        if tags is None and draw(st.booleans()):
+            props["TAGS"] = draw(TEXT)
+        keys = draw(st.lists(TEXT.filter(lambda k: " " not in k), max_size=2))
+        out.append(
+            Message(
+                topic=draw(st.sampled_from(topics)),
+                body=draw(st.binary(max_size=64)),
+                queue_id=draw(st.one_of(st.none(), st.integers(0, 63))),
+                keys=keys if draw(st.booleans()) else tuple(keys),
+                tags=tags,
+                properties=props,
+                flag=draw(st.integers(-(2**31), 2**31 - 1)),
+                born_host=draw(HOSTS),
+                born_timestamp=draw(st.one_of(st.none(), st.integers(0, 2**63 - 1))),
+            )
+        )
+    return out
+
+
+@given(msgs=any_batches(), store_host=st.sampled_from(["127.0.0.1:10911", "[2001:db8::1]:10911"]))
+def test_batches_of_every_shape_are_byte_identical(msgs: list[Message], store_host: str) -> None:
+    """The C encoder takes every shape, and writes what the record encoder (the Python
+    fallback's records) writes, with the same columns, groups and index keys."""
+    check_against_python(msgs, store_host)
 
 
 @given(msgs=keyed_batches(max_body=300))
@@ -152,17 +203,29 @@ class KeyStr(str):
         Message(topic="t", body=b"x", keys=("k",), flag=3),
         Message(topic="t", body=b"x", keys=("k",), born_host="10.0.0.1:1"),
         Message(topic="t", body=b"x", keys=("k",), born_timestamp=5),
+    ],
+)
+def test_shapes_the_plain_path_declined_are_encoded_in_c(other: Message) -> None:
+    for batch in ([OK, other, OK], [other, OK]):
+        check_against_python(batch)
+
+
+@pytest.mark.parametrize(
+    "other",
+    [
         Message(topic="t", body=bytearray(b"x"), keys=("k",)),  # type: ignore[arg-type]
         Message(topic="t", body=b"x", keys=KeyTuple(("k",))),
         Message(topic="t", body=b"x", keys=(KeyStr("k"),)),
         Message(topic="t", body=b"x", keys={"k"}),  # type: ignore[arg-type]
+        Message(topic="t", body=b"x", keys=("k",), flag=True),
         Sub(topic="t", body=b"x", keys=("k",)),
     ],
 )
-def test_any_other_shape_is_declined_as_the_python_plain_path_declines_it(other: Message) -> None:
+def test_values_of_other_types_are_left_to_the_python_paths(other: Message) -> None:
+    """Subclasses and other types run Python code or convert: the general loop takes them."""
     for batch in ([OK, other, OK], [other, OK]):
         assert encode(preparer(), batch) is None
-        assert preparer()._prepare_plain(batch, NOW) is None
+        assert isinstance(preparer().prepare(batch, NOW), PreparedBatch)
 
 
 def test_a_key_that_is_not_utf8_is_left_to_the_python_paths() -> None:
@@ -177,7 +240,7 @@ def test_a_key_that_is_not_utf8_is_left_to_the_python_paths() -> None:
 def test_values_equal_to_the_defaults_are_plain_on_both_paths() -> None:
     """``flag=False`` and an empty ``dict`` equal the defaults: the Python plain path takes them,
     so the C path does too, with the same records."""
-    msgs = [OK, Message(topic="t", body=b"y", keys=("k",), flag=False, properties={})]
+    msgs = [OK, Message(topic="t", body=b"y", keys=("k",), flag=0, properties={})]
     assert preparer()._prepare_plain(msgs, NOW) is not None
     check_against_python(msgs)
 
@@ -236,11 +299,12 @@ def test_stamp_refuses_records_beyond_the_buffer() -> None:
     enc = encode(preparer(), [OK, OK])
     assert enc is not None
     half = int(enc.sizes[0])
-    assert stamp(enc.records, half, 1, 0, 0, 0, 0) == len(enc.records)
+    one, two = np.zeros(1, np.int64), np.zeros(2, np.int64)
+    assert stamp(enc.records, half, one, 0, 0) == len(enc.records)
     with pytest.raises(ValueError, match="do not fit"):
-        stamp(enc.records, half, 2, 0, 0, 0, 0)
+        stamp(enc.records, half, two, 0, 0)
     with pytest.raises(ValueError, match="do not fit"):
-        stamp(enc.records, len(enc.records) - 10, 1, 0, 0, 0, 0)
+        stamp(enc.records, len(enc.records) - 10, one, 0, 0)
 
 
 @pytest.mark.parametrize("accelerated", [True, False])
@@ -285,7 +349,7 @@ def test_dispatch_merges_hashed_batches_with_keyed_ones() -> None:
     """A reput round may take a C-encoded batch (hashes), single puts and a Python-prepared
     batch (keys) at once: one hash column in commitlog order, each entry on its message."""
     p = preparer()
-    enc = p._encode_plain([Message(topic="t", body=b"x", keys=("a", "b")), OK], NOW)
+    enc = p._encode([Message(topic="t", body=b"x", keys=("a", "b")), OK], NOW)
     py = p._prepare_general([Message(topic="t", body=b"y", keys=("c",), tags="g")], NOW)
     assert enc is not None
     qoffs, phys = np.arange(2, dtype=np.int64), np.array([0, 100], np.int64)

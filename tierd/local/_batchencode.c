@@ -1,19 +1,20 @@
 /*
- * tierd.local._batchencode: the put_batch path's usual batch, checked and encoded in C.
+ * tierd.local._batchencode: put_batch's records, checked and encoded in C, for every shape.
  *
- * The usual batch (one topic, bytes bodies, keys in tuples or lists, every other field at its
- * default, an IPv4 store host - see Preparer._prepare_plain) costs ~0.75 us per message to
- * check and turn into columns with C-level Python passes, and ~0.1 us more to pack the headers
- * and list the pieces of the write. encode_plain() does both in two loops over the messages:
- * the first checks every rule and sizes each record, the second writes the records back to back
- * into one new buffer (header, body, topic, properties: "KEYS" 0x01 keys 0x02) with their body
- * CRCs, and the key index's hashes of the "topic#key" strings (never made as strings). The fields that depend on where
- * and when the batch lands (queue id, queue offset, physical offset, store timestamp) are
- * written by stamp() under the commitlog lock, just before the buffer is written to the file.
+ * encode() takes any batch the Python paths accept - several topics, explicit queue ids or the
+ * store's round-robin choice, tags, user properties (UNIQ_KEY, TAGS among them), flags, born
+ * hosts and timestamps, v2 topics, IPv4 or IPv6 hosts, keys or none - in two loops over the
+ * messages: the first checks every rule and sizes each record, the second writes the records
+ * back to back into one new buffer with their body CRCs, and the key index's hashes of the
+ * "topic#key" strings (never made as strings). The fields that depend on where and when the
+ * batch lands (queue offset, physical offset, store timestamp) are written by stamp() under the
+ * commitlog lock, just before the buffer is written to the file. Every position and flag comes
+ * from _record_layout.h, generated from tierd/format/layout.py.
  *
- * The contract is the Python path's: byte-identical records and the same index keys for every
- * batch it accepts, and None for any batch it would not take (the caller then runs the Python
- * path, which raises the precise typed error); nothing is written to an object passed in.
+ * The contract is the Python path's: byte-identical records and the same columns and index
+ * keys for every batch it accepts, and None for any batch a rule rejects or whose values are of
+ * other types than the builtin ones (the caller then runs the Python path, which raises the
+ * precise typed error or converts); nothing is written to an object passed in.
  *
  * Written for tierd from the record layout (FORMATS 1.1); no code of other projects.
  */
@@ -29,8 +30,6 @@
 
 #include "../format/_record_layout.h"
 
-static const char KEYS_PREFIX[] = "KEYS\x01"; /* the KEYS property's name and separator */
-#define KEYS_PREFIX_LEN 5
 
 /* The key index's hash (tierd/format/key_hash.py): MurmurHash3 x86 32-bit, seed 0, of the UTF-8
  * "topic#key", the value mmh3.hash(key, 0, signed=False) gives. Blocks are read little-endian
@@ -90,9 +89,6 @@ static PyObject *key_hash(PyObject *module, PyObject *arg) {
 
 /* ------------------------------------------------------------------ Message's slots */
 enum { F_TOPIC, F_BODY, F_KEYS, F_QUEUE_ID, F_TAGS, F_BORN_HOST, F_BORN_TIMESTAMP, F_FLAG, F_PROPERTIES, N_FIELDS };
-/* The fields after F_KEYS must equal their defaults (bind()'s tuple, in this order). */
-#define FIRST_DEFAULTED F_QUEUE_ID
-#define N_DEFAULTED (N_FIELDS - FIRST_DEFAULTED)
 static const char *const FIELD_NAMES[N_FIELDS] = {
     "topic", "body", "keys", "queue_id", "tags", "born_host", "born_timestamp", "flag", "properties",
 };
@@ -101,31 +97,28 @@ static const char *const FIELD_NAMES[N_FIELDS] = {
 static Py_ssize_t field_offset[N_FIELDS];
 static PyTypeObject *message_type = NULL;
 static PyObject *crc_function = NULL;
-static PyObject *defaults = NULL; /* tuple of N_DEFAULTED objects */
+static PyObject *host_function = NULL;
+static PyObject *empty_properties = NULL; /* Message's default properties mapping */
 
 static inline PyObject *field(PyObject *msg, int k) { /* borrowed; NULL when the slot is unset */
     return *(PyObject **)((char *)msg + field_offset[k]);
 }
 
 PyDoc_STRVAR(bind_doc,
-             "bind(cls, crc32, defaults, /)\n--\n\n"
+             "bind(cls, crc32, encode_host, empty_properties, /)\n--\n\n"
              "Read messages of exactly class cls (Message) through its slots; crc32(bytes) -> int "
-             "computes body CRCs; defaults are the values of queue_id, tags, born_host, "
-             "born_timestamp, flag, properties that a plain message carries. TypeError unless "
-             "each of those fields and topic, body, keys is an object slot of cls.");
+             "computes body CRCs; encode_host(str) -> bytes encodes a born host; empty_properties is "
+             "the mapping a message without properties carries. TypeError unless each field is an "
+             "object slot of cls.");
 
 static PyObject *bind(PyObject *module, PyObject *args) {
-    PyObject *cls_obj, *crc, *defs;
+    PyObject *cls_obj, *crc, *host, *empty;
     (void)module;
-    if (!PyArg_ParseTuple(args, "O!OO!:bind", &PyType_Type, &cls_obj, &crc, &PyTuple_Type, &defs))
+    if (!PyArg_ParseTuple(args, "O!OOO:bind", &PyType_Type, &cls_obj, &crc, &host, &empty))
         return NULL;
     PyTypeObject *cls = (PyTypeObject *)cls_obj;
-    if (!PyCallable_Check(crc)) {
-        PyErr_SetString(PyExc_TypeError, "crc32 must be callable");
-        return NULL;
-    }
-    if (PyTuple_GET_SIZE(defs) != N_DEFAULTED) {
-        PyErr_Format(PyExc_TypeError, "defaults must hold %d values", N_DEFAULTED);
+    if (!PyCallable_Check(crc) || !PyCallable_Check(host)) {
+        PyErr_SetString(PyExc_TypeError, "crc32 and encode_host must be callable");
         return NULL;
     }
     Py_ssize_t offsets[N_FIELDS];
@@ -146,279 +139,438 @@ static PyObject *bind(PyObject *module, PyObject *args) {
     memcpy(field_offset, offsets, sizeof offsets);
     Py_XSETREF(message_type, (PyTypeObject *)Py_NewRef(cls_obj));
     Py_XSETREF(crc_function, Py_NewRef(crc));
-    Py_XSETREF(defaults, Py_NewRef(defs));
+    Py_XSETREF(host_function, Py_NewRef(host));
+    Py_XSETREF(empty_properties, Py_NewRef(empty));
     Py_RETURN_NONE;
 }
 
-/* ------------------------------------------------------------------ encode_plain */
+/* ------------------------------------------------------------------ encode */
 
-/* A key's UTF-8 bytes: the string's own for ASCII, else a new bytes object in *owned. */
+/* A string's UTF-8 bytes: the string's own for ASCII, else a new bytes object in *owned (not
+ * cached on the caller's string: PyUnicode_AsUTF8 would keep a copy alive there). */
 typedef struct {
     const char *data;
     Py_ssize_t len;
 } Utf8;
 
-/* 1 and *out filled for a key the KEYS property can carry (non-empty str, no space, 0x01 or
- * 0x02); 0 for any other key; -1 with an exception set on a real error. */
-static int key_utf8(PyObject *key, Utf8 *out, PyObject **owned) {
+/* 1 and *out filled for a non-empty exact str free of the bytes in `forbidden` (ASCII; UTF-8
+ * never uses ASCII bytes inside a multi-byte sequence, so a byte search finds exactly them);
+ * 0 for any other value (the Python path then names it); -1 with an exception on a real error. */
+static int text_utf8(PyObject *s, Utf8 *out, PyObject **owned, const char *forbidden) {
     *owned = NULL;
-    if (!PyUnicode_CheckExact(key))
+    if (!PyUnicode_CheckExact(s))
         return 0;
-    if (PyUnicode_READY(key) < 0)
+    if (PyUnicode_READY(s) < 0)
         return -1;
-    if (PyUnicode_GET_LENGTH(key) == 0)
+    if (PyUnicode_GET_LENGTH(s) == 0)
         return 0;
-    if (PyUnicode_IS_ASCII(key)) {
-        out->data = (const char *)PyUnicode_DATA(key);
-        out->len = PyUnicode_GET_LENGTH(key);
+    if (PyUnicode_IS_ASCII(s)) {
+        out->data = (const char *)PyUnicode_DATA(s);
+        out->len = PyUnicode_GET_LENGTH(s);
     } else {
-        /* Not cached on the caller's string (PyUnicode_AsUTF8 would keep a copy alive there);
-         * a lone surrogate cannot be encoded: the Python path reports it. */
-        PyObject *b = PyUnicode_AsUTF8String(key);
+        PyObject *b = PyUnicode_AsUTF8String(s);
         if (b == NULL) {
             if (!PyErr_ExceptionMatches(PyExc_UnicodeEncodeError))
                 return -1;
-            PyErr_Clear();
+            PyErr_Clear(); /* a lone surrogate: the Python path reports it */
             return 0;
         }
         *owned = b;
         out->data = PyBytes_AS_STRING(b);
         out->len = PyBytes_GET_SIZE(b);
     }
-    /* The forbidden characters are ASCII, and UTF-8 never uses ASCII bytes inside a
-     * multi-byte sequence, so a byte search finds exactly them. */
-    for (Py_ssize_t i = 0; i < out->len; i++) {
-        char c = out->data[i];
-        if (c == ' ' || c == '\x01' || c == '\x02') {
+    for (Py_ssize_t i = 0; i < out->len; i++)
+        if (strchr(forbidden, out->data[i]) != NULL && out->data[i] != '\0') {
             Py_CLEAR(*owned);
             return 0;
         }
-    }
     return 1;
 }
+
+static const char NO_SEPARATORS[] = "\x01\x02";
+static const char NO_SEPARATORS_OR_SPACE[] = "\x01\x02 ";
+
+/* Java's String.hashCode of a str (UTF-16 code units, int32 wrap-around): the tags code. */
+static int32_t java_hash(PyObject *s) {
+    uint32_t h = 0;
+    int kind = PyUnicode_KIND(s);
+    const void *data = PyUnicode_DATA(s);
+    for (Py_ssize_t i = 0, n = PyUnicode_GET_LENGTH(s); i < n; i++) {
+        Py_UCS4 c = PyUnicode_READ(kind, data, i);
+        if (c > 0xFFFF) {
+            c -= 0x10000;
+            h = 31 * h + (0xD800 + (c >> 10));
+            h = 31 * h + (0xDC00 + (c & 0x3FF));
+        } else {
+            h = 31 * h + c;
+        }
+    }
+    return (int32_t)h;
+}
+
+/* One message as pass 1 found it. */
+typedef struct {
+    PyObject *body, *keys, *tags, *props, *born; /* held; born is NULL for the store host */
+    PyObject *topic_entry;                       /* borrowed from topics: (magic, topic part) */
+    int64_t born_ts;
+    int32_t flag, queue_id;
+    Py_ssize_t props_len, key_count;
+    PyObject *uniq; /* borrowed from props: its UNIQ_KEY value, or NULL */
+} Item;
+
+static const char KEYS_NAME[] = "KEYS", TAGS_NAME[] = "TAGS", UNIQ_NAME[] = "UNIQ_KEY";
 
 typedef struct {
-    PyObject *messages; /* list or tuple (fast sequence) */
-    Py_ssize_t n;
-    PyObject *topic;
-    const char *topic_part;
-    Py_ssize_t topic_part_len;
-    uint32_t magic;
+    PyObject *topics, *choose, *chosen;
+    long max_queues;
     Py_ssize_t max_body, max_record, max_properties;
-} Plain;
+    int64_t now_ms;
+    Py_ssize_t store_host_len;
+} Rules;
 
-/* Pass 1: every rule of the plain batch; sizes[j] and the properties length of each record.
- * Returns 1 when the batch is plain, 0 when not, -1 on error (exception set). */
-static int check_plain(const Plain *p, int64_t *sizes, int64_t *props_lengths, Py_ssize_t *total_keys,
-                       Py_ssize_t *total_bytes) {
-    PyObject **items = PySequence_Fast_ITEMS(p->messages);
-    int with_keys = -1;
-    Py_ssize_t keys_seen = 0, bytes = 0;
-    for (Py_ssize_t j = 0; j < p->n; j++) {
-        PyObject *m = items[j];
-        if (!Py_IS_TYPE(m, message_type))
-            return 0;
-        for (int k = 0; k < N_FIELDS; k++)
-            if (field(m, k) == NULL)
-                return 0;
-        PyObject *topic = field(m, F_TOPIC);
-        if (topic != p->topic) {
-            if (!PyUnicode_CheckExact(topic))
-                return 0;
-            int eq = PyUnicode_Compare(topic, p->topic);
-            if (eq == -1 && PyErr_Occurred())
-                return -1;
-            if (eq != 0)
-                return 0;
-        }
-        for (int k = 0; k < N_DEFAULTED; k++) {
-            PyObject *v = field(m, FIRST_DEFAULTED + k), *d = PyTuple_GET_ITEM(defaults, k);
-            if (v != d) {
-                /* Compared as the Python path's tuple comparison does (0 == False, an empty
-                 * dict == the empty mapping), but only for builtin types whose comparison with
-                 * these defaults runs no Python code (not a mapping proxy: it compares the
-                 * mapping it wraps, which may be anything): others take the Python path. */
-                PyTypeObject *t = Py_TYPE(v);
-                if (t != &PyLong_Type && t != &PyBool_Type && t != &PyFloat_Type && t != &PyUnicode_Type &&
-                    t != &PyDict_Type)
-                    return 0;
-                int eq = PyObject_RichCompareBool(v, d, Py_EQ);
-                if (eq < 0)
-                    return -1;
-                if (!eq)
-                    return 0;
-            }
-        }
-        PyObject *body = field(m, F_BODY), *keys = field(m, F_KEYS);
-        if (!PyBytes_CheckExact(body) || PyBytes_GET_SIZE(body) > p->max_body)
-            return 0;
-        if (!PyTuple_CheckExact(keys) && !PyList_CheckExact(keys))
-            return 0;
-        Py_ssize_t count = PySequence_Fast_GET_SIZE(keys);
-        if (with_keys < 0)
-            with_keys = count > 0;
-        else if (with_keys != (count > 0)) /* some messages with keys, some without */
-            return 0;
-        Py_ssize_t props = 0;
-        if (count) {
-            props = KEYS_PREFIX_LEN + count; /* the name, count - 1 spaces, the 0x02 */
-            PyObject **ks = PySequence_Fast_ITEMS(keys);
-            for (Py_ssize_t i = 0; i < count; i++) {
-                Utf8 u;
-                PyObject *owned;
-                int ok = key_utf8(ks[i], &u, &owned);
-                if (ok <= 0)
-                    return ok;
-                props += u.len;
-                Py_XDECREF(owned);
-            }
-            if (props > p->max_properties)
-                return 0;
-            keys_seen += count;
-        }
-        int64_t size = HEADER_V4 + PyBytes_GET_SIZE(body) + p->topic_part_len + 2 + props;
-        if (size > p->max_record)
-            return 0;
-        sizes[j] = size;
-        props_lengths[j] = props;
-        bytes += size;
+static void release_items(Item *items, Py_ssize_t n) {
+    for (Py_ssize_t j = 0; j < n; j++) {
+        Py_XDECREF(items[j].body);
+        Py_XDECREF(items[j].keys);
+        Py_XDECREF(items[j].tags);
+        Py_XDECREF(items[j].props);
+        Py_XDECREF(items[j].born);
     }
-    *total_keys = keys_seen;
-    *total_bytes = bytes;
+}
+
+/* Length a str adds to the properties as UTF-8, or 0 when it breaks a rule, -1 on error. */
+static Py_ssize_t text_len(PyObject *s, const char *forbidden) {
+    Utf8 u;
+    PyObject *owned;
+    int ok = text_utf8(s, &u, &owned, forbidden);
+    if (ok <= 0)
+        return ok;
+    Py_XDECREF(owned);
+    return u.len;
+}
+
+/* Pass 1 for one message: every rule the Python path checks; 1 when it holds, 0 when not (the
+ * Python path then runs and raises its typed error), -1 on error. */
+static int check_one(const Rules *r, PyObject *m, Item *it, int64_t *size) {
+    if (!Py_IS_TYPE(m, message_type))
+        return 0;
+    for (int k = 0; k < N_FIELDS; k++)
+        if (field(m, k) == NULL)
+            return 0;
+    PyObject *topic = field(m, F_TOPIC);
+    if (!PyUnicode_CheckExact(topic))
+        return 0;
+    PyObject *entry = PyDict_GetItemWithError(r->topics, topic);
+    if (entry == NULL)
+        return PyErr_Occurred() ? -1 : 0;
+    if (!PyTuple_CheckExact(entry) || PyTuple_GET_SIZE(entry) != 2 || !PyBytes_CheckExact(PyTuple_GET_ITEM(entry, 1)))
+        return 0;
+    it->topic_entry = entry;
+    PyObject *body = field(m, F_BODY);
+    if (!PyBytes_CheckExact(body) || PyBytes_GET_SIZE(body) > r->max_body)
+        return 0;
+    /* queue id */
+    PyObject *q = field(m, F_QUEUE_ID);
+    if (q == Py_None) {
+        PyObject *got = PyDict_GetItemWithError(r->chosen, topic);
+        if (got == NULL) {
+            if (PyErr_Occurred())
+                return -1;
+            got = PyObject_CallOneArg(r->choose, topic);
+            if (got == NULL)
+                return -1;
+            int rc = PyDict_SetItem(r->chosen, topic, got);
+            Py_DECREF(got);
+            if (rc < 0)
+                return -1;
+        }
+        it->queue_id = (int32_t)PyLong_AsLong(got);
+        if (it->queue_id == -1 && PyErr_Occurred())
+            return -1;
+    } else {
+        if (!PyLong_CheckExact(q))
+            return 0;
+        int overflow;
+        long v = PyLong_AsLongAndOverflow(q, &overflow);
+        if (overflow || v < 0 || v >= r->max_queues)
+            return 0;
+        it->queue_id = (int32_t)v;
+    }
+    /* flag */
+    PyObject *flag = field(m, F_FLAG);
+    if (!PyLong_CheckExact(flag))
+        return 0;
+    int overflow;
+    long long fv = PyLong_AsLongLongAndOverflow(flag, &overflow);
+    if (overflow || fv < INT32_MIN || fv > INT32_MAX)
+        return 0;
+    it->flag = (int32_t)fv;
+    /* born timestamp */
+    PyObject *bts = field(m, F_BORN_TIMESTAMP);
+    if (bts == Py_None) {
+        it->born_ts = r->now_ms;
+    } else {
+        if (!PyLong_CheckExact(bts))
+            return 0;
+        long long v = PyLong_AsLongLongAndOverflow(bts, &overflow);
+        if (overflow || v < 0)
+            return 0;
+        it->born_ts = v;
+    }
+    /* born host */
+    PyObject *bh = field(m, F_BORN_HOST);
+    if (bh != Py_None) {
+        if (!PyUnicode_CheckExact(bh))
+            return 0;
+        PyObject *raw = PyObject_CallOneArg(host_function, bh);
+        if (raw == NULL) {
+            PyErr_Clear(); /* the Python path raises the typed error */
+            return 0;
+        }
+        if (!PyBytes_CheckExact(raw) || (PyBytes_GET_SIZE(raw) != HOST_V4 && PyBytes_GET_SIZE(raw) != HOST_V6)) {
+            Py_DECREF(raw);
+            return 0;
+        }
+        it->born = raw;
+    }
+    /* properties: user pairs, then KEYS, then TAGS */
+    PyObject *keys = field(m, F_KEYS), *tags = field(m, F_TAGS), *props = field(m, F_PROPERTIES);
+    Py_ssize_t plen = 0;
+    if (!PyTuple_CheckExact(keys) && !PyList_CheckExact(keys))
+        return 0;
+    Py_ssize_t count = PySequence_Fast_GET_SIZE(keys);
+    if (tags != Py_None) {
+        Py_ssize_t t = text_len(tags, NO_SEPARATORS);
+        if (t <= 0)
+            return (int)t;
+        plen += (Py_ssize_t)sizeof TAGS_NAME - 1 + 2 + t;
+    }
+    it->uniq = NULL;
+    if (props != empty_properties) {
+        if (!PyDict_CheckExact(props))
+            return 0;
+        Py_ssize_t pos = 0;
+        PyObject *name, *value;
+        while (PyDict_Next(props, &pos, &name, &value)) {
+            Py_ssize_t a = text_len(name, NO_SEPARATORS), b;
+            if (a <= 0)
+                return (int)a;
+            b = text_len(value, NO_SEPARATORS);
+            if (b <= 0)
+                return (int)b;
+            if (count && PyUnicode_CompareWithASCIIString(name, KEYS_NAME) == 0)
+                return 0;
+            if (tags != Py_None && PyUnicode_CompareWithASCIIString(name, TAGS_NAME) == 0)
+                return 0;
+            if (PyUnicode_CompareWithASCIIString(name, UNIQ_NAME) == 0)
+                it->uniq = value;
+            plen += a + 2 + b;
+        }
+    }
+    if (count) {
+        PyObject **ks = PySequence_Fast_ITEMS(keys);
+        plen += (Py_ssize_t)sizeof KEYS_NAME - 1 + 1 + count; /* name, 0x01, count - 1 spaces, 0x02 */
+        for (Py_ssize_t i = 0; i < count; i++) {
+            Py_ssize_t k = text_len(ks[i], NO_SEPARATORS_OR_SPACE);
+            if (k <= 0)
+                return (int)k;
+            plen += k;
+        }
+    }
+    if (plen > r->max_properties)
+        return 0;
+    Py_ssize_t topic_part = PyBytes_GET_SIZE(PyTuple_GET_ITEM(entry, 1));
+    Py_ssize_t born_len = it->born ? PyBytes_GET_SIZE(it->born) : r->store_host_len;
+    int64_t total = HEADER_FIXED + born_len + r->store_host_len + PyBytes_GET_SIZE(body) + topic_part +
+                    PROPERTIES_LENGTH_WIDTH + plen;
+    if (total > r->max_record)
+        return 0;
+    it->body = Py_NewRef(body);
+    it->keys = Py_NewRef(keys);
+    it->tags = Py_NewRef(tags);
+    it->props = Py_NewRef(props);
+    it->props_len = plen;
+    it->key_count = count;
+    *size = total;
     return 1;
 }
 
-/* Pass 2: the records into out (sized by pass 1) and the key hashes into hashes. No Python
- * code runs between the passes, but the CRC function may release the GIL: every write is checked
- * against the record's size from pass 1 and the objects in use are held, so a message changed
- * meanwhile by another thread (through object.__setattr__) fails the call instead of writing
- * outside the buffer. */
-static int write_plain(const Plain *p, const int64_t *sizes, const int64_t *props_lengths, uint8_t *out,
-                       Py_ssize_t total_keys, const uint8_t host[8], int64_t born_ts, uint8_t *scratch,
-                       Py_ssize_t prefix_len, uint32_t *hashes) {
-    PyObject **items = PySequence_Fast_ITEMS(p->messages); /* a tuple: its items cannot change */
-    Py_ssize_t key_at = 0;
-    int rc = -1;
-    for (Py_ssize_t j = 0; j < p->n; j++) {
-        PyObject *m = items[j];
-        PyObject *body = field(m, F_BODY), *keys = field(m, F_KEYS);
-        if (body == NULL || keys == NULL || !PyBytes_CheckExact(body) ||
-            (!PyTuple_CheckExact(keys) && !PyList_CheckExact(keys)))
-            goto changed;
-        Py_INCREF(body);
-        Py_INCREF(keys);
-        uint8_t *r = out, *end = out + sizes[j];
-        Py_ssize_t body_len = PyBytes_GET_SIZE(body);
-        Py_ssize_t props = props_lengths[j];
-        if (HEADER_V4 + body_len + p->topic_part_len + 2 + props != sizes[j])
-            goto changed_held;
-        PyObject *crc_obj = PyObject_CallOneArg(crc_function, body);
-        if (crc_obj == NULL)
-            goto error_held;
-        unsigned long crc = PyLong_AsUnsignedLongMask(crc_obj);
-        Py_DECREF(crc_obj);
-        if (crc == (unsigned long)-1 && PyErr_Occurred())
-            goto error_held;
-        memset(r, 0, HEADER_V4);
-        put_u32(r + POS_TOTAL, (uint32_t)sizes[j]);
-        put_u32(r + POS_MAGIC, p->magic);
-        put_u32(r + POS_BODY_CRC, (uint32_t)(crc & BODY_CRC_MASK));
-        put_u64(r + POS_BORN_TIMESTAMP, (uint64_t)born_ts);
-        memcpy(r + POS_BORN_HOST, host, 8);
-        memcpy(r + POS_STORE_HOST, host, 8);
-        put_u32(r + POS_BODY_LENGTH, (uint32_t)body_len);
-        r += HEADER_V4;
-        memcpy(r, PyBytes_AS_STRING(body), (size_t)body_len);
-        r += body_len;
-        memcpy(r, p->topic_part, (size_t)p->topic_part_len);
-        r += p->topic_part_len;
-        r[0] = (uint8_t)(props >> 8);
-        r[1] = (uint8_t)props;
-        r += 2;
-        Py_ssize_t count = PySequence_Fast_GET_SIZE(keys);
-        if ((count > 0) != (props > 0))
-            goto changed_held;
-        if (count) {
-            memcpy(r, KEYS_PREFIX, KEYS_PREFIX_LEN); /* props >= KEYS_PREFIX_LEN + 1 */
-            r += KEYS_PREFIX_LEN;
-            for (Py_ssize_t i = 0; i < count; i++) {
-                if (i >= PySequence_Fast_GET_SIZE(keys) || key_at >= total_keys)
-                    goto changed_held;
-                PyObject *key = Py_NewRef(PySequence_Fast_GET_ITEM(keys, i));
-                Utf8 u;
-                PyObject *owned;
-                int ok = key_utf8(key, &u, &owned);
-                if (ok != 1 || r + (i ? 1 : 0) + u.len + 1 > end) {
-                    Py_XDECREF(owned);
-                    Py_DECREF(key);
-                    if (ok < 0)
-                        goto error_held;
-                    goto changed_held;
-                }
-                if (i)
-                    *r++ = ' ';
-                memcpy(r, u.data, (size_t)u.len);
-                r += u.len;
-                /* scratch holds "topic#" and room for the longest key pass 1 allowed */
-                memcpy(scratch + prefix_len, u.data, (size_t)u.len);
-                hashes[key_at++] = murmur3_32(scratch, (size_t)(prefix_len + u.len));
-                Py_XDECREF(owned);
-                Py_DECREF(key);
-            }
-            *r++ = 0x02;
-        }
-        Py_DECREF(body);
-        Py_DECREF(keys);
-        if (r != end)
-            goto changed;
-        out = end;
-        continue;
-    changed_held:
-        Py_DECREF(body);
-        Py_DECREF(keys);
-        goto changed;
-    error_held:
-        Py_DECREF(body);
-        Py_DECREF(keys);
+/* Bounded writer: every copy checked against the record's size from pass 1. */
+typedef struct {
+    uint8_t *at, *end;
+} Out;
+
+static inline int put(Out *o, const void *p, Py_ssize_t n) {
+    if (n < 0 || o->end - o->at < n)
         return -1;
-    }
-    if (key_at != total_keys)
-        goto changed;
-    rc = 0;
-    return rc;
-changed:
-    PyErr_SetString(PyExc_RuntimeError, "a message of the batch changed while it was being encoded");
-    return -1;
+    memcpy(o->at, p, (size_t)n);
+    o->at += n;
+    return 0;
 }
 
-PyDoc_STRVAR(encode_plain_doc,
-             "encode_plain(messages, topic, topic_part, magic, max_body, max_record, max_properties, "
-             "store_host, born_timestamp, max_buffer, /)\n--\n\n"
-             "The records of a plain batch (see Preparer._prepare_plain) back to back, without queue id, "
-             "queue offset, physical offset and store timestamp (see stamp()): (records bytearray, sizes "
-             "as native int64 bytes, the key index's hashes of 'topic#key' in message order as native uint32 "
-             "bytes, keys per message: 0 or 1 when every message has at most one, else -1). None for any "
-             "other batch, and for one whose records exceed max_buffer bytes.");
+static inline int put_byte(Out *o, uint8_t b) { return put(o, &b, 1); }
 
-static PyObject *encode_plain(PyObject *module, PyObject *args) {
-    PyObject *seq, *topic;
-    Py_buffer topic_part, host;
-    unsigned int magic;
-    long long born_ts;
-    Plain p;
+/* A str into the record (and, with scratch, its "topic#" hash); -1 when it changed. */
+static int put_text(Out *o, PyObject *s, const char *forbidden, uint8_t *scratch, Py_ssize_t prefix,
+                    Py_ssize_t room, uint32_t *hash) {
+    Utf8 u;
+    PyObject *owned;
+    if (text_utf8(s, &u, &owned, forbidden) != 1) {
+        if (PyErr_Occurred())
+            return -2;
+        return -1;
+    }
+    int rc = put(o, u.data, u.len);
+    if (rc == 0 && scratch != NULL) {
+        if (u.len > room)
+            rc = -1;
+        else {
+            memcpy(scratch + prefix, u.data, (size_t)u.len);
+            *hash = murmur3_32(scratch, (size_t)(prefix + u.len));
+        }
+    }
+    Py_XDECREF(owned);
+    return rc;
+}
+
+/* Pass 2 for one message: the record into o. 0, -1 when the message changed, -2 on error. */
+static int write_one(const Item *it, Out *o, int64_t size, const uint8_t *store_host, Py_ssize_t store_len,
+                     uint8_t *scratch, Py_ssize_t prefix, Py_ssize_t scratch_room, uint32_t *hashes,
+                     Py_ssize_t *key_at, Py_ssize_t total_keys) {
+    PyObject *body = it->body, *entry = it->topic_entry;
+    PyObject *topic_part = PyTuple_GET_ITEM(entry, 1);
+    unsigned long magic = PyLong_AsUnsignedLongMask(PyTuple_GET_ITEM(entry, 0));
+    if (magic == (unsigned long)-1 && PyErr_Occurred())
+        return -2;
+    PyObject *crc_obj = PyObject_CallOneArg(crc_function, body);
+    if (crc_obj == NULL)
+        return -2;
+    unsigned long crc = PyLong_AsUnsignedLongMask(crc_obj);
+    Py_DECREF(crc_obj);
+    if (crc == (unsigned long)-1 && PyErr_Occurred())
+        return -2;
+    const uint8_t *born = it->born ? (const uint8_t *)PyBytes_AS_STRING(it->born) : store_host;
+    Py_ssize_t born_len = it->born ? PyBytes_GET_SIZE(it->born) : store_len;
+    Py_ssize_t header = HEADER_FIXED + born_len + store_len;
+    if (o->end - o->at < header)
+        return -1;
+    uint8_t *r = o->at;
+    memset(r, 0, (size_t)header);
+    uint32_t sys_flag = (born_len == HOST_V6 ? SYSFLAG_BORNHOST_V6 : 0) | (store_len == HOST_V6 ? SYSFLAG_STOREHOST_V6 : 0);
+    /* Positions after BORNHOST move by its extra width, after STOREHOST by both. */
+    Py_ssize_t after_born = born_len - HOST_V4, after_store = after_born + store_len - HOST_V4;
+    put_u32(r + POS_TOTAL, (uint32_t)size);
+    put_u32(r + POS_MAGIC, (uint32_t)magic);
+    put_u32(r + POS_BODY_CRC, (uint32_t)(crc & BODY_CRC_MASK));
+    put_u32(r + POS_QUEUE_ID, (uint32_t)it->queue_id);
+    put_u32(r + POS_FLAG, (uint32_t)it->flag);
+    put_u32(r + POS_SYSFLAG, sys_flag);
+    put_u64(r + POS_BORN_TIMESTAMP, (uint64_t)it->born_ts);
+    memcpy(r + POS_BORN_HOST, born, (size_t)born_len);
+    memcpy(r + POS_STORE_HOST + after_born, store_host, (size_t)store_len);
+    put_u32(r + POS_BODY_LENGTH + after_store, (uint32_t)PyBytes_GET_SIZE(body));
+    o->at += header;
+    if (put(o, PyBytes_AS_STRING(body), PyBytes_GET_SIZE(body)) < 0 ||
+        put(o, PyBytes_AS_STRING(topic_part), PyBytes_GET_SIZE(topic_part)) < 0)
+        return -1;
+    uint8_t plen[PROPERTIES_LENGTH_WIDTH];
+    for (int i = 0; i < PROPERTIES_LENGTH_WIDTH; i++)
+        plen[i] = (uint8_t)(it->props_len >> (8 * (PROPERTIES_LENGTH_WIDTH - 1 - i)));
+    if (put(o, plen, PROPERTIES_LENGTH_WIDTH) < 0)
+        return -1;
+    uint8_t *props_start = o->at;
+    int rc;
+    if (it->props != empty_properties) {
+        Py_ssize_t pos = 0;
+        PyObject *name, *value;
+        while (PyDict_Next(it->props, &pos, &name, &value)) {
+            if ((rc = put_text(o, name, NO_SEPARATORS, NULL, 0, 0, NULL)) < 0 || (rc = put_byte(o, 1)) < 0 ||
+                (rc = put_text(o, value, NO_SEPARATORS, NULL, 0, 0, NULL)) < 0 || (rc = put_byte(o, 2)) < 0)
+                return rc;
+        }
+    }
+    Py_ssize_t count = PySequence_Fast_GET_SIZE(it->keys);
+    if (count != it->key_count)
+        return -1;
+    if (count) {
+        if (put(o, KEYS_NAME, (Py_ssize_t)sizeof KEYS_NAME - 1) < 0 || put_byte(o, 1) < 0)
+            return -1;
+        for (Py_ssize_t i = 0; i < count; i++) {
+            if (i >= PySequence_Fast_GET_SIZE(it->keys) || *key_at >= total_keys)
+                return -1;
+            if (i && put_byte(o, ' ') < 0)
+                return -1;
+            PyObject *key = Py_NewRef(PySequence_Fast_GET_ITEM(it->keys, i));
+            rc = put_text(o, key, NO_SEPARATORS_OR_SPACE, scratch, prefix, scratch_room - prefix,
+                          &hashes[*key_at]);
+            Py_DECREF(key);
+            if (rc < 0)
+                return rc;
+            ++*key_at;
+        }
+        if (put_byte(o, 2) < 0)
+            return -1;
+    }
+    if (it->tags != Py_None) {
+        if (put(o, TAGS_NAME, (Py_ssize_t)sizeof TAGS_NAME - 1) < 0 || put_byte(o, 1) < 0 ||
+            (rc = put_text(o, it->tags, NO_SEPARATORS, NULL, 0, 0, NULL)) < 0 || put_byte(o, 2) < 0)
+            return -1;
+    }
+    if (o->at - props_start != it->props_len || o->at != o->end)
+        return -1;
+    return 0;
+}
+
+PyDoc_STRVAR(encode_doc,
+             "encode(messages, topics, choose, max_queues, max_body, max_record, max_properties, "
+             "store_host, now_ms, max_buffer, /)\n--\n\n"
+             "The records of a batch back to back, without queue offset, physical offset and store "
+             "timestamp (see stamp()). topics maps each topic of the batch to (magic, topic part); "
+             "choose(topic) -> queue id picks the queue of a topic's messages without one (once per "
+             "topic and call). Returns (records bytearray, sizes int64 bytes, queue ids int32 bytes, "
+             "group of each message int32 bytes, group keys [(topic, queue id)] in first-seen order, "
+             "tags codes int64 bytes, index hashes uint32 bytes, index messages int64 bytes), all native; "
+             "None for any batch the Python path must handle (a rule broken: it raises the typed error), "
+             "and for one whose records exceed max_buffer bytes.");
+
+/* The "topic#" prefix of the index keys: the scratch buffer holds it, then the key. */
+static int set_prefix(uint8_t *scratch, PyObject *topic, Py_ssize_t *prefix) {
+    Py_ssize_t n;
+    const char *t = PyUnicode_AsUTF8AndSize(topic, &n);
+    if (t == NULL)
+        return -1;
+    memcpy(scratch, t, (size_t)n);
+    scratch[n] = '#';
+    *prefix = n + 1;
+    return 0;
+}
+
+static PyObject *encode(PyObject *module, PyObject *args) {
+    PyObject *seq;
+    Py_buffer host;
+    long long now_ms;
+    Py_ssize_t max_buffer;
+    Rules r;
     (void)module;
     if (message_type == NULL) {
-        PyErr_SetString(PyExc_RuntimeError, "encode_plain before bind()");
+        PyErr_SetString(PyExc_RuntimeError, "encode before bind()");
         return NULL;
     }
-    Py_ssize_t max_buffer;
-    if (!PyArg_ParseTuple(args, "OUy*Innny*Ln:encode_plain", &seq, &topic, &topic_part, &magic, &p.max_body,
-                          &p.max_record, &p.max_properties, &host, &born_ts, &max_buffer))
+    if (!PyArg_ParseTuple(args, "OO!Olnnny*Ln:encode", &seq, &PyDict_Type, &r.topics, &r.choose, &r.max_queues,
+                          &r.max_body, &r.max_record, &r.max_properties, &host, &now_ms, &max_buffer))
         return NULL;
-    PyObject *result = NULL, *records = NULL, *sizes_obj = NULL, *props_obj = NULL, *hashes_obj = NULL,
-             *pinned = NULL;
+    r.now_ms = now_ms;
+    r.store_host_len = host.len;
+    PyObject *result = NULL, *pinned = NULL, *records = NULL, *sizes_obj = NULL, *qids_obj = NULL,
+             *gids_obj = NULL, *gkeys = NULL, *gindex = NULL, *tags_obj = NULL, *hashes_obj = NULL,
+             *imsg_obj = NULL;
+    Item *items = NULL;
     uint8_t *scratch = NULL;
-    if ((!PyList_CheckExact(seq) && !PyTuple_CheckExact(seq)) || host.len != 8 ||
+    Py_ssize_t n = 0, filled = 0;
+    r.chosen = PyDict_New();
+    if (r.chosen == NULL)
+        goto done;
+    if ((!PyList_CheckExact(seq) && !PyTuple_CheckExact(seq)) || (host.len != HOST_V4 && host.len != HOST_V6) ||
         PySequence_Fast_GET_SIZE(seq) == 0) {
         result = Py_NewRef(Py_None);
         goto done;
@@ -426,53 +578,152 @@ static PyObject *encode_plain(PyObject *module, PyObject *args) {
     pinned = PySequence_Tuple(seq); /* a list could change under us; a tuple cannot */
     if (pinned == NULL)
         goto done;
-    p.messages = pinned;
-    p.n = PyTuple_GET_SIZE(pinned);
-    p.topic = topic;
-    p.topic_part = topic_part.buf;
-    p.topic_part_len = topic_part.len;
-    p.magic = magic;
-    sizes_obj = PyBytes_FromStringAndSize(NULL, p.n * (Py_ssize_t)sizeof(int64_t));
-    props_obj = PyBytes_FromStringAndSize(NULL, p.n * (Py_ssize_t)sizeof(int64_t));
-    if (sizes_obj == NULL || props_obj == NULL)
+    n = PyTuple_GET_SIZE(pinned);
+    items = PyMem_Calloc((size_t)n, sizeof(Item));
+    sizes_obj = PyBytes_FromStringAndSize(NULL, n * (Py_ssize_t)sizeof(int64_t));
+    qids_obj = PyBytes_FromStringAndSize(NULL, n * (Py_ssize_t)sizeof(int32_t));
+    gids_obj = PyBytes_FromStringAndSize(NULL, n * (Py_ssize_t)sizeof(int32_t));
+    tags_obj = PyBytes_FromStringAndSize(NULL, n * (Py_ssize_t)sizeof(int64_t));
+    gkeys = PyList_New(0);
+    gindex = PyDict_New();
+    if (items == NULL || sizes_obj == NULL || qids_obj == NULL || gids_obj == NULL || tags_obj == NULL ||
+        gkeys == NULL || gindex == NULL) {
+        if (items == NULL)
+            PyErr_NoMemory();
         goto done;
+    }
     int64_t *sizes = (int64_t *)PyBytes_AS_STRING(sizes_obj);
-    int64_t *props = (int64_t *)PyBytes_AS_STRING(props_obj);
-    Py_ssize_t total_keys, total_bytes;
-    int plain = check_plain(&p, sizes, props, &total_keys, &total_bytes);
-    if (plain < 0)
-        goto done;
-    if (plain == 0 || total_bytes > max_buffer) {
+    int32_t *qids = (int32_t *)PyBytes_AS_STRING(qids_obj), *gids = (int32_t *)PyBytes_AS_STRING(gids_obj);
+    int64_t *tcodes = (int64_t *)PyBytes_AS_STRING(tags_obj);
+    Py_ssize_t total_bytes = 0, total_keys = 0, longest = 0;
+    PyObject *last_topic = NULL;
+    long last_qid = -1, last_gid = -1;
+    for (Py_ssize_t j = 0; j < n; j++) {
+        PyObject *m = PyTuple_GET_ITEM(pinned, j);
+        int ok = check_one(&r, m, &items[j], &sizes[j]);
+        filled = j + 1;
+        if (ok < 0)
+            goto done;
+        if (ok == 0) {
+            result = Py_NewRef(Py_None);
+            goto done;
+        }
+        total_bytes += sizes[j];
+        total_keys += items[j].key_count + (items[j].uniq != NULL);
+        if (items[j].props_len > longest)
+            longest = items[j].props_len;
+        qids[j] = items[j].queue_id;
+        /* the (topic, queue id) group, in first-seen order */
+        PyObject *topic = field(m, F_TOPIC);
+        if (topic == last_topic && qids[j] == last_qid) {
+            gids[j] = (int32_t)last_gid;
+        } else {
+            PyObject *key = Py_BuildValue("(Oi)", topic, qids[j]);
+            if (key == NULL)
+                goto done;
+            PyObject *g = PyDict_GetItemWithError(gindex, key);
+            if (g == NULL) {
+                if (PyErr_Occurred() || PyList_Append(gkeys, key) < 0) {
+                    Py_DECREF(key);
+                    goto done;
+                }
+                g = PyLong_FromSsize_t(PyList_GET_SIZE(gkeys) - 1);
+                if (g == NULL || PyDict_SetItem(gindex, key, g) < 0) {
+                    Py_XDECREF(g);
+                    Py_DECREF(key);
+                    goto done;
+                }
+                Py_DECREF(g);
+            }
+            Py_DECREF(key);
+            last_gid = PyLong_AsLong(g);
+            last_topic = topic;
+            last_qid = qids[j];
+            gids[j] = (int32_t)last_gid;
+        }
+        /* the tags code: TAGS, or the TAGS property */
+        PyObject *tag = items[j].tags;
+        if (tag == Py_None && items[j].props != empty_properties) {
+            tag = PyDict_GetItemString(items[j].props, TAGS_NAME); /* borrowed */
+            if (tag == NULL)
+                tag = Py_None;
+        }
+        tcodes[j] = (tag != Py_None && PyUnicode_GET_LENGTH(tag)) ? java_hash(tag) : 0;
+    }
+    if (total_bytes > max_buffer) {
         result = Py_NewRef(Py_None);
         goto done;
     }
-    Py_ssize_t topic_len;
-    const char *topic_utf8 = PyUnicode_AsUTF8AndSize(topic, &topic_len);
-    if (topic_utf8 == NULL)
-        goto done;
     records = PyByteArray_FromStringAndSize(NULL, total_bytes);
     hashes_obj = PyBytes_FromStringAndSize(NULL, total_keys * (Py_ssize_t)sizeof(uint32_t));
-    scratch = PyMem_Malloc((size_t)(topic_len + 1 + p.max_properties));
-    if (records == NULL || hashes_obj == NULL || scratch == NULL) {
+    imsg_obj = PyBytes_FromStringAndSize(NULL, total_keys * (Py_ssize_t)sizeof(int64_t));
+    Py_ssize_t room = 4 * 32767 + longest; /* a topic's UTF-8 bytes, '#', the longest key */
+    scratch = PyMem_Malloc((size_t)room);
+    if (records == NULL || hashes_obj == NULL || imsg_obj == NULL || scratch == NULL) {
         if (scratch == NULL)
             PyErr_NoMemory();
         goto done;
     }
-    memcpy(scratch, topic_utf8, (size_t)topic_len);
-    scratch[topic_len] = '#';
-    if (write_plain(&p, sizes, props, (uint8_t *)PyByteArray_AS_STRING(records), total_keys, host.buf, born_ts,
-                    scratch, topic_len + 1, (uint32_t *)PyBytes_AS_STRING(hashes_obj)) < 0)
-        goto done;
-    int per_message = total_keys == 0 ? 0 : (total_keys == p.n ? 1 : -1);
-    result = Py_BuildValue("(OOOi)", records, sizes_obj, hashes_obj, per_message);
+    uint32_t *hashes = (uint32_t *)PyBytes_AS_STRING(hashes_obj);
+    int64_t *imsgs = (int64_t *)PyBytes_AS_STRING(imsg_obj);
+    Out o = {(uint8_t *)PyByteArray_AS_STRING(records), (uint8_t *)PyByteArray_AS_STRING(records)};
+    Py_ssize_t key_at = 0, prefix = 0;
+    last_topic = NULL;
+    for (Py_ssize_t j = 0; j < n; j++) {
+        PyObject *topic = field(PyTuple_GET_ITEM(pinned, j), F_TOPIC);
+        if (topic == NULL || !PyUnicode_CheckExact(topic))
+            goto changed;
+        if (topic != last_topic) {
+            if (set_prefix(scratch, topic, &prefix) < 0)
+                goto done;
+            last_topic = topic;
+        }
+        o.end = o.at + sizes[j];
+        Py_ssize_t first_key = key_at;
+        int rc = write_one(&items[j], &o, sizes[j], host.buf, host.len, scratch, prefix, room, hashes, &key_at,
+                           total_keys);
+        if (rc == -2)
+            goto done;
+        if (rc < 0)
+            goto changed;
+        for (Py_ssize_t k = first_key; k < key_at; k++)
+            imsgs[k] = j;
+        if (items[j].uniq != NULL) {
+            if (key_at >= total_keys)
+                goto changed;
+            Out u = {scratch + prefix, scratch + room};
+            int ur = put_text(&u, items[j].uniq, "", NULL, 0, 0, NULL);
+            if (ur == -2)
+                goto done;
+            if (ur < 0)
+                goto changed;
+            hashes[key_at] = murmur3_32(scratch, (size_t)(u.at - scratch));
+            imsgs[key_at++] = j;
+        }
+    }
+    if (key_at != total_keys)
+        goto changed;
+    result = Py_BuildValue("(OOOOOOOO)", records, sizes_obj, qids_obj, gids_obj, gkeys, tags_obj, hashes_obj,
+                           imsg_obj);
+    goto done;
+changed:
+    PyErr_SetString(PyExc_RuntimeError, "a message of the batch changed while it was being encoded");
 done:
+    if (items != NULL)
+        release_items(items, filled);
+    PyMem_Free(items);
+    PyMem_Free(scratch);
+    Py_XDECREF(r.chosen);
+    Py_XDECREF(pinned);
     Py_XDECREF(records);
     Py_XDECREF(sizes_obj);
-    Py_XDECREF(props_obj);
+    Py_XDECREF(qids_obj);
+    Py_XDECREF(gids_obj);
+    Py_XDECREF(gkeys);
+    Py_XDECREF(gindex);
+    Py_XDECREF(tags_obj);
     Py_XDECREF(hashes_obj);
-    PyMem_Free(scratch);
-    Py_XDECREF(pinned);
-    PyBuffer_Release(&topic_part);
+    Py_XDECREF(imsg_obj);
     PyBuffer_Release(&host);
     return result;
 }
@@ -480,53 +731,59 @@ done:
 /* ------------------------------------------------------------------ stamp */
 
 PyDoc_STRVAR(stamp_doc,
-             "stamp(records, start, count, queue_id, first_queue_offset, first_physical_offset, "
-             "store_timestamp, /) -> int\n--\n\n"
-             "Write the placement of count records of records (as encode_plain made them) starting at "
-             "byte start: the queue id, queue offsets first_queue_offset + i, physical offsets "
-             "first_physical_offset + (position - start), the store timestamp. Returns the byte after "
-             "the last one; ValueError when the records do not fit in the buffer.");
+             "stamp(records, start, count, queue_offsets, first_physical_offset, store_timestamp, /) -> int\n"
+             "--\n\n"
+             "Write the placement of count records of records (as encode made them) starting at byte "
+             "start: queue offsets from queue_offsets (native int64, one per record), physical offsets "
+             "first_physical_offset + (position - start), the store timestamp. Returns the byte after the "
+             "last one; ValueError when the records do not fit in the buffer.");
 
 static PyObject *stamp(PyObject *module, PyObject *args) {
-    Py_buffer buf;
+    Py_buffer buf, qoffs;
     Py_ssize_t start, count;
-    int queue_id;
-    long long first_qoff, first_phys, store_ts;
+    long long first_phys, store_ts;
     (void)module;
-    if (!PyArg_ParseTuple(args, "w*nniLLL:stamp", &buf, &start, &count, &queue_id, &first_qoff, &first_phys,
-                          &store_ts))
+    if (!PyArg_ParseTuple(args, "w*ny*nLL:stamp", &buf, &start, &qoffs, &count, &first_phys, &store_ts))
         return NULL;
     uint8_t *data = buf.buf;
+    const int64_t *q = qoffs.buf;
     Py_ssize_t pos = start;
-    for (Py_ssize_t i = 0; i < count; i++) {
+    PyObject *result = NULL;
+    if (qoffs.len < count * (Py_ssize_t)sizeof(int64_t)) {
+        PyErr_SetString(PyExc_ValueError, "fewer queue offsets than records");
+        goto out;
+    }
+    Py_ssize_t i = 0;
+    for (; i < count; i++) {
         if (pos < 0 || pos > buf.len - HEADER_V4)
             break;
         uint32_t size = be_u32(data + pos + POS_TOTAL);
-        if (size < HEADER_V4 || (Py_ssize_t)size > buf.len - pos)
+        uint32_t sys_flag = be_u32(data + pos + POS_SYSFLAG);
+        Py_ssize_t after_born = (sys_flag & SYSFLAG_BORNHOST_V6) ? HOST_V6 - HOST_V4 : 0;
+        if (size < MIN_RECORD_SIZE || (Py_ssize_t)size > buf.len - pos)
             break;
         uint8_t *r = data + pos;
-        put_u32(r + POS_QUEUE_ID, (uint32_t)queue_id);
-        put_u64(r + POS_QUEUE_OFFSET, (uint64_t)first_qoff + (uint64_t)i);
+        put_u64(r + POS_QUEUE_OFFSET, (uint64_t)q[i]);
         put_u64(r + POS_PHYSICAL_OFFSET, (uint64_t)first_phys + (uint64_t)(pos - start));
-        put_u64(r + POS_STORE_TIMESTAMP, (uint64_t)store_ts);
+        put_u64(r + POS_STORE_TIMESTAMP + after_born, (uint64_t)store_ts);
         pos += size;
-        if (i == count - 1) {
-            PyBuffer_Release(&buf);
-            return PyLong_FromSsize_t(pos);
-        }
     }
-    PyBuffer_Release(&buf);
-    if (count == 0)
-        return PyLong_FromSsize_t(start);
+    if (i == count) {
+        result = PyLong_FromSsize_t(pos);
+        goto out;
+    }
     PyErr_Format(PyExc_ValueError, "%zd records from byte %zd do not fit in the buffer", count, start);
-    return NULL;
+out:
+    PyBuffer_Release(&qoffs);
+    PyBuffer_Release(&buf);
+    return result;
 }
 
 /* ------------------------------------------------------------------ the module */
 
 static PyMethodDef methods[] = {
     {"bind", bind, METH_VARARGS, bind_doc},
-    {"encode_plain", encode_plain, METH_VARARGS, encode_plain_doc},
+    {"encode", encode, METH_VARARGS, encode_doc},
     {"stamp", stamp, METH_VARARGS, stamp_doc},
     {"key_hash", key_hash, METH_O, key_hash_doc},
     {NULL, NULL, 0, NULL},

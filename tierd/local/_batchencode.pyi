@@ -1,29 +1,34 @@
-"""Types of the C plain-batch encoder (``_batchencode.c``); see :mod:`tierd.local.prepare`."""
+"""Types of the C batch encoder (``_batchencode.c``); see :mod:`tierd.local.prepare`."""
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from tierd.message import Message
 
-def bind(cls: type[Message], crc32: Callable[[bytes], int], defaults: tuple[object, ...], /) -> None: ...
-def encode_plain(
+def bind(
+    cls: type[Message],
+    crc32: Callable[[bytes], int],
+    encode_host: Callable[[str], bytes],
+    empty_properties: Mapping[str, str],
+    /,
+) -> None: ...
+def encode(
     messages: Sequence[Message],
-    topic: str,
-    topic_part: bytes,
-    magic: int,
+    topics: dict[str, tuple[int, bytes]],
+    choose: Callable[[str], int],
+    max_queues: int,
     max_body: int,
     max_record: int,
     max_properties: int,
     store_host: bytes,
-    born_timestamp: int,
+    now_ms: int,
     max_buffer: int,
     /,
-) -> tuple[bytearray, bytes, bytes, int] | None: ...
+) -> tuple[bytearray, bytes, bytes, bytes, list[tuple[str, int]], bytes, bytes, bytes] | None: ...
 def stamp(
     records: bytearray,
     start: int,
+    queue_offsets: object,
     count: int,
-    queue_id: int,
-    first_queue_offset: int,
     first_physical_offset: int,
     store_timestamp: int,
     /,
