@@ -196,6 +196,66 @@ def _summary(runs: list[dict[str, float]]) -> dict[str, Any]:
     return out
 
 
+#: The shape matrix (issue 31): what users send, not only the benchmark's shape.
+SHAPES: dict[str, Any] = {
+    "keys_only": lambda i, body: Message(topic="bench", body=body, keys=(f"key-{i}",)),
+    "queue_ids": lambda i, body: Message(topic="bench", body=body, keys=(f"key-{i}",), queue_id=i % 8),
+    "tag": lambda i, body: Message(topic="bench", body=body, keys=(f"key-{i}",), tags="TagA"),
+    "tag_2props_queue_id": lambda i, body: Message(
+        topic="bench",
+        body=body,
+        keys=(f"key-{i}",),
+        tags="TagA",
+        properties={"region": "eu-west", "trace": f"t-{i}"},
+        queue_id=i % 8,
+    ),
+    "three_topics": lambda i, body: Message(topic=f"bench{i % 3}", body=body, keys=(f"key-{i}",)),
+}
+
+
+def shape_matrix(args: argparse.Namespace) -> dict[str, Any]:
+    """``put_batch`` (batches of ``--batch``) and single ``put`` of every shape, for each body
+    size, against ``raw_write`` of the same volume, rounds interleaved (shapes in a rotating
+    order; the baseline in the same round). Medians; ratios to the fastest shape and to the
+    baseline."""
+    out: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory(dir=os.environ.get("TIERD_BENCH_DIR")) as tmp:
+        root = Path(tmp)
+        for size in args.body_sizes:
+            body = os.urandom(size)
+            batches = {name: [make(i, body) for i in range(args.messages)] for name, make in SHAPES.items()}
+            singles = {name: [make(i, body) for i in range(args.single)] for name, make in SHAPES.items()}
+            runs: dict[str, list[dict[str, float]]] = {name: [] for name in SHAPES}
+            puts: dict[str, list[dict[str, float]]] = {name: [] for name in SHAPES}
+            raw: list[dict[str, float]] = []
+            names = list(SHAPES)
+            for r in range(args.rounds):
+                order = names[r % len(names) :] + names[: r % len(names)]
+                for name in order:
+                    runs[name].append(
+                        store_put_batch(root / f"b{size}-{name}-{r}", batches[name], args.batch)
+                    )
+                    puts[name].append(store_put(root / f"s{size}-{name}-{r}", singles[name])[0])
+                raw.append(raw_write(root, int(runs[names[0]][-1]["bytes"])))
+            med = {name: statistics.median(x["msgs_per_s"] for x in runs[name]) for name in names}
+            fastest = max(med.values())
+            raw_mb = statistics.median(x["MB_per_s"] for x in raw)
+            out[f"body_{size}"] = {
+                "raw_write_MB_per_s": raw_mb,
+                "put_batch": {
+                    name: {
+                        "msgs_per_s": med[name],
+                        "MB_per_s": statistics.median(x["MB_per_s"] for x in runs[name]),
+                        "vs_fastest_shape": med[name] / fastest,
+                        "vs_raw_write": statistics.median(x["MB_per_s"] for x in runs[name]) / raw_mb,
+                    }
+                    for name in names
+                },
+                "put": {name: statistics.median(x["msgs_per_s"] for x in puts[name]) for name in names},
+            }
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--messages", type=int, default=200_000, help="messages per put_batch round")
@@ -204,7 +264,19 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5, help="interleaved rounds; medians count")
     ap.add_argument("--producers", type=int, default=64, help="sync group commit producers")
     ap.add_argument("--quick", action="store_true", help="a smoke run: 3 small rounds (not the figures)")
+    ap.add_argument("--shapes", action="store_true", help="the shape matrix instead (docs/performance.md)")
+    ap.add_argument("--body-sizes", type=int, nargs="+", default=[1024, 100, 16384], help="with --shapes")
     args = ap.parse_args()
+    if args.shapes:
+        load = os.getloadavg()[0]
+        matrix = shape_matrix(args)
+        json.dump(
+            {"load_average_1m": [load, os.getloadavg()[0]], "rounds": args.rounds, **matrix},
+            sys.stdout,
+            indent=2,
+        )
+        print()
+        return
     if args.quick:
         args.messages, args.single, args.rounds = 20_000, 10_000, 3
     load_before = os.getloadavg()
