@@ -259,6 +259,9 @@ class Inflight:
         self.redeliveries = 0
         #: Messages moved to a dead-letter topic so far (a metric).
         self.dead_letters = 0
+        #: Receives waiting per (group, topic): woken when a FIFO message is acked or moved, so
+        #: the next message of its group is delivered at once, not at the end of the long poll.
+        self._waiting: dict[tuple[str, str], set[asyncio.Future[None]]] = {}
 
     # ------------------------------------------------------------------ state
     async def _queue(self, group: str, topic: str, queue_id: int) -> _Queue:
@@ -314,6 +317,8 @@ class Inflight:
             queue_ids = self.store.topics().get(topic, [])
             waiters = [(topic, q) for q in range(max([*queue_ids, -1]) + 1)] or [(topic, 0)]
             futures = [(key, arrivals.register(key)) for key in waiters]
+            released: asyncio.Future[None] = loop.create_future()
+            self._waiting.setdefault((group, topic), set()).add(released)
             try:
                 async with self._lock:
                     out = await self._collect(group, topic, queue_ids, flt, batch, invisible)
@@ -323,10 +328,17 @@ class Inflight:
                 expiry = self._next_expiry(group, topic)
                 if expiry is not None:
                     left = min(left, max(0.01, expiry - self._now()))
-                await asyncio.wait([f for _, f in futures], timeout=left, return_when=asyncio.FIRST_COMPLETED)
+                await asyncio.wait(
+                    [released, *(f for _, f in futures)], timeout=left, return_when=asyncio.FIRST_COMPLETED
+                )
             finally:
                 for key, fut in futures:
                     arrivals.unregister(key, fut)
+                waiting = self._waiting.get((group, topic))
+                if waiting is not None:
+                    waiting.discard(released)
+                    if not waiting:
+                        del self._waiting[(group, topic)]
 
     def _next_expiry(self, group: str, topic: str) -> float | None:
         times = [
@@ -457,8 +469,12 @@ class Inflight:
         await asyncio.to_thread(self.journal.append, todo)
         for key, offset in todo:
             q = self._queues[key]
-            q.leases.pop(offset, None)
+            lease = q.leases.pop(offset, None)
             q.mark_done(offset, offset + 1)
+            if lease is not None and lease.group is not None:  # the group's next may go now
+                for fut in self._waiting.get((key[0], key[1]), ()):
+                    if not fut.done():
+                        fut.set_result(None)
         for key in {k for k, _ in todo}:
             await self._commit(*key, self._queues[key])
         await self._compact()

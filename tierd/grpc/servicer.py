@@ -5,10 +5,9 @@ status in the response (:mod:`tierd.grpc.codes`), so no traceback reaches a clie
 from __future__ import annotations
 
 import logging
-import zlib
 from typing import TYPE_CHECKING, Any
 
-from google.protobuf import duration_pb2
+from google.protobuf import duration_pb2, timestamp_pb2
 from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as svc
 from rocketmq.grpc_protocol import service_pb2_grpc as svc_grpc
@@ -16,6 +15,7 @@ from rocketmq.grpc_protocol import service_pb2_grpc as svc_grpc
 from tierd.consumption.inflight import Inflight, unknown_topic, valid_topic
 from tierd.grpc.codes import UnsupportedFeatureError, ok, status_of
 from tierd.grpc.convert import to_message, to_protocol
+from tierd.topics import queue_for_group
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -184,7 +184,7 @@ class Servicer(svc_grpc.MessagingServiceServicer):  # type: ignore[misc]
                     m.system_properties.message_group if m.system_properties.HasField("message_group") else ""
                 )
                 # FIFO: one message group always lands in the same queue, so it stays in order.
-                queue_id = zlib.crc32(group.encode()) % n if group else None
+                queue_id = queue_for_group(group, n) if group else None
                 batch.append(to_message(m, queue_id))
             if len(batch) == 1:
                 results = [await self.store.put(batch[0])]
@@ -242,6 +242,11 @@ class Servicer(svc_grpc.MessagingServiceServicer):  # type: ignore[misc]
             )
             return
         yield svc.ReceiveMessageResponse(status=ok())
+        # When the answer left the server, as the proxy sends it: push consumers measure their
+        # delivery latency from it (and fail a batch that lacks it).
+        now = timestamp_pb2.Timestamp()
+        now.GetCurrentTime()
+        yield svc.ReceiveMessageResponse(delivery_timestamp=now)
         for d in deliveries:
             yield svc.ReceiveMessageResponse(message=to_protocol(d.message, d.handle, d.attempt, d.invisible))
 
