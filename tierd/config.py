@@ -520,7 +520,20 @@ class TableConfig(_Section):
 
 
 class TopicConfig(_Section):
-    """``[topics.<name>]`` — settings of one topic."""
+    """``[topics.<name>]`` — settings of one topic. A declared topic exists from the start
+    (docs/topics.md): created when missing, its queue count grown and its cold retention set
+    to what is declared here at every start."""
+
+    queues: int | None = Field(
+        None,
+        ge=1,
+        description="Queues the topic spreads over (default `store.default_queues`, at most "
+        "`store.max_queues`); only grows.",
+    )
+    cold_retention_hours: float | None = Field(
+        None, gt=0, description="The topic's cold retention (default `tiered.file_reserved_time`)."
+    )
+
 
     table: Literal["none", "iceberg"] = Field(
         "none", description="`iceberg`: keep an Iceberg table of the topic's sealed cold messages."

@@ -266,3 +266,26 @@ class OffsetOutOfRangeError(InvalidRangeError):
     """An offset to commit or reset to lies outside the queue's readable range."""
 
     code = "offset_out_of_range"
+
+
+# --------------------------------------------------------------------------- topic admin
+class TopicExistsError(TierdError, FileExistsError):
+    """``create`` of a topic that is already there (declared, or holding messages)."""
+
+    code = "topic_exists"
+    http_status = 409
+
+
+class TopicInUseError(TierdError, RuntimeError):
+    """``delete`` of a topic a consumer group or a pending tiering round still needs (use
+    ``force`` to delete anyway)."""
+
+    code = "topic_in_use"
+    http_status = 409
+
+
+class QueueShrinkError(InvalidArgumentError):
+    """A topic's queue count can only grow: a queue taken away would strand its messages and
+    move message groups to other queues, out of order."""
+
+    code = "queue_count_shrink"

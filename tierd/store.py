@@ -25,7 +25,7 @@ from tierd.errors import InvalidArgumentError, NotReadyError, StoreClosedError, 
 from tierd.groups import ConsumerGroups, GroupInfo
 from tierd.inventory import QueueInfo, SegmentRow, check_kind, live_segments, queue_infos
 from tierd.local.store import MAX_GET_COUNT, HotStore, PutBatchResult
-from tierd.local.validation import check_key
+from tierd.local.validation import check_key, check_topic
 from tierd.longpoll import ArrivalNotifier
 from tierd.message import GetResult, GetStatus, Message, PutResult, ReadPolicy
 from tierd.offsets import ConsumerOffsets, check_group
@@ -35,6 +35,7 @@ from tierd.tiered.dispatcher import TierReport
 from tierd.tiered.restore import Progress, RestoreReport
 from tierd.tiered.restore import restore as restore_from_bucket
 from tierd.tiered.service import TieringService
+from tierd.topics import TopicAdmin, TopicInfo
 from tierd.verify import Progress as VerifyProgress
 from tierd.verify import VerifyReport, verify, verify_store
 
@@ -76,6 +77,15 @@ def _policy(policy: ReadPolicy | str | None, default: str) -> ReadPolicy:
         ) from e
 
 
+def _hours(value: float | str | None) -> float | Literal["default"] | None:
+    """A retention argument: hours, None (unchanged) or ``"default"`` (the store-wide one)."""
+    if isinstance(value, str):
+        if value != "default":
+            raise InvalidArgumentError(f"retention must be hours or 'default', got {value!r}", value=value)
+        return "default"
+    return value
+
+
 def _boundary(boundary: str) -> Boundary:
     if boundary not in ("lower", "upper"):
         raise InvalidArgumentError(f"boundary must be 'lower' or 'upper', got {boundary!r}")
@@ -94,6 +104,8 @@ class _StoreCore:
         #: Committed consumer offsets (``{store.dir}/config/consumer-offsets.json``).
         self.offsets = ConsumerOffsets(cfg.store.dir)
         self.consumers = ConsumerGroups(self.offsets, self.router, self.topics, cfg.store.max_queues)
+        #: Topic settings and lifecycle (docs/topics.md).
+        self.topic_admin = TopicAdmin(cfg, hot, self.offsets, tiering)
         #: Long-poll waiters, woken by the hot store's dispatch thread.
         self.arrivals = ArrivalNotifier()
         hot.listen_dispatched(self.arrivals.arrived)
@@ -409,6 +421,44 @@ class _StoreCore:
                 out.setdefault(t, set()).add(q)
         return {t: sorted(q) for t, q in sorted(out.items())}
 
+    def list_topics(self) -> list[str]:
+        """Every topic: created, declared in the configuration, or holding messages."""
+        self._hot()
+        self._cold_loaded_now()
+        return self.topic_admin.names()
+
+    def describe_topic(self, topic: str) -> TopicInfo:
+        """A topic's queue count, retention, sizes and per-queue ranges in both tiers
+        (NotFoundError if it does not exist)."""
+        self._hot()
+        self._cold_loaded_now()
+        return self.topic_admin.describe(topic)
+
+    def queue_count(self, topic: str) -> int:
+        """The queues ``topic`` spreads over (its created count, else what it has, else
+        ``store.default_queues``). Produce asks it: it never waits for the cold tier (a topic
+        that matters for message groups is created with its count, which is known at once)."""
+        self._hot()
+        return self.topic_admin.queue_count(check_topic(topic))
+
+    def group_queue(self, topic: str, group: str) -> int:
+        """The queue message group ``group`` of ``topic`` is produced to (one queue per group,
+        so its messages stay in order; :func:`tierd.topics.queue_for_group`)."""
+        self._hot()
+        return self.topic_admin.group_queue(topic, group)
+
+    async def _start_topics(self) -> None:
+        """At open, before anything is served: finish deletes a crash interrupted, create the
+        topics the configuration declares."""
+        admin = self.topic_admin
+        if self.hot.read_only:  # changes nothing: a pending delete waits for a writable open
+            return
+        try:
+            await admin.resume()
+        except TierdError as e:  # the hot part is done or raised; the cold part retries at gc
+            log.warning("an interrupted topic delete is unfinished (%s); retried at the next gc", e)
+        await admin.apply_config()
+
     def queues(self, topic: str) -> list[QueueInfo]:
         """Every queue of ``topic`` with its offsets in each tier (NotFoundError if unknown)."""
         hot = self._hot()
@@ -430,6 +480,8 @@ class _StoreCore:
         segments = 0
         if self.tiering is not None:
             await self.tiering.wait_ready()
+            await self.topic_admin.resume()
+            await self.topic_admin.sync_cold()
             segments = await self.tiering.apply_retention()
         return GcReport(hot_files=files, cold_segments=segments)
 
@@ -627,6 +679,31 @@ class MessageStore(_StoreCore):
         if self.tiering is not None:
             await self.tiering.wait_ready(timeout)
 
+    async def create_topic(
+        self, topic: str, queues: int | None = None, *, cold_retention_hours: float | None = None
+    ) -> TopicInfo:
+        """Create ``topic`` with ``queues`` queues (TopicExistsError if it exists)."""
+        self._hot()
+        await self._cold_loaded()
+        return await self.topic_admin.create(topic, queues, cold_retention_hours)
+
+    async def update_topic(
+        self, topic: str, *, queues: int | None = None, cold_retention_hours: float | str | None = None
+    ) -> TopicInfo:
+        """Grow the queue count (QueueShrinkError below the current one) and/or set the cold
+        retention (``"default"``: back to ``tiered.file_reserved_time``)."""
+        self._hot()
+        await self._cold_loaded()
+        hours = _hours(cold_retention_hours)
+        return await self.topic_admin.update(topic, queues=queues, cold_retention_hours=hours)
+
+    async def delete_topic(self, topic: str, *, force: bool = False) -> None:
+        """Delete ``topic`` from both tiers (docs/topics.md); TopicInUseError while a consumer
+        group or a pending tiering round needs it, unless ``force``."""
+        self._hot()
+        await self._cold_loaded()
+        await self.topic_admin.delete(topic, force=force)
+
     async def segments(
         self, topic: str | None = None, queue_id: int | None = None, type: str | None = None
     ) -> list[SegmentRow]:
@@ -753,10 +830,12 @@ class BlockingMessageStore(_StoreCore):
         if not cfg.tiered.enabled:
             hot = HotStore.open(cfg.store)
             try:
-                return cls(cfg, hot)
+                store = cls(cfg, hot)
+                asyncio.run(store._start_topics())
             except BaseException:
                 hot.close()
                 raise
+            return store
         loop = _LoopThread()
         try:
             return loop.run(_open_async(cfg, lambda hot, tiering: cls(cfg, hot, tiering, loop)))
@@ -846,6 +925,29 @@ class BlockingMessageStore(_StoreCore):
         """See :meth:`MessageStore.delete_group`."""
         self._hot()
         return self.offsets.delete(check_group(group), topic)
+
+    def create_topic(
+        self, topic: str, queues: int | None = None, *, cold_retention_hours: float | None = None
+    ) -> TopicInfo:
+        """See :meth:`MessageStore.create_topic`."""
+        self._hot()
+        self._cold_loaded_now()
+        return self._run_any(self.topic_admin.create(topic, queues, cold_retention_hours))
+
+    def update_topic(
+        self, topic: str, *, queues: int | None = None, cold_retention_hours: float | str | None = None
+    ) -> TopicInfo:
+        """See :meth:`MessageStore.update_topic`."""
+        self._hot()
+        self._cold_loaded_now()
+        hours = _hours(cold_retention_hours)
+        return self._run_any(self.topic_admin.update(topic, queues=queues, cold_retention_hours=hours))
+
+    def delete_topic(self, topic: str, *, force: bool = False) -> None:
+        """See :meth:`MessageStore.delete_topic`."""
+        self._hot()
+        self._cold_loaded_now()
+        self._run_any(self.topic_admin.delete(topic, force=force))
 
     def wait_ready(self, timeout: float | None = None) -> None:
         """Wait until the cold tier has loaded (no-op without one), at most ``timeout`` seconds
@@ -942,6 +1044,7 @@ async def _open_async(cfg: TierdConfig, make: Callable[[HotStore, TieringService
             tiering = TieringService(cfg, hot)
             await tiering.start()
         store = make(hot, tiering)
+        await store._start_topics()
     except BaseException:
         # Shielded: a second cancellation must not cut the clean-up short.
         await asyncio.shield(_close_opened(hot, tiering))

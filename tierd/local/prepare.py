@@ -179,6 +179,8 @@ class Preparer:
         self.store_host = store_host
         self._topics: dict[str, tuple[int, bytes]] = {}
         self._round_robin: dict[str, tuple[itertools.count[int], list[GroupKey]]] = {}
+        #: Queue counts of topics created with their own (tierd.topics); others: default_queues.
+        self.queue_counts: dict[str, int] = {}
         #: Sysflag and header layout of a record whose born host is the store host.
         self._own_sys_flag = host_sys_flag(len(store_host), len(store_host))
         self._own_header = header_struct(len(store_host), len(store_host))
@@ -201,10 +203,18 @@ class Preparer:
         number."""
         entry = self._round_robin.get(topic)
         if entry is None:
-            keys = [(topic, q) for q in range(self.default_queues)]
+            keys = [(topic, q) for q in range(self.queue_counts.get(topic, self.default_queues))]
             entry = self._round_robin.setdefault(topic, (itertools.count(), keys))
         counter, keys = entry
         return keys[next(counter) % len(keys)]
+
+    def set_queue_count(self, topic: str, queues: int | None) -> None:
+        """Round-robin ``topic`` over ``queues`` queues from now on (None: default_queues)."""
+        if queues is None:
+            self.queue_counts.pop(topic, None)
+        else:
+            self.queue_counts[topic] = queues
+        self._round_robin.pop(topic, None)
 
     def _next_queue(self, topic: str) -> int:
         return self._next_key(topic)[1]

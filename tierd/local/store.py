@@ -16,7 +16,9 @@ from __future__ import annotations
 import contextlib
 import functools
 import itertools
+import json
 import logging
+import os
 import shutil
 import threading
 import time
@@ -46,7 +48,7 @@ from tierd.local.consumequeue import ConsumeQueue, flush_queues
 from tierd.local.dispatch import DispatchBatch, ReputService
 from tierd.local.index import IndexService
 from tierd.local.layout import check_layout
-from tierd.local.mapped_file import FileCache, PendingDirSyncs, open_files_limit
+from tierd.local.mapped_file import FileCache, PendingDirSyncs, fsync_dir, open_files_limit
 from tierd.local.prepare import ACCELERATED as PREPARE_ACCELERATED
 from tierd.local.prepare import Preparer
 from tierd.local.quarantine import COPY_LIMIT, Quarantine
@@ -70,6 +72,8 @@ log = logging.getLogger(__name__)
 
 #: Upper bounds of one ``get`` (documented in docs/limits.md).
 MAX_GET_COUNT = 4096
+#: Where deleted topics' commitlog marks are kept (under ``{store.dir}/config``).
+ERASED_FILE = "erased-topics.json"
 MAX_GET_BYTES = 32 * 1024 * 1024
 
 
@@ -272,6 +276,10 @@ class HotStore:
         self.read_only = False
         #: What a read-only open found for recovery to repair (empty otherwise: it repaired it).
         self.findings: list[RecoveryFinding] = []
+        #: Deleted topics: topic -> commitlog offset before which its records are gone (they stay
+        #: in the shared commitlog until retention; recovery and key queries skip them). Kept in
+        #: ``{dir}/config/erased-topics.json``.
+        self.erased: dict[str, int] = {}
 
     # ------------------------------------------------------------------ lifecycle
     @classmethod
@@ -344,6 +352,7 @@ class HotStore:
         record the consume queues or index may lack."""
         cl = self.commitlog
         cl.files.load()
+        self.erased = _load_erased(self.dir)
         self.index.load(self.last_exit_ok, self.checkpoint.min_timestamp_index)
         cq_root = self.dir / "consumequeue"
         for topic_dir in sorted(cq_root.iterdir()) if cq_root.exists() else []:
@@ -380,6 +389,8 @@ class HotStore:
             unit_at=self._unit_at,
         )
         valid_end, records = scan.valid_end, scan.records
+        if self.erased:  # a deleted topic's records never come back as a queue
+            records = [(at, v) for at, v in records if at >= self.erased.get(v.topic, -1)]
         junk = []
         for f in cl.files.files:
             at = max(0, valid_end - f.file_from_offset)
@@ -639,6 +650,40 @@ class HotStore:
                 raise CorruptionError(f"{topic}/{queue_id} is being written; cannot move its start")
             cq.set_floor(offset)
             self.commitlog.queue_offsets[key] = offset
+
+    def erase_topic(self, topic: str, mark: int | None = None, timeout: float = 30.0) -> int:
+        """Delete ``topic`` from the hot store: its consume queues (files and all), its queue
+        offsets (a topic made again starts at 0) and — through a durable mark — its records
+        before commitlog offset ``mark`` (default: the end now), which stay in the shared
+        commitlog until retention but are never dispatched, recovered or found by key again.
+        Idempotent (a delete resumed after a crash runs it again). Returns the mark."""
+        self._check_open()
+        check_topic(topic)
+        with self.commitlog.lock:  # no append of the topic between the mark and the cut
+            end = self.commitlog.max_offset
+            mark = end if mark is None else min(mark, end)
+            if not self.reput.wait_dispatched(end, timeout):
+                raise NotReadyError(
+                    f"deleting topic {topic!r}: the hot store did not index what was written before "
+                    f"within {timeout:g} s",
+                    topic=topic,
+                )
+            if self.erased.get(topic, -1) < mark:
+                self.erased[topic] = mark
+                _save_erased(self.dir, self.erased)
+            with self._cq_lock:
+                doomed = [key for key in self.cqs if key[0] == topic]
+                queues = [self.cqs.pop(key) for key in doomed]
+            for key in [k for k in self.commitlog.queue_offsets if k[0] == topic]:
+                del self.commitlog.queue_offsets[key]
+            self.preparer.set_queue_count(topic, self.preparer.queue_counts.get(topic))
+        for cq in queues:
+            cq.close()
+        path = self.dir / "consumequeue" / topic
+        if path.exists():
+            shutil.rmtree(path)
+            fsync_dir(path.parent)
+        return mark
 
     def topics(self) -> dict[str, list[int]]:
         out: dict[str, list[int]] = {}
@@ -1047,7 +1092,7 @@ class HotStore:
         # Index items keep whole seconds since their file's start: widen by one second, then
         # filter on the record's exact store timestamp below.
         for phys in self.index.query(topic, key, max(max_count * 4, 64), max(0, begin - 1000), end):
-            if phys in seen or phys < self.commitlog.min_offset:
+            if phys in seen or phys < self.commitlog.min_offset or phys < self.erased.get(topic, -1):
                 continue
             seen.add(phys)
             try:
@@ -1174,6 +1219,32 @@ class HotStore:
         messages are readable (long polling wakes on it). It runs on the dispatch thread: it
         must be quick and must not block."""
         self.reput.listener = listener
+
+
+def _load_erased(directory: Path) -> dict[str, int]:
+    path = directory / "config" / ERASED_FILE
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as e:
+        raise CorruptionError(f"deleted-topic marks {path} are not valid: {e}", path=str(path)) from e
+    if not isinstance(data, dict) or not all(isinstance(v, int) for v in data.values()):
+        raise CorruptionError(f"deleted-topic marks {path}: not topic -> offset", path=str(path))
+    return {str(k): v for k, v in data.items()}
+
+
+def _save_erased(directory: Path, erased: dict[str, int]) -> None:
+    """Temp file, fsync, rename, fsync of the directory: a crash leaves the old marks or the new."""
+    path = directory / "config" / ERASED_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    with tmp.open("w", encoding="utf-8") as fh:
+        json.dump(erased, fh, sort_keys=True)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
 
 
 def _before(stored: int | None, timestamp: int) -> bool:

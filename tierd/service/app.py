@@ -69,10 +69,15 @@ from tierd.service.schemas import (
     StatusOut,
     TieringStatusOut,
     TierOut,
+    TopicCreateIn,
+    TopicDeletedOut,
+    TopicDetailOut,
     TopicOut,
     TopicsOut,
+    TopicUpdateIn,
 )
 from tierd.subscription import MAX_EXPRESSION_LENGTH
+from tierd.topics import queue_for_group
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
@@ -272,10 +277,13 @@ READ_ERRORS = _errors(400, 422, 502, 503)
 )
 async def produce(topic: Topic, request: Request, svc: Svc) -> PutOut:
     """Append one message to the hot store; returns once it is acknowledged (after fsync when
-    `store.flush = "sync"`). Without `queue_id` the store picks a queue round-robin."""
+    `store.flush = "sync"`). Without `queue_id` the store picks a queue round-robin; with
+    `message_group`, the group's queue (one queue per group: its messages stay in order)."""
     message = await _parse(request, MessageIn)
     with svc.writing() as store:
-        return PutOut.of(await store.put(message.to_message(topic)))
+        group = message.message_group
+        qid = store.group_queue(topic, group) if group is not None else None
+        return PutOut.of(await store.put(message.to_message(topic, qid)))
 
 
 @router.post(
@@ -289,11 +297,15 @@ async def produce(topic: Topic, request: Request, svc: Svc) -> PutOut:
 async def produce_batch(topic: Topic, request: Request) -> Response:
     """Append 1–1024 messages in one store call (the fast path: one commitlog append). The batch
     is validated whole: one bad message refuses all of them. Messages without `queue_id` all go
-    to one queue picked round-robin."""
+    to one queue picked round-robin; messages with a `message_group` to their group's queue."""
     svc: Service = request.app.state.service  # not a dependency: this is the hot path
     batch = await _parse(request, BatchIn)
-    messages = [m.to_message(topic) for m in batch.messages]
     with svc.writing() as store:
+        n = store.queue_count(topic) if any(m.message_group is not None for m in batch.messages) else 0
+        messages = [
+            m.to_message(topic, None if m.message_group is None else queue_for_group(m.message_group, n))
+            for m in batch.messages
+        ]
         res = await store.put_batch(messages)
     # JSON text straight from the result's columns: building PutResult objects or dicts and
     # serialising them would cost more than the append itself. Only integers and hex digits go
@@ -558,7 +570,78 @@ async def topics(svc: Svc) -> TopicsOut:
     """Every topic with its queue ids, across both tiers."""
     store = svc.store()
     await store.wait_ready()  # both tiers or 503 not_ready: never the hot tier's list alone
-    return TopicsOut(topics=[TopicOut(name=t, queues=q) for t, q in store.topics().items()])
+    with_data = store.topics()
+    return TopicsOut(topics=[TopicOut(name=t, queues=with_data.get(t, [])) for t in store.list_topics()])
+
+
+@router.post(
+    "/v1/topics",
+    response_model=TopicDetailOut,
+    status_code=201,
+    tags=["admin"],
+    summary="Create a topic",
+    responses=_errors(400, 409, 415, 422, 503),
+    openapi_extra=_request_body(TopicCreateIn),
+)
+async def create_topic(request: Request, svc: Svc) -> TopicDetailOut:
+    """Create a topic with its queue count and cold retention (409 `topic_exists` if it is there)."""
+    body = await _parse(request, TopicCreateIn)
+    info = await svc.store().create_topic(
+        body.name, body.queues, cold_retention_hours=body.cold_retention_hours
+    )
+    return TopicDetailOut.of(info)
+
+
+@router.get(
+    "/v1/topics/{topic}",
+    response_model=TopicDetailOut,
+    tags=["admin"],
+    summary="Describe a topic",
+    responses=_errors(400, 404, 422, 503),
+)
+async def describe_topic(topic: Topic, svc: Svc) -> TopicDetailOut:
+    """Queue count, retention in both tiers, sizes, and each queue's offsets per tier."""
+    store = svc.store()
+    await store.wait_ready()
+    return TopicDetailOut.of(store.describe_topic(topic))
+
+
+@router.patch(
+    "/v1/topics/{topic}",
+    response_model=TopicDetailOut,
+    tags=["admin"],
+    summary="Update a topic",
+    responses=_errors(400, 404, 415, 422, 503),
+    openapi_extra=_request_body(TopicUpdateIn),
+)
+async def update_topic(topic: Topic, request: Request, svc: Svc) -> TopicDetailOut:
+    """Grow the queue count (a smaller one: 400 `queue_count_shrink`) and/or set the cold retention."""
+    body = await _parse(request, TopicUpdateIn)
+    info = await svc.store().update_topic(
+        topic, queues=body.queues, cold_retention_hours=body.cold_retention_hours
+    )
+    return TopicDetailOut.of(info)
+
+
+@router.delete(
+    "/v1/topics/{topic}",
+    response_model=TopicDeletedOut,
+    tags=["admin"],
+    summary="Delete a topic from both tiers",
+    responses=_errors(400, 404, 409, 422, 502, 503),
+)
+async def delete_topic(
+    topic: Topic,
+    svc: Svc,
+    force: Annotated[
+        bool, Query(description="Delete even while a group or a tiering round needs it.")
+    ] = False,
+) -> TopicDeletedOut:
+    """Hot and cold data, manifests, key index entries and the groups' offsets of the topic;
+    409 `topic_in_use` while a consumer group has offsets on it or messages wait for tiering,
+    unless `force=true`."""
+    await svc.store().delete_topic(topic, force=force)
+    return TopicDeletedOut(topic=topic, deleted=True)
 
 
 @router.get(

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
+from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, model_validator
 
 from tierd.inventory import SegmentRow
 from tierd.message import GetStatus, Message
@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from tierd.inventory import QueueInfo
     from tierd.message import GetResult, PutResult
     from tierd.store import TierReport
+    from tierd.topics import TopicInfo
 
 #: Messages per batch request (RocketMQ bounds a batch by bytes; we bound both).
 MAX_BATCH_MESSAGES = 1024
@@ -88,12 +89,26 @@ class MessageIn(_Request):
         "(below `store.max_queues`, else 400 `invalid_queue`).",
     )
     flag: int = Field(0, ge=-(2**31), le=2**31 - 1, description="RocketMQ user flag (int32).")
+    message_group: str | None = Field(
+        None,
+        min_length=1,
+        max_length=255,
+        description="Message group (RocketMQ FIFO group, a sharding key): every message of a group "
+        "goes to one queue, in order (docs/topics.md). Not together with `queue_id`.",
+    )
 
-    def to_message(self, topic: str) -> Message:
+    @model_validator(mode="after")
+    def _one_target(self) -> MessageIn:
+        if self.message_group is not None and self.queue_id is not None:
+            raise ValueError("set queue_id or message_group, not both")
+        return self
+
+    def to_message(self, topic: str, queue_id: int | None = None) -> Message:
+        """The message; ``queue_id``: the queue its message group maps to."""
         return Message(
             topic=topic,
             body=self.body,
-            queue_id=self.queue_id,
+            queue_id=self.queue_id if queue_id is None else queue_id,
             keys=self.keys,
             tags=self.tags,
             properties=self.properties,
@@ -215,6 +230,59 @@ class TopicOut(_Model):
 
 class TopicsOut(_Model):
     topics: list[TopicOut]
+
+
+class TopicCreateIn(_Request):
+    """A topic to create (docs/topics.md)."""
+
+    name: str = Field(pattern=TOPIC_PATTERN, description="Topic name (1-255 of A-Z a-z 0-9 _ % | -).")
+    queues: int | None = Field(None, ge=1, description="Queue count (default `store.default_queues`).")
+    cold_retention_hours: float | None = Field(
+        None, gt=0, description="Cold retention (default `tiered.file_reserved_time`)."
+    )
+
+
+class TopicUpdateIn(_Request):
+    """What to change; omitted fields stay as they are."""
+
+    queues: int | None = Field(None, ge=1, description="New queue count: only grows (else 400).")
+    cold_retention_hours: float | Literal["default"] | None = Field(
+        None, description='Hours, or `"default"`: back to `tiered.file_reserved_time`.'
+    )
+
+
+class TopicQueueOut(_Model):
+    """One queue's readable offsets per tier (null: nothing in that tier)."""
+
+    queue_id: int
+    hot_min_offset: int | None
+    hot_max_offset: int | None
+    cold_min_offset: int | None
+    cold_max_offset: int | None
+
+
+class TopicDetailOut(_Model):
+    """`GET /v1/topics/{topic}`: settings, sizes and ranges in both tiers."""
+
+    name: str
+    queues: int = Field(description="Queues producers (and message groups) spread over.")
+    origin: Literal["created", "config", "auto"]
+    hot_retention_hours: float = Field(description="`store.file_reserved_time` (the commitlog is shared).")
+    cold_retention_hours: float | None = Field(description="null without a cold tier.")
+    cold_retention_own: bool = Field(description="The topic's own cold retention (not the default).")
+    hot_messages: int
+    cold_messages: int
+    cold_bytes: int
+    queue_ranges: list[TopicQueueOut]
+
+    @classmethod
+    def of(cls, info: TopicInfo) -> TopicDetailOut:
+        return cls.model_validate(info.as_dict())
+
+
+class TopicDeletedOut(_Model):
+    topic: str
+    deleted: bool
 
 
 class QueueOut(_Model):
