@@ -24,7 +24,6 @@ from tierd.tiered.manifest import (
     read_broker_manifest,
     read_queue_manifest,
 )
-from tierd.tiered.manifestwriter import build_queue_manifest
 from tierd.tiered.records import ManifestSegment, SegmentRecord
 
 if TYPE_CHECKING:
@@ -160,6 +159,10 @@ async def live_segments(
     kind: SegmentKind | None = None,
 ) -> list[SegmentRow]:
     """Segments of a running store's cold tier, from its flat files (current to the last commit)."""
+    # Here, not at the top: the writer brings numpy, which a CLI command that only asks the
+    # daemon for its queues (this module's QueueInfo) must not pay for at start-up.
+    from tierd.tiered.manifestwriter import build_queue_manifest
+
     cfg = tiering.cfg.tiered
     rows: list[SegmentRow] = []
     for (t, q), ff in sorted(tiering.flat.files.items()):

@@ -18,7 +18,6 @@ import dataclasses
 import logging
 import threading
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from tierd.errors import InvalidArgumentError, NotReadyError, StoreClosedError, TierdError
@@ -26,6 +25,7 @@ from tierd.groups import ConsumerGroups, GroupInfo
 from tierd.inventory import QueueInfo, SegmentRow, check_kind, live_segments, queue_infos
 from tierd.local.store import MAX_GET_COUNT, HotStore, PutBatchResult
 from tierd.local.validation import check_key, check_topic
+from tierd.lockfile import lock_holder
 from tierd.longpoll import ArrivalNotifier
 from tierd.message import GetResult, GetStatus, Message, PutResult, ReadPolicy
 from tierd.offsets import ConsumerOffsets, check_group
@@ -853,9 +853,7 @@ class BlockingMessageStore(_StoreCore):
         """The pid of the process holding ``cfg``'s store directory (0 when the lock file does
         not say), or None when none does — without opening the store: how the CLI chooses
         between opening the directory and asking the running daemon."""
-        from tierd.local.checkpoint import StoreLock
-
-        return StoreLock.holder(Path(cfg.store.dir) / "lock")
+        return lock_holder(cfg)
 
     def tier_now(self) -> TierReport:
         """Commit everything pending to the cold tier now (see :meth:`MessageStore.tier_now`)."""

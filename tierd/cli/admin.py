@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from tierd import BlockingMessageStore
 from tierd.cli.app import (
     app,
     echo,
@@ -20,8 +19,9 @@ from tierd.cli.app import (
     store_lock_hint,
 )
 from tierd.cli.remote import RemoteStore
-from tierd.tiered.ownership import take_over_unreadable_prefix
-from tierd.tiered.roots import backend_for_url
+
+if TYPE_CHECKING:
+    from tierd.store import BlockingMessageStore
 
 POLL_SECONDS = 0.2
 
@@ -126,6 +126,8 @@ def verify(
         def progress(done: int, total: int, what: str) -> None:
             bar.update(task, completed=done, total=total, description=f"verifying {what}")
 
+        from tierd.store import BlockingMessageStore
+
         report = BlockingMessageStore.verify_store(cfg, progress, repair=repair)
     if c.json:
         emit_json(report.as_dict())
@@ -186,6 +188,9 @@ def restore(
     The new store takes ownership of the bucket prefix (a new epoch): the store that wrote it
     before is fenced — if it is still running, its next commit fails and it writes nothing more
     there. Stop the old store first when you can (docs/tiering.md, "Moving a store")."""
+    from tierd.store import BlockingMessageStore
+    from tierd.tiered.roots import backend_for_url
+
     c = obj(ctx)
     cfg = c.config()
     cfg = cfg.model_copy(update={"backend": backend_for_url(source, cfg.backend)})
@@ -245,6 +250,8 @@ def takeover(
     this store (store.dir), so that it tiers again. Stop the store that wrote that record first,
     if one still runs: it is fenced from its next check on. The unreadable record stays (owner
     records are never rewritten). A readable owner is taken over only by `tierd restore`."""
+    from tierd.tiered.ownership import take_over_unreadable_prefix
+
     c = obj(ctx)
     cfg = c.config()
     record = asyncio.run(take_over_unreadable_prefix(cfg, unreadable))

@@ -1,6 +1,12 @@
 """The Typer application, its global options and what every command shares: opening the store,
 rendering text or JSON, progress bars, and the one error handler.
 
+Start-up cost is part of the interface: every ``tierd`` invocation imports this module and every
+command module (to register the commands), so those import only typer, rich's console and what
+a command that asks the daemon needs. The facade (numpy, the hot store, the tiering engine,
+about a second) is imported inside the commands that open the directory themselves
+(``tests/cli/test_startup.py`` checks what ``--help`` and remote commands import).
+
 Commands are thin: they parse options, call the facade and render. A
 :class:`~tierd.errors.TierdError` becomes one line on stderr and exit code 1; usage errors exit 2
 (click's convention); a command that finds problems (``verify``) exits 1 after listing them.
@@ -18,25 +24,22 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, ParamSpec, TypeVar
 
 import typer
 from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    DownloadColumn,
-    MofNCompleteColumn,
-    Progress,
-    TextColumn,
-    TimeRemainingColumn,
-)
-from rich.table import Table
 from typer.core import TyperGroup
 
-from tierd import BlockingMessageStore, TierdConfig
 from tierd.cli.remote import HttpApi, RemoteStore, loopback_url
 from tierd.errors import NotFoundError, StoreLockedError, TierdError
+from tierd.lockfile import lock_holder
 from tierd.logs import setup_logging as setup_process_logging
+
+if TYPE_CHECKING:
+    from rich.progress import Progress
+
+    from tierd.config import TierdConfig
+    from tierd.store import BlockingMessageStore
 
 log = logging.getLogger("tierd")
 P = ParamSpec("P")
@@ -119,6 +122,8 @@ class Context:
 
     def config(self) -> TierdConfig:
         if self._cfg is None:
+            from tierd.config import TierdConfig
+
             self._cfg = TierdConfig.load(self.config_path)
             setup_logging(self._cfg, self.log_level, self.quiet_logs)
         return self._cfg
@@ -143,7 +148,7 @@ class Context:
         token = cfg.server.bearer_token()
         if self.server_url:
             return RemoteStore(HttpApi(self.server_url, token))
-        holder = BlockingMessageStore.lock_holder(cfg)
+        holder = lock_holder(cfg)
         if holder is None:
             return None
         held = f"store directory {cfg.store.dir} is in use by another process" + (
@@ -182,6 +187,8 @@ class Context:
         if remote is not None:
             yield remote
             return
+        from tierd.store import BlockingMessageStore
+
         cfg = self.config()
         if not create:
             self.require_store(cfg)
@@ -359,6 +366,8 @@ def emit_json(value: Any) -> None:
 
 
 def emit_table(title: str | None, columns: list[str], rows: list[list[Any]]) -> None:
+    from rich.table import Table
+
     table = Table(title=title, show_edge=False, header_style="bold")
     for col in columns:
         table.add_column(col, overflow="fold")
@@ -375,6 +384,15 @@ def echo(text: str) -> None:
 def progress_bar(description: str, *, bytes_: bool = False, quiet: bool = False) -> Iterator[Progress]:
     """A rich progress bar on stderr — only on a terminal, and not with ``--output json``
     (scripts and log collectors want lines, not cursor movements)."""
+    from rich.progress import (
+        BarColumn,
+        DownloadColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeRemainingColumn,
+    )
+
     columns: list[Any] = [TextColumn("{task.description}"), BarColumn()]
     columns.append(DownloadColumn() if bytes_ else MofNCompleteColumn())
     columns.append(TimeRemainingColumn())

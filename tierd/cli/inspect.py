@@ -5,15 +5,15 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from tierd.cli.app import app, echo, emit_json, emit_table, handle_errors, obj
-from tierd.config import BackendConfig
-from tierd.inventory import SegmentKind, SegmentRow, bucket_segments, check_kind
-from tierd.tiered.guard import GuardedRoot
-from tierd.tiered.roots import backend_for_url, open_driver_factory
+
+if TYPE_CHECKING:
+    from tierd.config import BackendConfig
+    from tierd.inventory import SegmentKind, SegmentRow
 
 topics_app = typer.Typer(help="Topics of the store (both tiers).", no_args_is_help=True)
 queues_app = typer.Typer(help="Queues of a topic with their offsets in each tier.", no_args_is_help=True)
@@ -109,6 +109,9 @@ def segments_ls(
 
     Without --backend-url it opens the local store; with it, it needs nothing but the bucket.
     """
+    from tierd.inventory import check_kind
+    from tierd.tiered.roots import backend_for_url
+
     c = obj(ctx)
     cfg = c.config()
     segment_kind = check_kind(kind)
@@ -163,6 +166,10 @@ async def _bucket_rows(
     kind: SegmentKind | None,
     timeout: float,
 ) -> list[SegmentRow]:
+    from tierd.inventory import bucket_segments
+    from tierd.tiered.guard import GuardedRoot
+    from tierd.tiered.roots import open_driver_factory
+
     root = GuardedRoot(open_driver_factory(backend), timeout)  # every call bounded
     try:
         return await bucket_segments(root, cluster, broker, topic, queue, kind)

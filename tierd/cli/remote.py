@@ -13,7 +13,9 @@ body picks the :class:`~tierd.errors.TierdError` subclass), so ``tierd: error: â
 same in both modes.
 
 Only the standard library is used (``http.client``): the runtime image carries no HTTP client
-package.
+package. The facade's result types are imported where a reply is turned into one, not at the
+top: this module is on every command's start-up path, and the modules defining some of them
+bring the hot store and numpy along.
 """
 
 from __future__ import annotations
@@ -27,13 +29,13 @@ from typing import TYPE_CHECKING, Any
 
 from tierd.errors import InvalidArgumentError, NotFoundError, TierdError
 from tierd.format.message_ext import MessageExt
-from tierd.groups import GroupInfo, QueueLag
-from tierd.inventory import QueueInfo, SegmentRow
 from tierd.message import GetResult, GetStatus, PutResult, ReadPolicy
 
 if TYPE_CHECKING:
     from collections.abc import Iterator, Sequence
 
+    from tierd.groups import GroupInfo
+    from tierd.inventory import QueueInfo, SegmentRow
     from tierd.message import Message
 
 #: Longest wait for one reply (tiering everything now can take a while on a slow backend).
@@ -256,12 +258,16 @@ class RemoteStore:
         return {t["name"]: list(t["queues"]) for t in doc["topics"]}
 
     def queues(self, topic: str) -> list[QueueInfo]:
+        from tierd.inventory import QueueInfo
+
         doc = self.api.call("GET", _path("v1", "topics", topic, "queues"))
         return [QueueInfo(**q) for q in doc["queues"]]
 
     def segments(
         self, topic: str | None = None, queue_id: int | None = None, type: str | None = None
     ) -> list[SegmentRow]:
+        from tierd.inventory import SegmentRow
+
         doc = self.api.call("GET", "/v1/segments", {"topic": topic, "queue": queue_id, "type": type})
         return [SegmentRow(**s) for s in doc["segments"]]
 
@@ -283,6 +289,8 @@ class RemoteStore:
         return _offsets(self.api.call("GET", _path("v1", "groups", group, "offsets")))
 
     def consumer_groups(self, group: str | None = None) -> list[GroupInfo]:
+        from tierd.groups import GroupInfo, QueueLag
+
         if group is None:
             docs = self.api.call("GET", "/v1/groups")["groups"]
         else:

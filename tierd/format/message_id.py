@@ -12,18 +12,16 @@ import struct
 from functools import lru_cache
 from typing import TYPE_CHECKING, Final
 
-import numpy as np
-
 from tierd.errors import InvalidArgumentError
 from tierd.format.host import decode_host
 
 if TYPE_CHECKING:
+    import numpy as np
     import numpy.typing as npt
 
 #: PHYSICALOFFSET is a signed 64-bit field; the id shows its two's-complement bytes.
 OFFSET_MASK: Final = 0xFFFFFFFFFFFFFFFF
 _LONG = struct.Struct(">q")
-_HEX = np.frombuffer(b"0123456789ABCDEF", np.uint8)
 
 
 @lru_cache(maxsize=4096)
@@ -46,17 +44,20 @@ def offset_msg_ids(
     """:func:`offset_msg_id` of every row, as the ASCII of all ids one after the other and the
     ``n + 1`` offsets where each starts (an Arrow string column's buffers). ``store_hosts`` holds
     each row's STOREHOST bytes (``n × 20``; only the first 8 are read where ``v6`` is false)."""
+    import numpy as np  # here, not at the top: the CLI formats single ids without numpy's start-up
+
     n = len(physical_offsets)
     if not v6.any():  # IPv4 only: 8 host bytes + 8 offset bytes per row, hexed in one C call
         raw = np.empty((n, 16), np.uint8)
         raw[:, :8] = store_hosts[:, :8]
         raw[:, 8:] = physical_offsets.astype(">i8").view(np.uint8).reshape(n, 8)
         return raw.tobytes().hex().upper().encode(), np.arange(n + 1, dtype=np.int32) * 32
+    hexd = np.frombuffer(b"0123456789ABCDEF", np.uint8)
     host_hex = np.empty((n, 40), np.uint8)
-    host_hex[:, 0::2] = _HEX[store_hosts >> 4]
-    host_hex[:, 1::2] = _HEX[store_hosts & 0xF]
+    host_hex[:, 0::2] = hexd[store_hosts >> 4]
+    host_hex[:, 1::2] = hexd[store_hosts & 0xF]
     shifts = np.arange(60, -4, -4, dtype=np.uint64)
-    off_hex = _HEX[((physical_offsets.astype(np.uint64)[:, None] >> shifts) & np.uint64(0xF)).astype(np.intp)]
+    off_hex = hexd[((physical_offsets.astype(np.uint64)[:, None] >> shifts) & np.uint64(0xF)).astype(np.intp)]
     width = np.where(v6, 40, 16)
     full = np.hstack([host_hex, off_hex])
     cols = np.arange(56)
