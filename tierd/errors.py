@@ -230,6 +230,14 @@ class PrefixOwnedError(TierdError, PermissionError):
     http_status = 409
 
 
+class ReadOnlyError(TierdError, PermissionError):
+    """A write through a bucket opened read-only (``tierd --bucket URL ...``, a DR drill): it
+    reads the cold tier and never writes or claims anything. ``detail`` names the operation."""
+
+    code = "read_only"
+    http_status = 409
+
+
 class DriverNotFoundError(ConfigError):
     """No segment driver registered under the configured name."""
 

@@ -20,7 +20,7 @@ import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
-from tierd.errors import InvalidArgumentError, NotReadyError, StoreClosedError, TierdError
+from tierd.errors import InvalidArgumentError, NotReadyError, ReadOnlyError, StoreClosedError, TierdError
 from tierd.groups import ConsumerGroups, GroupInfo
 from tierd.inventory import QueueInfo, SegmentRow, check_kind, live_segments, queue_infos
 from tierd.local.store import MAX_GET_COUNT, HotStore, PutBatchResult
@@ -32,8 +32,11 @@ from tierd.offsets import ConsumerOffsets, check_group
 from tierd.router import TierRouter
 from tierd.subscription import TagFilter, parse_tags
 from tierd.tiered.dispatcher import TierReport
+from tierd.tiered.readonly import ReadOnlyTiering, remove_scratch, scratch_config
 from tierd.tiered.restore import Progress, RestoreReport
+from tierd.tiered.restore import dry_run as restore_dry_run
 from tierd.tiered.restore import restore as restore_from_bucket
+from tierd.tiered.roots import backend_for_url
 from tierd.tiered.service import TieringService
 from tierd.topics import TopicAdmin, TopicInfo
 from tierd.verify import Progress as VerifyProgress
@@ -733,9 +736,15 @@ class MessageStore(_StoreCore):
         return await self._query(topic, key, max_count, begin, end)
 
     @staticmethod
-    async def restore(cfg: TierdConfig, progress: Progress | None = None) -> RestoreReport:
-        """Rebuild an empty store directory's tiering metadata from the bucket's manifests."""
-        return await restore_from_bucket(cfg, progress=progress)
+    async def restore(
+        cfg: TierdConfig, progress: Progress | None = None, *, take_over: bool = True, dry_run: bool = False
+    ) -> RestoreReport:
+        """Rebuild an empty store directory's tiering metadata from the bucket's manifests,
+        taking the bucket prefix over (``take_over=False``: refused while another store owns
+        it). ``dry_run``: only report what it would bring back, writing nothing."""
+        if dry_run:
+            return await restore_dry_run(cfg, progress=progress)
+        return await restore_from_bucket(cfg, progress=progress, take_over=take_over)
 
     async def tier_now(self) -> TierReport:
         """Commit everything pending to the cold tier now. Returns what each queue committed
@@ -844,9 +853,34 @@ class BlockingMessageStore(_StoreCore):
             raise
 
     @staticmethod
-    def restore(cfg: TierdConfig, progress: Progress | None = None) -> RestoreReport:
-        """Rebuild an empty store directory's tiering metadata from the bucket's manifests."""
-        return asyncio.run(restore_from_bucket(cfg, progress=progress))
+    def restore(
+        cfg: TierdConfig, progress: Progress | None = None, *, take_over: bool = True, dry_run: bool = False
+    ) -> RestoreReport:
+        """See :meth:`MessageStore.restore`."""
+        return asyncio.run(MessageStore.restore(cfg, progress, take_over=take_over, dry_run=dry_run))
+
+    @classmethod
+    def open_bucket(cls, cfg: TierdConfig, url: str | None = None) -> BlockingMessageStore:
+        """A bucket's cold tier opened READ-ONLY (:mod:`tierd.tiered.readonly`): reads, key
+        queries, listings, consumer groups and ``verify`` answer as the owner's store does,
+        while nothing is written to the bucket or claimed (every write and admin call raises
+        :class:`~tierd.errors.ReadOnlyError`) — a DR drill next to the live owner. ``url``
+        overrides ``[backend] url`` (the driver follows its scheme); ``store.dir`` is not used
+        (an empty hot store in a temporary directory, removed at close)."""
+        if url is not None:
+            cfg = cfg.model_copy(update={"backend": backend_for_url(url, cfg.backend)})
+        cfg, scratch = scratch_config(cfg)
+        loop = _LoopThread()
+
+        def make(hot: HotStore, tiering: TieringService | None) -> _BucketStore:
+            return _BucketStore(cfg, hot, tiering, loop, lambda: remove_scratch(scratch))
+
+        try:
+            return loop.run(_open_async(cfg, make, ReadOnlyTiering))
+        except BaseException:
+            loop.stop()
+            remove_scratch(scratch)
+            raise
 
     @staticmethod
     def lock_holder(cfg: TierdConfig) -> int | None:
@@ -1028,7 +1062,11 @@ class BlockingMessageStore(_StoreCore):
         self.close()
 
 
-async def _open_async(cfg: TierdConfig, make: Callable[[HotStore, TieringService | None], S]) -> S:
+async def _open_async(
+    cfg: TierdConfig,
+    make: Callable[[HotStore, TieringService | None], S],
+    tiering_class: type[TieringService] = TieringService,
+) -> S:
     """Open the hot store, start the cold tier, build the facade with ``make`` (which reads the
     consumer offsets) and start its upkeep — on the loop the store will run on.
 
@@ -1039,7 +1077,7 @@ async def _open_async(cfg: TierdConfig, make: Callable[[HotStore, TieringService
     tiering: TieringService | None = None
     try:
         if cfg.tiered.enabled:
-            tiering = TieringService(cfg, hot)
+            tiering = tiering_class(cfg, hot)
             await tiering.start()
         store = make(hot, tiering)
         await store._start_topics()
@@ -1073,6 +1111,78 @@ async def _close_opened(hot: HotStore, tiering: TieringService | None) -> None:
         log.warning("closing the cold tier of a store that failed to open: %s", e)
     finally:
         await asyncio.to_thread(hot.close)
+
+
+class _BucketStore(BlockingMessageStore):
+    """What :meth:`BlockingMessageStore.open_bucket` returns: every read of the facade, every
+    write refused (the hot store is a scratch one: a message put there would be acknowledged
+    and then lost at close — a misleading answer)."""
+
+    def __init__(
+        self,
+        cfg: TierdConfig,
+        hot: HotStore,
+        tiering: TieringService | None,
+        loop: _LoopThread,
+        cleanup: Callable[[], None],
+    ) -> None:
+        super().__init__(cfg, hot, tiering, loop)
+        self._cleanup = cleanup
+
+    def _refuse(self, operation: str) -> ReadOnlyError:
+        return ReadOnlyError(
+            f"{operation} is refused: the bucket {self.config.backend.url} is open read-only "
+            "(`tierd --bucket`, a DR drill); nothing is written or claimed there",
+            operation=operation,
+            backend=self.config.backend.url,
+        )
+
+    def put(self, message: Message) -> PutResult:
+        raise self._refuse("produce")
+
+    def put_batch(self, messages: Sequence[Message]) -> PutBatchResult:
+        raise self._refuse("produce")
+
+    def commit_offset(self, group: str, topic: str, queue_id: int, offset: int) -> None:
+        raise self._refuse("committing a consumer offset")
+
+    def reset_offsets(
+        self,
+        group: str,
+        topic: str,
+        to: str,
+        *,
+        timestamp: int | None = None,
+        offset: int | None = None,
+        queue_id: int | None = None,
+    ) -> dict[tuple[str, int], int]:
+        raise self._refuse("resetting consumer offsets")
+
+    def delete_group(self, group: str, topic: str | None = None) -> int:
+        raise self._refuse("deleting a consumer group")
+
+    def gc(self) -> GcReport:
+        raise self._refuse("gc")
+
+    def tier_now(self) -> TierReport:
+        raise self._refuse("tiering")
+
+    def verify(self, progress: VerifyProgress | None = None, *, repair: bool = False) -> VerifyReport:
+        if repair:
+            raise self._refuse("verify --repair")
+        return super().verify(progress)
+
+    def _start_consumers(self) -> None:
+        pass  # no offsets mirror: the bucket's copy is the owner's
+
+    async def _upload_offsets(self) -> None:
+        pass
+
+    def close(self, grace: float | None = None) -> None:
+        try:
+            super().close(0.0)
+        finally:
+            self._cleanup()
 
 
 class _LoopThread:

@@ -200,7 +200,8 @@ def test_restore_rebuilds_an_empty_store_from_the_bucket(cfg: Path, tmp_path: Pa
     fresh = tmp_path / "fresh"
     fresh.mkdir()
     fresh_cfg = _config(fresh, f'[backend]\nurl = "{tmp_path / "cold"}"\n')
-    report = tierd_json(fresh_cfg, "restore", "--from", str(tmp_path / "cold"))
+    # The bucket's owner (the first store) is fenced: only with --take-over.
+    report = tierd_json(fresh_cfg, "restore", "--from", str(tmp_path / "cold"), "--take-over")
     assert report["messages"] == 80
     assert report["topics"] == 1
     assert (report["owner"]["epoch"], report["owner"]["reason"]) == (2, "takeover")

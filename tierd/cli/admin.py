@@ -21,7 +21,12 @@ from tierd.cli.app import (
 from tierd.cli.remote import RemoteStore
 
 if TYPE_CHECKING:
+    from tierd.cli.app import Context
+    from tierd.config import TierdConfig
     from tierd.store import BlockingMessageStore
+    from tierd.tiered.restore import RestoreReport
+    from tierd.verify import Progress as VerifyProgress
+    from tierd.verify import VerifyReport
 
 POLL_SECONDS = 0.2
 
@@ -119,16 +124,14 @@ def verify(
     problem with where it is; exits 1 if any is left. Nothing is written without --repair.
     """
     c = obj(ctx)
-    cfg = c.local_only("verify")
+    cfg = c.local_only("verify") if c.bucket_url is None else c.config()
     with store_lock_hint(), progress_bar("verifying", bytes_=True, quiet=c.json) as bar:
         task = bar.tasks[0].id
 
         def progress(done: int, total: int, what: str) -> None:
             bar.update(task, completed=done, total=total, description=f"verifying {what}")
 
-        from tierd.store import BlockingMessageStore
-
-        report = BlockingMessageStore.verify_store(cfg, progress, repair=repair)
+        report = _verify(c, cfg, progress, repair)
     if c.json:
         emit_json(report.as_dict())
     else:
@@ -151,6 +154,17 @@ def verify(
         )
     if not report.ok:
         raise typer.Exit(1)
+
+
+def _verify(c: Context, cfg: TierdConfig, progress: VerifyProgress, repair: bool) -> VerifyReport:
+    """``verify`` of the stopped store and its bucket — or, with ``--bucket``, of that bucket
+    alone, opened read-only (nothing can be repaired there: it belongs to its owner)."""
+    if c.bucket_url is not None:
+        with c.bucket() as bucket:
+            return bucket.verify(progress, repair=repair)
+    from tierd.store import BlockingMessageStore
+
+    return BlockingMessageStore.verify_store(cfg, progress, repair=repair)
 
 
 @app.command()
@@ -180,6 +194,24 @@ def restore(
             "come from [backend] when the scheme matches.",
         ),
     ],
+    take_over: Annotated[
+        bool,
+        typer.Option(
+            "--take-over",
+            help="Take the bucket prefix over from the store that owns it, FENCING that store (if "
+            "it still runs, it tiers nothing more). Without it a restore of an owned bucket is "
+            "refused, naming the owner.",
+        ),
+    ] = False,
+    dry_run: Annotated[
+        bool,
+        typer.Option(
+            "--dry-run",
+            help="Only report what a restore would bring back (topics, queues, offset ranges, "
+            "messages, bytes, consumer groups' offsets, damage) and whom it would fence; nothing "
+            "is written or claimed, store.dir is not touched.",
+        ),
+    ] = False,
 ) -> None:
     """Rebuild an EMPTY store directory (store.dir) from a bucket alone: topics, queues and
     segments come from its manifests; the hot queues continue after the cold tier's end. Then
@@ -187,35 +219,28 @@ def restore(
 
     The new store takes ownership of the bucket prefix (a new epoch): the store that wrote it
     before is fenced — if it is still running, its next commit fails and it writes nothing more
-    there. Stop the old store first when you can (docs/tiering.md, "Moving a store")."""
+    there. Stop the old store first when you can (docs/tiering.md, "Moving a store"). A
+    bucket another store owns is restored only with --take-over: the owner records cannot tell
+    whether that store still runs. For a DR drill, `--dry-run` or `tierd --bucket URL ...`
+    read the bucket without taking it (docs/tiering.md, "DR drills")."""
     from tierd.store import BlockingMessageStore
     from tierd.tiered.roots import backend_for_url
 
     c = obj(ctx)
     cfg = c.config()
     cfg = cfg.model_copy(update={"backend": backend_for_url(source, cfg.backend)})
-    with progress_bar("restoring queues", quiet=c.json) as bar:
+    with progress_bar("reading queues" if dry_run else "restoring queues", quiet=c.json) as bar:
         task = bar.tasks[0].id
 
         def progress(done: int, total: int, what: str) -> None:
             bar.update(task, completed=done, total=total, description=f"restoring {what}")
 
-        report = BlockingMessageStore.restore(cfg, progress)
-    owner = report.owner
+        report = BlockingMessageStore.restore(cfg, progress, take_over=take_over, dry_run=dry_run)
     if c.json:
-        emit_json(
-            {
-                "topics": report.topics,
-                "queues": report.queues,
-                "segments": report.segments,
-                "messages": report.messages,
-                "bytes": report.bytes,
-                "groups": report.groups,
-                "offsets_lowered": report.offsets_lowered,
-                "owner": owner.as_dict() if owner is not None else None,
-                "damaged": [d.as_dict() for d in report.damaged],
-            }
-        )
+        emit_json(report.as_dict())
+        return
+    if report.dry_run:
+        _show_dry_run(report)
     else:
         echo(
             f"restored {report.topics} topic(s), {report.queues} queue(s), {report.segments} segment(s) "
@@ -223,14 +248,42 @@ def restore(
             f"consumer group(s) into {cfg.store.dir}; "
             f"set [backend] url = {cfg.backend.url!r} and run `tierd serve`"
         )
+        owner = report.owner
         if owner is not None:
             previous = f"; store {owner.previous_store_id} is fenced" if owner.previous_store_id else ""
             echo(f"this store ({owner.store_id}) owns the bucket prefix now: epoch {owner.epoch}{previous}")
-        for d in report.damaged:  # restored without them (docs/tiering.md, "Damage in the bucket")
-            echo(
-                f"DAMAGED: {d.topic}/{d.queue_id} queue offsets {d.first}..{d.end - 1} ({d.lost} message(s)) "
-                f"cannot be read from the bucket and the queue is not tiered into: {d.error.message}"
-            )
+    for d in report.damaged:  # restored without them (docs/tiering.md, "Damage in the bucket")
+        echo(
+            f"DAMAGED: {d.topic}/{d.queue_id} queue offsets {d.first}..{d.end - 1} ({d.lost} message(s)) "
+            f"cannot be read from the bucket and the queue is not tiered into: {d.error.message}"
+        )
+
+
+def _show_dry_run(report: RestoreReport) -> None:
+    """``restore --dry-run`` for people: per queue what comes back, the groups, whom it fences."""
+    emit_table(
+        "a restore would bring back",
+        ["topic", "queue", "first", "end", "messages", "bytes"],
+        [[r.topic, r.queue_id, r.first, r.end, r.messages, r.bytes] for r in report.ranges],
+    )
+    for group, table in sorted(report.offsets.items()):
+        shown = ", ".join(f"{t}/{q}@{o}" for (t, q), o in sorted(table.items()))
+        echo(f"group {group} resumes at {shown}")
+    echo(
+        f"DRY RUN, nothing written: {report.topics} topic(s), {report.queues} queue(s), "
+        f"{report.segments} segment(s), {report.messages} message(s), {report.bytes} bytes, "
+        f"{report.groups} consumer group(s)"
+    )
+    fences = report.fences
+    if fences is not None:
+        echo(
+            f"a restore would FENCE {fences.describe()} (pid {fences.pid}, store.dir {fences.store_dir}): "
+            "it needs --take-over"
+        )
+    elif report.fences_unreadable:
+        echo("a restore would fence whoever wrote the unreadable highest owner record")
+    else:
+        echo("the bucket prefix is unowned: a restore fences nobody")
 
 
 @app.command()

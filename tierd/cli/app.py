@@ -46,7 +46,7 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 #: Global options that take a value; :class:`_GlobalOptionsGroup` accepts them after the command.
-GLOBAL_VALUE_OPTIONS = frozenset({"--config", "-c", "--output", "-o", "--log-level", "--server"})
+GLOBAL_VALUE_OPTIONS = frozenset({"--config", "-c", "--output", "-o", "--log-level", "--server", "--bucket"})
 #: Entries whose presence makes a directory a tierd store (what ``open`` creates or ``restore`` writes).
 STORE_MARKERS = ("checkpoint", "commitlog", "consumequeue", "config")
 
@@ -115,6 +115,8 @@ class Context:
     log_level: str | None
     #: ``--server`` / ``TIERD_SERVER_URL``: always talk to this daemon.
     server_url: str | None = None
+    #: ``--bucket``: read this bucket's cold tier read-only instead of the store (DR drills).
+    bucket_url: str | None = None
     #: Short-lived commands log warnings and errors only unless --log-level says otherwise;
     #: ``serve`` logs at the configured level.
     quiet_logs: bool = True
@@ -183,6 +185,10 @@ class Context:
         :meth:`remote`), else the directory opened here. Only ``create`` commands (produce) may
         create a missing store. Read-only commands close without waiting to commit pending
         messages to the cold tier (``finish_tiering=False``); the daemon does that on its own."""
+        if self.bucket_url is not None:
+            with self.bucket() as bucket:
+                yield bucket
+            return
         remote = self.remote()
         if remote is not None:
             yield remote
@@ -199,6 +205,19 @@ class Context:
             yield store
         finally:
             store.close(grace=None if finish_tiering else 0.0)
+
+    @contextmanager
+    def bucket(self) -> Iterator[BlockingMessageStore]:
+        """``--bucket URL``: the bucket's cold tier opened read-only — never the daemon, never
+        store.dir, nothing written or claimed (``BlockingMessageStore.open_bucket``)."""
+        from tierd.store import BlockingMessageStore
+
+        assert self.bucket_url is not None
+        store = BlockingMessageStore.open_bucket(self.config(), self.bucket_url)
+        try:
+            yield store
+        finally:
+            store.close()
 
     def local_only(self, command: str) -> TierdConfig:
         """For commands that need the directory itself (``verify``, ``gc``): no HTTP route does
@@ -271,6 +290,16 @@ def root(
             envvar="TIERD_SERVER_URL",
         ),
     ] = None,
+    bucket: Annotated[
+        str | None,
+        typer.Option(
+            "--bucket",
+            help="Read this bucket (e.g. s3://bucket/prefix or /path/to/cold) READ-ONLY instead of "
+            "the store: topics, queues, segments, consume, query, groups and verify answer from its "
+            "cold tier; nothing is written or claimed, so the store that owns it keeps working "
+            "(DR drills). Storage options come from [backend] when the scheme matches.",
+        ),
+    ] = None,
     output: Annotated[
         Output, typer.Option("--output", "-o", help="text for people, json for scripts.")
     ] = Output.text,
@@ -286,7 +315,7 @@ def root(
         raise typer.BadParameter(
             f"must be DEBUG, INFO, WARNING or ERROR, got {log_level!r}", param_hint="--log-level"
         )
-    ctx.obj = Context(config, output, log_level, server)
+    ctx.obj = Context(config, output, log_level, server, bucket_url=bucket)
 
 
 def setup_logging(cfg: TierdConfig, override: str | None, quiet: bool = False) -> None:

@@ -205,13 +205,33 @@ def owned_error(
             f"cold-tier prefix {prefix} is owned by {owner.describe()}; this store ({our_id}) "
             "must not write there. Give it a prefix of its own (tiered.cluster / tiered.broker / "
             "backend.url) — or, if it replaces that store, build it with `tierd restore --from "
-            "URL`, which takes ownership"
+            "URL --take-over`, which takes ownership"
         )
     return PrefixOwnedError(
         message,
         prefix=prefix,
         owner_store_id=owner.store_id,
         owner_host=owner.host,
+        owner_since=owner.since,
+        owner_epoch=owner.epoch,
+        store_id=our_id,
+    )
+
+
+def take_over_needed_error(owner: OwnerRecord, root: DriverRoot, our_id: str) -> PrefixOwnedError:
+    """A restore that would fence ``owner`` without being told to. Whether that store still
+    runs cannot be known from the bucket (owner records carry no heartbeat), so any owner
+    counts as live: a DR drill must not stop production by accident."""
+    prefix = prefix_url(root.url, owner.cluster, owner.broker)
+    return PrefixOwnedError(
+        f"cold-tier prefix {prefix} is owned by {owner.describe()}, pid {owner.pid}, store.dir "
+        f"{owner.store_dir}; a restore takes it over and FENCES that store (if it still runs, it "
+        "tiers nothing more). Pass --take-over if this store replaces it; for a drill, read the "
+        "bucket without taking it (`tierd --bucket URL ...`, `tierd restore --dry-run`)",
+        prefix=prefix,
+        owner_store_id=owner.store_id,
+        owner_host=owner.host,
+        owner_pid=owner.pid,
         owner_since=owner.since,
         owner_epoch=owner.epoch,
         store_id=our_id,

@@ -18,26 +18,25 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from tierd.drivers.paths import INDEX_TOPIC, cluster_dir, index_segment_path, parse_segment_name
-from tierd.errors import CorruptionError, InvalidArgumentError, NotFoundError, SegmentNotFoundError
+from tierd.errors import CorruptionError, InvalidArgumentError
 from tierd.local.store import HotStore
+from tierd.offsets import ConsumerOffsets, restore_offsets
 from tierd.offsets import download as download_offsets
-from tierd.offsets import restore_offsets
 from tierd.tiered.flatstore import FlatFileStore, QueueDamage
 from tierd.tiered.guard import GuardedRoot
-from tierd.tiered.manifest import (
-    IndexManifest,
-    index_manifest_path,
-    read_broker_manifest,
-    read_queue_manifest,
+from tierd.tiered.metadata import MetadataStore
+from tierd.tiered.ownership import OwnerRecord, Ownership, store_id, take_over_needed_error
+from tierd.tiered.readonly import (
+    ReadOnlyFlatStore,
+    plan_bucket,
+    refuse_writes,
+    remove_scratch,
+    scratch_dir,
 )
-from tierd.tiered.metadata import MetadataStore, QueueMeta, TieredMetadata, TopicMeta
-from tierd.tiered.ownership import OwnerRecord, Ownership, store_id
-from tierd.tiered.records import LocalSegment, ManifestSegment
 from tierd.tiered.roots import open_driver_factory
 
 if TYPE_CHECKING:
@@ -47,6 +46,32 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 #: ``progress(done, total, what)`` — the CLI turns it into a progress bar.
 Progress = Callable[[int, int, str], None]
+
+
+@dataclass(frozen=True, slots=True)
+class QueueRestore:
+    """One queue of a restore: the queue offsets ``[first, end)`` it brings back."""
+
+    topic: str
+    queue_id: int
+    first: int
+    end: int
+    #: Commitlog bytes of those messages.
+    bytes: int
+
+    @property
+    def messages(self) -> int:
+        return self.end - self.first
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "topic": self.topic,
+            "queue_id": self.queue_id,
+            "first": self.first,
+            "end": self.end,
+            "messages": self.messages,
+            "bytes": self.bytes,
+        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,93 +85,43 @@ class RestoreReport:
     groups: int = 0
     #: Committed offsets lowered to the restored end of their queue (consumed, never tiered).
     offsets_lowered: int = 0
-    #: The new store's owner record (its epoch fences the previous owner).
+    #: The new store's owner record (its epoch fences the previous owner); None for a dry run.
     owner: OwnerRecord | None = None
     #: Queues restored with damage: their lost queue offsets (docs/tiering.md, "Damage in the
     #: bucket"); the rest of the bucket is restored.
     damaged: tuple[QueueDamage, ...] = ()
+    #: Nothing was written or claimed: what a restore would bring back (``--dry-run``).
+    dry_run: bool = False
+    #: The owner the restore fenced (a dry run: would fence); None for an unowned bucket.
+    fences: OwnerRecord | None = None
+    #: The highest owner record is unreadable: a restore fences whoever wrote it.
+    fences_unreadable: bool = False
+    #: Every queue with the offsets it brings back.
+    ranges: tuple[QueueRestore, ...] = ()
+    #: The consumer groups' committed offsets as the restored store resumes them.
+    offsets: dict[str, dict[tuple[str, int], int]] = field(default_factory=dict)
 
-
-def _segment(s: ManifestSegment) -> LocalSegment:
-    """A manifest's segment as local metadata records it; its lifecycle times are not in the
-    bucket (0: unknown, so never rolled by age)."""
-    return LocalSegment(**s.record_fields(), create_timestamp=0, seal_timestamp=0 if s.sealed else None)
-
-
-#: (topic, queue id) → segment type → base offsets the backend holds.
-Listing = dict[tuple[str, int], dict[str, set[int]]]
-
-
-async def _list_segments(root: DriverRoot, cluster: str, broker: str) -> Listing:
-    """Every COMMIT_LOG / CONSUME_QUEUE segment under the broker's prefix, by queue; the INDEX
-    segments under ``(INDEX_TOPIC, 0)``."""
-    prefix = f"{cluster_dir(cluster)}/{broker}"
-    found: Listing = {}
-    try:
-        paths = await root.list_objects(prefix)
-    except SegmentNotFoundError:
-        return found
-    for path in paths:
-        parts = path[len(prefix) + 1 :].split("/")
-        if len(parts) != 4 or not parts[1].isdigit():
-            continue
-        topic, qid, kind, name = parts
-        if kind not in (("INDEX",) if topic == INDEX_TOPIC else ("COMMIT_LOG", "CONSUME_QUEUE")):
-            continue
-        try:
-            base = parse_segment_name(name)
-        except InvalidArgumentError:
-            continue  # not a segment of ours
-        found.setdefault((topic, int(qid)), {}).setdefault(kind, set()).add(base)
-    return found
-
-
-async def _index_segments(
-    root: DriverRoot, cluster: str, broker: str, on_backend: set[int]
-) -> tuple[LocalSegment, ...]:
-    """The uploaded INDEX segments (the cold key index): those the index manifest lists, plus
-    any the bucket holds that it does not (uploaded after its last write; sized from the
-    backend). Without them the restored store would find no key tiered before the restore."""
-    listed: dict[int, LocalSegment] = {}
-    path = index_manifest_path(cluster, broker)
-    try:
-        manifest = IndexManifest.model_validate_json(await root.get_object(path))
-    except SegmentNotFoundError:
-        manifest = None
-    except ValueError as e:  # the segments themselves are still there: take them from the listing
-        log.error("restore: index manifest %s is not valid (%s); using the bucket listing", path, e)
-        manifest = None
-    if manifest is not None:
-        for s in manifest.segments:
-            if s.base_offset in on_backend:
-                listed[s.base_offset] = _segment(s)
-            else:
-                log.warning(
-                    "restore: index segment %d is in the index manifest but not in the bucket", s.base_offset
-                )
-    for base in sorted(on_backend - set(listed)):
-        size = await root.driver(index_segment_path("", cluster, broker, base)).size()
-        log.warning("restore: index segment %d is not in the index manifest yet; adding it", base)
-        listed[base] = LocalSegment(type="INDEX", base_offset=base, size=size, sealed=True, seal_timestamp=0)
-    return tuple(listed[b] for b in sorted(listed))
-
-
-def _with_unlisted(
-    segments: tuple[LocalSegment, ...], kind: str, on_backend: set[int], where: str
-) -> tuple[LocalSegment, ...]:
-    """``segments`` plus the backend's segments beyond the last one listed (unsized: the load
-    asks the backend)."""
-    last = max((s.base_offset for s in segments), default=-1)
-    extra = sorted(b for b in on_backend if b > last)
-    if extra:
-        log.warning(
-            "restore: %s %s: the manifest does not list %d newer segment(s) the bucket holds "
-            "(written after its last update); adding them",
-            where,
-            kind,
-            len(extra),
-        )
-    return segments + tuple(LocalSegment(type=kind, base_offset=b, size=0) for b in extra)
+    def as_dict(self) -> dict[str, Any]:
+        """For ``tierd restore -o json``."""
+        return {
+            "dry_run": self.dry_run,
+            "topics": self.topics,
+            "queues": self.queues,
+            "segments": self.segments,
+            "messages": self.messages,
+            "bytes": self.bytes,
+            "groups": self.groups,
+            "offsets_lowered": self.offsets_lowered,
+            "owner": self.owner.as_dict() if self.owner is not None else None,
+            "fences": self.fences.as_dict() if self.fences is not None else None,
+            "fences_unreadable": self.fences_unreadable,
+            "damaged": [d.as_dict() for d in self.damaged],
+            "ranges": [r.as_dict() for r in self.ranges],
+            "offsets": {
+                group: [{"topic": t, "queue_id": q, "offset": o} for (t, q), o in sorted(table.items())]
+                for group, table in sorted(self.offsets.items())
+            },
+        }
 
 
 def _check_empty(store_dir: Path) -> None:
@@ -160,9 +135,101 @@ def _check_empty(store_dir: Path) -> None:
         )
 
 
-async def restore(
+#: (topic, queue id) → (first offset, end offset, commitlog bytes) of a loaded bucket.
+Ends = dict[tuple[str, int], tuple[int, int, int]]
+
+
+def _ends(flat: FlatFileStore) -> Ends:
+    """Each loaded queue's range; a queue too damaged to load still ends where its metadata
+    says: new messages must not reuse offsets its history holds (none of it is counted)."""
+    ends = {
+        key: (ff.min_offset, ff.max_offset, ff.commitlog.commit_offset - max(ff.commitlog.min_offset, 0))
+        for key, ff in flat.files.items()
+    }
+    ends.update({key: (d.end, d.end, 0) for key, d in flat.damaged.items() if key not in ends})
+    return ends
+
+
+async def _committed(root: DriverRoot, cfg: TierdConfig) -> dict[str, dict[tuple[str, int], int]]:
+    try:
+        return await download_offsets(root, cfg.tiered.cluster, cfg.tiered.broker)
+    except CorruptionError as e:  # the messages matter more: restore them, say what is lost
+        log.error("restore: %s; restoring without them — consumer groups start over", e)
+        return {}
+
+
+def _report(
+    flat: FlatFileStore,
+    ends: Ends,
+    segments: int,
+    groups: tuple[int, int],
+    offsets: dict[str, dict[tuple[str, int], int]],
+    **more: Any,
+) -> RestoreReport:
+    return RestoreReport(
+        len(flat.topics),
+        len(ends),
+        segments,
+        sum(hi - lo for lo, hi, _ in ends.values()),
+        sum(b for _, _, b in ends.values()),
+        groups[0],
+        groups[1],
+        damaged=tuple(d for _, d in sorted(flat.damaged.items())),
+        ranges=tuple(QueueRestore(t, q, lo, hi, b) for (t, q), (lo, hi, b) in sorted(ends.items())),
+        offsets=offsets,
+        **more,
+    )
+
+
+async def dry_run(
     cfg: TierdConfig, *, root: DriverRoot | None = None, progress: Progress | None = None
 ) -> RestoreReport:
+    """What :func:`restore` would bring back, from the bucket alone, writing and claiming
+    nothing (the bucket is opened read-only, see :mod:`tierd.tiered.readonly`; store.dir is not
+    touched): topics, queues and their offset ranges, messages, bytes, the consumer groups'
+    committed offsets, damaged ranges, and the owner a restore would fence."""
+    own_root = root is None
+    guarded = GuardedRoot(
+        root if root is not None else open_driver_factory(cfg.backend), cfg.tiered.backend_timeout
+    )
+    refuse_writes(guarded)
+    scratch = scratch_dir()
+    try:
+        plan = await plan_bucket(guarded, cfg.tiered.cluster, cfg.tiered.broker, progress)
+        flat = ReadOnlyFlatStore(guarded, cfg.tiered, MetadataStore(scratch))
+        await flat.load_from(plan.meta)
+        ends = _ends(flat)
+        committed = await _committed(guarded, cfg)
+        groups = restore_offsets(scratch, committed, {k: hi for k, (_, hi, _) in ends.items()})
+        offsets = ConsumerOffsets(scratch).snapshot() if groups[0] else {}
+    finally:
+        if own_root:
+            await guarded.aclose()
+        remove_scratch(scratch)
+    return _report(
+        flat,
+        ends,
+        plan.segments,
+        groups,
+        offsets,
+        dry_run=True,
+        fences=plan.owner,
+        fences_unreadable=plan.owner_unreadable,
+    )
+
+
+async def restore(
+    cfg: TierdConfig,
+    *,
+    root: DriverRoot | None = None,
+    progress: Progress | None = None,
+    take_over: bool = False,
+) -> RestoreReport:
+    """Rebuild ``cfg.store.dir`` (empty) from the bucket and own its prefix (see module doc).
+    A bucket another store owns is refused with :class:`~tierd.errors.PrefixOwnedError` naming
+    that owner unless ``take_over`` — taking it over fences that store, which may still run (a
+    DR drill against a live bucket would stop its owner's tiering: read it with
+    :meth:`tierd.BlockingMessageStore.open_bucket` instead)."""
     store_dir = Path(cfg.store.dir)
     _check_empty(store_dir)
     own_root = root is None
@@ -177,85 +244,23 @@ async def restore(
         our_id = store_id(store_dir)
         assert our_id is not None
         ownership = Ownership(root, cfg.tiered.cluster, cfg.tiered.broker, our_id, store_dir)
-        seen, _ = await ownership.top()
-        broker = await read_broker_manifest(root, cfg.tiered.cluster, cfg.tiered.broker)
-        listing = await _list_segments(root, cfg.tiered.cluster, cfg.tiered.broker)
-        index = await _index_segments(
-            root, cfg.tiered.cluster, cfg.tiered.broker, listing.pop((INDEX_TOPIC, 0), {}).get("INDEX", set())
-        )
-        topics = [TopicMeta(name=t.name, id=t.id, reserve_hours=t.reserve_hours) for t in broker.topics]
-        wanted = [(t.name, qid) for t in broker.topics for qid in t.queues]
-        for key in sorted(set(listing) - set(wanted)):
-            log.warning("restore: %s/%d is in the bucket but not yet in its manifest; adding it", *key)
-            wanted.append(key)
-            if key[0] not in {t.name for t in topics}:
-                topics.append(TopicMeta(name=key[0], id=max((t.id for t in topics), default=-1) + 1))
-        total = len(wanted)
-        queues: list[QueueMeta] = []
-        segments = 0
-        for topic, qid in wanted:
-            try:
-                qm = await read_queue_manifest(root, cfg.tiered.cluster, cfg.tiered.broker, topic, qid)
-            except NotFoundError:
-                if (topic, qid) not in listing:
-                    raise
-                listed: tuple[ManifestSegment, ...] = ()  # never had a manifest: all from the listing
-            else:
-                listed = qm.segments
-            on_backend = listing.get((topic, qid), {})
-            where = f"{topic}/{qid}"
-            cl = _with_unlisted(
-                tuple(_segment(s) for s in listed if s.type == "COMMIT_LOG"),
-                "COMMIT_LOG",
-                on_backend.get("COMMIT_LOG", set()),
-                where,
-            )
-            cq = _with_unlisted(
-                tuple(_segment(s) for s in listed if s.type == "CONSUME_QUEUE"),
-                "CONSUME_QUEUE",
-                on_backend.get("CONSUME_QUEUE", set()),
-                where,
-            )
-            # Offsets are recomputed by the load below; these are the manifest's view.
-            queues.append(
-                QueueMeta(
-                    topic=topic, queue_id=qid, min_offset=0, max_offset=0, commitlog=cl, consumequeue=cq
-                )
-            )
-            segments += len(cl) + len(cq)
-            if progress is not None:
-                progress(len(queues), total, where)
-        meta = TieredMetadata(
-            cluster=cfg.tiered.cluster,
-            broker=cfg.tiered.broker,
-            topics=tuple(topics),
-            queues=tuple(queues),
-            index=index,
-        )
+        seen, previous = await ownership.top()
+        if previous is not None and previous.store_id != our_id and not take_over:
+            raise take_over_needed_error(previous, root, our_id)
+        plan = await plan_bucket(root, cfg.tiered.cluster, cfg.tiered.broker, progress)
         store_dir.mkdir(parents=True, exist_ok=True)
         # Own the prefix before writing anything (metadata included, so a lost race leaves the
         # directory restorable): the previous owner is fenced from its next check on.
         owner = await ownership.claim(takeover=True, expect=seen)
         root.fence = ownership.ensure
         metadata = MetadataStore(store_dir)
-        metadata.save(meta)
+        metadata.save(plan.meta)
         # Reconcile with the backend now: records committed after the last manifest write are
         # rolled forward, so the hot queues below continue after *them*.
         flat = FlatFileStore(root, cfg.tiered, metadata)
         await flat.load()
-        ends = {
-            key: (ff.min_offset, ff.max_offset, ff.commitlog.commit_offset - max(ff.commitlog.min_offset, 0))
-            for key, ff in flat.files.items()
-        }
-        # A queue too damaged to load still ends where its metadata says: new messages must not
-        # reuse offsets its history holds (none of it is counted as restored).
-        ends.update({key: (d.end, d.end, 0) for key, d in flat.damaged.items() if key not in ends})
-        damaged = tuple(d for _, d in sorted(flat.damaged.items()))
-        try:
-            committed = await download_offsets(root, cfg.tiered.cluster, cfg.tiered.broker)
-        except CorruptionError as e:  # the messages matter more: restore them, say what is lost
-            log.error("restore: %s; restoring without them — consumer groups start over", e)
-            committed = {}
+        ends = _ends(flat)
+        committed = await _committed(root, cfg)
     finally:
         if own_root:
             await root.aclose()
@@ -265,20 +270,12 @@ async def restore(
             hot.seed_queue(topic, qid, end)
     finally:
         hot.close()
-    groups, lowered = restore_offsets(store_dir, committed, {k: hi for k, (_, hi, _) in ends.items()})
-    report = RestoreReport(
-        len(topics),
-        len(queues),
-        segments,
-        sum(hi - lo for lo, hi, _ in ends.values()),
-        sum(b for _, _, b in ends.values()),
-        groups,
-        lowered,
-        owner,
-        damaged,
-    )
-    for (topic, qid), (lo, hi, _) in sorted(ends.items()):
-        log.info("restore: %s/%d offsets %d..%d", topic, qid, lo, hi)
+    groups = restore_offsets(store_dir, committed, {k: hi for k, (_, hi, _) in ends.items()})
+    offsets = ConsumerOffsets(store_dir).snapshot() if groups[0] else {}
+    fenced = previous if previous is not None and previous.store_id != our_id else None
+    report = _report(flat, ends, plan.segments, groups, offsets, owner=owner, fences=fenced)
+    for r in report.ranges:
+        log.info("restore: %s/%d offsets %d..%d", r.topic, r.queue_id, r.first, r.end)
     log.info(
         "restore: %d topic(s), %d queue(s), %d segment(s), %d message(s), %d bytes, "
         "committed offsets of %d consumer group(s) from %r",

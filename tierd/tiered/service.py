@@ -92,6 +92,9 @@ def metadata_missing_error(cfg: TierdConfig, root: DriverRoot, what: str) -> Cor
 
 
 class TieringService:
+    #: The flat-file store (the read-only open of a bucket substitutes one whose load never writes).
+    flat_class: type[FlatFileStore] = FlatFileStore
+
     def __init__(self, cfg: TierdConfig, hot: HotStore, root: DriverRoot | None = None) -> None:
         self.cfg = cfg
         self.hot = hot
@@ -103,7 +106,7 @@ class TieringService:
             self.health,
         )
         self.metadata = MetadataStore(Path(cfg.store.dir))
-        self.flat = FlatFileStore(self.root, cfg.tiered, self.metadata)
+        self.flat = self.flat_class(self.root, cfg.tiered, self.metadata)
         self.dispatcher = Dispatcher(hot, self.flat, cfg.tiered)
         self.manifests = ManifestWriter(self.root, self.flat)
         self.index = ColdIndexService(
