@@ -18,7 +18,15 @@ import typing
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from tierd.errors import ConfigError
 
@@ -438,6 +446,17 @@ class GrpcConfig(_Section):
         json_schema_extra=_rmq("autoCreateTopicEnable"),
     )
 
+    credentials: dict[str, SecretStr] = Field(
+        default_factory=dict,
+        description="RocketMQ access key -> secret key: when any are set (here or in "
+        "`credentials_file`), every call must carry the client's valid signature, else "
+        "`UNAUTHORIZED`; a non-loopback `host` needs them (or `server.allow_unauthenticated`).",
+    )
+    credentials_file: Path | None = Field(
+        None,
+        description="File of `ACCESS_KEY:SECRET_KEY` lines (a mounted secret; `#` comments), "
+        "added to `credentials`.",
+    )
     max_delivery_attempts: int = Field(
         17,
         ge=1,

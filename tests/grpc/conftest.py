@@ -93,3 +93,8 @@ def receive_until(
         assert time.monotonic() < deadline, f"not received in {timeout} s; got {[m.body for m in got]}"
         got += c.receive(32, invisible)
     return got
+
+
+def signed_config(server: GrpcTierd, access_key: str, secret_key: str) -> ClientConfiguration:
+    """A client configuration that signs every call with these credentials."""
+    return ClientConfiguration(server.endpoint, Credentials(access_key, secret_key), request_timeout=10)

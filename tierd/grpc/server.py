@@ -30,19 +30,19 @@ def check_ports(cfg: TierdConfig) -> None:
         )
 
 
-def check_exposure(cfg: TierdConfig) -> None:
-    """The gRPC API authenticates nobody yet (RocketMQ's access-key signatures are a later
-    change): like the HTTP API without a token, it may only listen on loopback unless
+def check_exposure(cfg: TierdConfig, authenticated: bool) -> None:
+    """Without credentials (``grpc.credentials``/``credentials_file``) the gRPC API authenticates
+    nobody: like the HTTP API without a token, it may then only listen on loopback unless
     ``server.allow_unauthenticated`` says something in front authenticates."""
     try:
         loopback = ipaddress.ip_address(cfg.grpc.host.split("%", 1)[0]).is_loopback
     except ValueError:
         loopback = cfg.grpc.host == "localhost"
-    if not loopback and not cfg.server.allow_unauthenticated:
+    if not loopback and not authenticated and not cfg.server.allow_unauthenticated:
         raise ConfigError(
-            f"grpc.host = {cfg.grpc.host!r} is reachable from other machines and the gRPC API has no "
-            "authentication yet: bind 127.0.0.1, or set server.allow_unauthenticated = true if "
-            "something in front authenticates",
+            f"grpc.host = {cfg.grpc.host!r} is reachable from other machines and no credentials are "
+            "configured: set grpc.credentials_file (or grpc.credentials), bind 127.0.0.1, or set "
+            "server.allow_unauthenticated = true if something in front authenticates",
             host=cfg.grpc.host,
         )
 
@@ -52,17 +52,21 @@ class GrpcListener:
 
     def __init__(self, cfg: TierdConfig) -> None:
         check_ports(cfg)
-        check_exposure(cfg)
         try:
             import grpc
+
+            from tierd.grpc.auth import SignatureInterceptor, load_credentials
         except ImportError as e:
             raise ConfigError(
                 "grpc.enabled needs the gRPC extra: pip install 'tierd[grpc]' (or set grpc.enabled = false)"
             ) from e
+        keys = load_credentials(cfg.grpc)
+        check_exposure(cfg, bool(keys))
         self.cfg = cfg
         limit = cfg.store.max_message_size + REQUEST_OVERHEAD
         self.server: Any = grpc.aio.server(
-            options=[("grpc.max_receive_message_length", limit), ("grpc.max_send_message_length", limit)]
+            options=[("grpc.max_receive_message_length", limit), ("grpc.max_send_message_length", limit)],
+            interceptors=[SignatureInterceptor(keys)] if keys else [],
         )
         address = (
             f"[{cfg.grpc.host}]:{cfg.grpc.port}"
