@@ -10,13 +10,16 @@ is uploaded (its file sealed at once instead of after ``max_file_age``).
   open segments' chunk objects), whole, one after another — the bytes the reader decodes, moved
   and nothing else.
 * ``tierd``: ``tierd.arrow.dataset(url).to_batches()`` over everything, all 16 columns decoded,
-  every record validated and CRC-checked; one process, one thread decoding (one reading ahead).
-* ``tierd_body_only`` (informational): the same with ``columns=["body"]``.
+  every record validated and CRC-checked; one process, the next parts read and decoded ahead
+  in threads while one is handed out (``tierd.spark.parts.read_parts``, bounded).
+* ``tierd_one_by_one`` (the A/B): the same with ``fragment_readahead=0`` — parts read one after
+  another, each with only its own next piece read ahead (the reader before read-ahead).
+* ``tierd_body_only`` (informational): the full scan with ``columns=["body"]``.
 
-``--warmup`` (1) untimed round of each, then ``--repeat`` (5) interleaved rounds (baseline, then
-tierd, then tierd_body_only), so every source sees the same machine. MB/s is commitlog bytes per
-second (the same bytes for every source); the JSON has every run, the medians and the ratio
-tierd/baseline of the medians (target >= 0.5).
+``--warmup`` (1) untimed round of each, then ``--repeat`` (5) interleaved rounds (baseline,
+tierd, tierd_one_by_one, tierd_body_only), so every source sees the same machine. MB/s is
+commitlog bytes per second (the same bytes for every source); the JSON has every run, the
+medians, the ratio to the baseline of the medians (target >= 0.5 for ``tierd``) and per round.
 
 **Pushdown**: bytes each read fetched from S3 (manifests and index included, as counted by the
 reader): the full scan, a single-key lookup (``keys=``: the index manifest, two small reads per
@@ -141,17 +144,25 @@ def main() -> None:
             # plans from the manifests, on a connected client.
             ds = tierd.arrow.dataset(url, storage_options=so)
 
-            def scan(columns: list[str] | None = None) -> tuple[float, int, int]:
+            def scan(columns: list[str] | None = None, **tuning: Any) -> tuple[float, int, int]:
                 t = time.perf_counter()
-                rows = sum(b.num_rows for b in ds.to_batches(columns=columns))
+                rows = sum(b.num_rows for b in ds.to_batches(columns=columns, **tuning))
                 seconds = time.perf_counter() - t
                 assert rows == args.messages, rows
                 return seconds, rows, total
 
+            def one_by_one() -> tuple[float, int, int]:
+                return scan(fragment_readahead=0)
+
             def body_only() -> tuple[float, int, int]:
                 return scan(["body"])
 
-            sources = {"baseline": baseline, "tierd": scan, "tierd_body_only": body_only}
+            sources = {
+                "baseline": baseline,
+                "tierd": scan,
+                "tierd_one_by_one": one_by_one,
+                "tierd_body_only": body_only,
+            }
             for _ in range(args.warmup):
                 for run in sources.values():
                     run()
@@ -187,9 +198,12 @@ def main() -> None:
                 "setup": setup,
                 **summaries,
                 "ratio_tierd_vs_baseline": ours["MB_per_s"] / base["MB_per_s"],
-                "ratio_per_round": [
-                    round(b[0] / o[0], 3) for b, o in zip(runs["baseline"], runs["tierd"], strict=True)
-                ],
+                "ratio_tierd_one_by_one_vs_baseline": summaries["tierd_one_by_one"]["MB_per_s"]
+                / base["MB_per_s"],
+                "ratio_per_round": {
+                    name: [round(b[0] / o[0], 3) for b, o in zip(runs["baseline"], runs[name], strict=True)]
+                    for name in ("tierd", "tierd_one_by_one")
+                },
                 "pushdown": {
                     **pushdown,
                     "single_key_fraction_of_full_scan": pushdown["single_key"]["bytes"]

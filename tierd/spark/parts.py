@@ -99,7 +99,14 @@ def read_part(
 
 
 def _part_bytes(part: ReadPart) -> int:
+    """What the plan knows a part will read (the read-ahead's byte bound counts this)."""
     return sum(r.known_bytes for r in part.ranges)
+
+
+def _where(part: ReadPart) -> str:
+    """A part for messages: its first segment, and how many ranges it has."""
+    more = f" and {len(part.ranges) - 1} more ranges" if len(part.ranges) > 1 else ""
+    return f"{part.ranges[0].path}{more}" if part.ranges else "an empty part"
 
 
 class _Ahead:
@@ -149,13 +156,15 @@ class _Ahead:
             batches.close()
 
     def batches(self) -> Iterator[pa.RecordBatch]:
+        """The part's batches, then its end or its exception. Waits as long as the read does:
+        its requests are bounded by the client's timeouts, which end it with a typed error."""
         while True:
             try:
                 item = self._handover.get(timeout=_POLL)
             except queue.Empty:
                 if self.thread.is_alive() or not self._handover.empty():
                     continue
-                raise TierdError(f"the read of {self.part} ended without a result") from None
+                raise TierdError(f"the read of {_where(self.part)} ended without a result") from None
             if item is self._END:
                 return
             if isinstance(item, BaseException):
@@ -225,6 +234,6 @@ def read_parts(
                 log.warning(
                     "a part read ahead (%s) did not stop within %.0f s of the scan stopping; "
                     "it ends with its request",
-                    reader.part,
+                    _where(reader.part),
                     _STOP_WAIT,
                 )
