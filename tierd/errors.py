@@ -292,6 +292,14 @@ class TopicInUseError(TierdError, RuntimeError):
     http_status = 409
 
 
+class TopicDeletingError(TopicInUseError):
+    """A write to a topic whose delete is under way (resumed at start, or its cold part waiting
+    for the bucket): refused until the delete has finished, so the topic is not made anew
+    halfway through it."""
+
+    code = "topic_deleting"
+
+
 class QueueShrinkError(InvalidArgumentError):
     """A topic's queue count can only grow: a queue taken away would strand its messages and
     move message groups to other queues, out of order."""

@@ -49,13 +49,11 @@ from tierd.errors import (
     InvalidArgumentError,
     NotFoundError,
     QueueShrinkError,
-    SegmentNotFoundError,
     TopicExistsError,
     TopicInUseError,
 )
 from tierd.local.mapped_file import fsync_dir
 from tierd.local.validation import check_topic
-from tierd.tiered.manifest import queue_manifest_path
 
 if TYPE_CHECKING:
     from tierd.config import TierdConfig
@@ -226,6 +224,7 @@ class TopicAdmin:
         if not hot.read_only:  # a read-only store has no producer side
             for name, entry in self.registry.table.topics.items():
                 hot.preparer.set_queue_count(name, entry.queues)
+            hot.deleting = set(self.registry.table.deleting)
 
     # ------------------------------------------------------------------ reads
     def known(self) -> dict[str, list[int]]:
@@ -445,6 +444,7 @@ class TopicAdmin:
                 await self._save(
                     table.model_copy(update={"topics": topics, "deleting": {**table.deleting, topic: intent}})
                 )
+                self.hot.deleting.add(topic)
                 log.warning("deleting topic %s (force=%s)", topic, force)
             await self._finish(topic)
 
@@ -461,31 +461,24 @@ class TopicAdmin:
                 await self._finish(topic)
 
     async def _finish(self, topic: str) -> None:
-        """Every step of a delete, each idempotent; the intent goes last."""
+        """Every step of a delete, each idempotent; the intent goes last. No tiering round runs
+        meanwhile: one would read the queues being erased and write into the bucket what the
+        cold part is deleting."""
         intent = self.registry.table.deleting[topic]
-        await asyncio.to_thread(self.hot.erase_topic, topic, intent.mark, DELETE_DISPATCH_WAIT)
-        if os.environ.get(CRASH_ENV) == "after-hot":
-            os.kill(os.getpid(), signal.SIGKILL)
         t = self.tiering
-        if t is not None:
-            await t.wait_ready()
-            for key in [k for k in t.flat.files if k[0] == topic]:
-                ff = t.flat.files[key]
-                await ff.destroy()
-                t.flat.files.pop(key, None)
-                with contextlib.suppress(SegmentNotFoundError):
-                    await t.root.delete_object(
-                        queue_manifest_path(self.cfg.tiered.cluster, self.cfg.tiered.broker, *key)
-                    )
-            t.flat.topics.pop(topic, None)
-            await t.flat.save()
-            await t._write_manifests()
+        async with t.rounds_excluded(DELETE_DISPATCH_WAIT) if t is not None else contextlib.nullcontext():
+            await asyncio.to_thread(self.hot.erase_topic, topic, intent.mark, DELETE_DISPATCH_WAIT)
+            if os.environ.get(CRASH_ENV) == "after-hot":
+                os.kill(os.getpid(), signal.SIGKILL)
+            if t is not None:
+                await t.erase_topic(topic)
         for group in self.offsets.groups():
             await asyncio.to_thread(self.offsets.delete, group, topic)
         table = self.registry.table
         await self._save(
             table.model_copy(update={"deleting": {k: v for k, v in table.deleting.items() if k != topic}})
         )
+        self.hot.deleting.discard(topic)
         log.warning("topic %s deleted from both tiers", topic)
 
     async def _save(self, table: TopicTable) -> None:

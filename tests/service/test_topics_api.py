@@ -114,7 +114,7 @@ def _check_gone(c: httpx.Client, topic: str) -> None:
     assert c.get(f"/v1/topics/{topic}").status_code == 404
     assert topic not in [t["name"] for t in c.get("/v1/topics").json()["topics"]]
     assert c.get(f"/v1/topics/{topic}/keys/k-1").json()["messages"] == []
-    assert c.get(f"/v1/topics/{topic}/messages", params={"queue": 0, "offset": 0}).json()["messages"] == []
+    assert c.get(f"/v1/topics/{topic}/queues/0/messages", params={"offset": 0}).json()["messages"] == []
     groups = c.get("/v1/groups/billing/offsets")
     assert groups.status_code != 200 or all(o["topic"] != topic for o in groups.json()["offsets"])
 
@@ -135,7 +135,7 @@ def test_delete_refused_while_needed_then_forced(
     assert c.get("/v1/topics/kept").json()["hot_messages"] == 2
     # Made again, it starts empty: the old messages never come back.
     assert c.post("/v1/topics", json={"name": "doomed", "queues": 1}).status_code == 201
-    r = c.get("/v1/topics/doomed/messages", params={"queue": 0, "offset": 0})
+    r = c.get("/v1/topics/doomed/queues/0/messages", params={"offset": 0})
     assert r.json()["messages"] == []
 
 

@@ -37,6 +37,7 @@ from tierd.errors import (
     NotReadyError,
     StoreClosedError,
     StoreFullError,
+    TopicDeletingError,
 )
 from tierd.format.batch import ACCELERATED as BATCH_ACCELERATED
 from tierd.format.cq_unit import encode_units
@@ -280,6 +281,9 @@ class HotStore:
         #: in the shared commitlog until retention; recovery and key queries skip them). Kept in
         #: ``{dir}/config/erased-topics.json``.
         self.erased: dict[str, int] = {}
+        #: Topics whose delete is under way (tierd.topics): writes to them are refused until it
+        #: has finished — else a producer would make the topic anew halfway through the delete.
+        self.deleting: set[str] = set()
 
     # ------------------------------------------------------------------ lifecycle
     @classmethod
@@ -353,6 +357,7 @@ class HotStore:
         cl = self.commitlog
         cl.files.load()
         self.erased = _load_erased(self.dir)
+        self._prune_erased()
         self.index.load(self.last_exit_ok, self.checkpoint.min_timestamp_index)
         cq_root = self.dir / "consumequeue"
         for topic_dir in sorted(cq_root.iterdir()) if cq_root.exists() else []:
@@ -685,6 +690,17 @@ class HotStore:
             fsync_dir(path.parent)
         return mark
 
+    def _prune_erased(self) -> None:
+        """Forget the marks of deleted topics no commitlog file holds records of any more
+        (retention freed everything below the mark): nothing is left for them to hide."""
+        if self.read_only:
+            return
+        first = self.commitlog.min_offset
+        kept = {t: mark for t, mark in self.erased.items() if mark > first}
+        if kept != self.erased:
+            self.erased = kept
+            _save_erased(self.dir, kept)
+
     def topics(self) -> dict[str, list[int]]:
         out: dict[str, list[int]] = {}
         for topic, qid in list(self.cqs):
@@ -701,6 +717,8 @@ class HotStore:
             raise StoreClosedError("the store is closed")
         if (refused := self._refused()) is not None:
             raise refused
+        if self.deleting and message.topic in self.deleting:
+            raise _deleting(message.topic)
         p = self.preparer.prepare_one(message, time.time_ns() // 1_000_000)
         self._admit(p[5])
         qoff, phys, end = self.commitlog.append_one(p)
@@ -713,6 +731,8 @@ class HotStore:
         self._check_open()
         if (refused := self._refused()) is not None:
             raise refused
+        if self.deleting and (doomed := self.deleting.intersection(m.topic for m in messages)):
+            raise _deleting(min(doomed))
         batch = self.preparer.prepare(messages, time.time_ns() // 1_000_000)
         self._admit(int(batch.sizes.sum()))
         qoffs, phys, end = self.commitlog.append(batch)
@@ -1170,6 +1190,7 @@ class HotStore:
             for cq in list(self.cqs.values()):
                 cq.delete_before_physical(new_min)
             self.index.delete_files_before(new_min)
+            self._prune_erased()
             log.info(
                 "retention: deleted %d commitlog file(s); hot data now starts at offset %d", doomed, new_min
             )
@@ -1219,6 +1240,14 @@ class HotStore:
         messages are readable (long polling wakes on it). It runs on the dispatch thread: it
         must be quick and must not block."""
         self.reput.listener = listener
+
+
+def _deleting(topic: str) -> TopicDeletingError:
+    return TopicDeletingError(
+        f"topic {topic!r} is being deleted; writes to it are refused until the delete has "
+        "finished (then the topic starts anew)",
+        topic=topic,
+    )
 
 
 def _load_erased(directory: Path) -> dict[str, int]:

@@ -184,6 +184,8 @@ class Dispatcher:
         self.failures = FailureLog(log, "tiering")
         #: Oldest hot commitlog offset whose message is not yet committed cold.
         self.safe_offset = 0
+        #: Held by every round: a topic delete takes it so no round writes into what it erases.
+        self.round_lock = asyncio.Lock()
 
     # ------------------------------------------------------------------ loop
     async def run(self) -> None:
@@ -224,6 +226,10 @@ class Dispatcher:
         ``upload_rate_limit``) a round that chased new messages never ended — ``tier_now``
         (``POST /v1/admin/tier``) never answered and the manifests written after each round
         fell behind for ever. What arrives meanwhile is the next round's."""
+        async with self.round_lock:
+            return await self._round(force)
+
+    async def _round(self, force: bool) -> RoundResult:
         if self.before_round is not None:
             await self.before_round()
         await self._create_new_queues()

@@ -156,6 +156,12 @@ class ManifestWriter:
         self._ledger_loaded = True
         self._broker_written = None
 
+    def forget_topic(self, topic: str) -> None:
+        """A deleted topic's queues are no longer written: were it made again with the same
+        offsets, the ledger must not take its first manifests for written already."""
+        for key in [k for k in self._written if k[0] == topic]:
+            del self._written[key]
+
     def _state(self, ff: FlatMessageFile) -> tuple[int, int, int]:
         return (ff.min_offset, ff.max_offset, ff.commitlog.sealed_count + ff.consumequeue.sealed_count)
 

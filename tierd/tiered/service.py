@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from tierd.drivers.paths import cluster_dir
 from tierd.errors import (
     BackendError,
     CorruptionError,
@@ -37,13 +38,15 @@ from tierd.tiered.dispatcher import Dispatcher, QueueTiered, RoundResult, TierRe
 from tierd.tiered.flatstore import FlatFileStore
 from tierd.tiered.guard import BackendHealth, GuardedRoot
 from tierd.tiered.index import ColdIndexService
-from tierd.tiered.manifest import broker_manifest_path
+from tierd.tiered.manifest import MANIFEST_NAME, broker_manifest_path
 from tierd.tiered.manifestwriter import ManifestWriter
 from tierd.tiered.metadata import MetadataStore
 from tierd.tiered.ownership import Ownership, current_owner, owner_dir, prefix_url, store_id
 from tierd.tiered.roots import open_driver_factory
 
 if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
+
     from tierd.config import TierdConfig
     from tierd.drivers.segment import DriverRoot
     from tierd.local.store import HotStore
@@ -288,6 +291,51 @@ class TieringService:
             raise NotFoundError(f"topic {topic!r} has no data in the cold tier", topic=topic)
         self.flat.topics[topic] = meta.model_copy(update={"reserve_hours": hours})
         await self.flat.save()
+
+    @contextlib.asynccontextmanager
+    async def rounds_excluded(self, timeout: float) -> AsyncIterator[None]:
+        """No tiering round runs inside: a topic delete erases what a round would read from the
+        hot store and write into the bucket. Waits at most ``timeout`` s for a running round."""
+        lock = self.dispatcher.round_lock
+        try:
+            await asyncio.wait_for(lock.acquire(), timeout)
+        except TimeoutError:
+            raise NotReadyError(
+                f"a tiering round is still running after {timeout:g} s; retry when it has ended",
+                timeout=timeout,
+            ) from None
+        try:
+            yield
+        finally:
+            lock.release()
+
+    async def erase_topic(self, topic: str) -> int:
+        """Remove ``topic`` from the cold tier (inside :meth:`rounds_excluded`): its queues and
+        metadata are forgotten first, in one metadata write, then every object under the topic's
+        directory in the bucket goes — segments, queue manifests, and whatever an earlier
+        attempt cut short left behind — then the broker manifest is rewritten without it.
+        Idempotent: a delete resumed after a crash runs it again. Returns objects deleted."""
+        await self.wait_ready()
+        flat = self.flat
+        for key in [k for k in flat.files if k[0] == topic]:
+            del flat.files[key]
+        for key in [k for k in flat.damaged if k[0] == topic]:
+            del flat.damaged[key]
+        flat.topics.pop(topic, None)
+        self.manifests.forget_topic(topic)
+        await flat.save()
+        deleted = 0
+        topic_dir = f"{cluster_dir(self.cfg.tiered.cluster)}/{self.cfg.tiered.broker}/{topic}"
+        for path in await self.root.list_objects(topic_dir):
+            with contextlib.suppress(SegmentNotFoundError):
+                if path.endswith("/" + MANIFEST_NAME):
+                    await self.root.delete_object(path)
+                else:  # a segment: its driver removes it whole (chunks, sealed object)
+                    await self.root.driver(path).delete()
+            deleted += 1
+        async with self._manifest_lock:  # raises: the delete stays pending and is retried
+            await self.manifests.write_changed()
+        return deleted
 
     async def _maintenance(self) -> None:
         """Periodic upkeep: retry failed seals, save metadata (sizes move with every commit),
