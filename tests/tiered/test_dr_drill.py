@@ -11,9 +11,9 @@ from __future__ import annotations
 import base64
 import json
 import os
+import socket
 import subprocess
 import sys
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -24,6 +24,7 @@ from ..service.conftest import TierdProcess, service_config, toml
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
+    from pathlib import Path
 
     from tierd.testing.s3server import S3Server
 
@@ -53,12 +54,15 @@ def ok(proc: subprocess.CompletedProcess[str]) -> Any:
 class Bucket:
     """The drill's bucket: its URL, a ``[backend]`` section, and a byte-exact snapshot."""
 
-    def __init__(self, url: str, backend: dict[str, Any], s3: S3Server | None = None, path: Path | None = None):
+    def __init__(
+        self, url: str, backend: dict[str, Any], s3: S3Server | None = None, path: Path | None = None
+    ) -> None:
         self.url, self.backend, self.s3, self.path = url, backend, s3, path
 
     def snapshot(self) -> dict[str, bytes]:
         if self.path is not None:
-            return {str(p.relative_to(self.path)): p.read_bytes() for p in self.path.rglob("*") if p.is_file()}
+            files = [p for p in self.path.rglob("*") if p.is_file()]
+            return {str(p.relative_to(self.path)): p.read_bytes() for p in files}
         assert self.s3 is not None
         bucket, prefix = self.url.removeprefix("s3://").split("/", 1)
         client = self.s3.boto3_client()
@@ -98,8 +102,6 @@ def live(tmp_path: Path, bucket: Bucket) -> Iterator[tuple[Path, TierdProcess]]:
 
 
 def free_port() -> int:
-    import socket
-
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port: int = s.getsockname()[1]
@@ -201,3 +203,20 @@ def test_a_dr_drill_reads_the_bucket_without_taking_it_from_its_live_owner(
     assert fenced.returncode == 1
     assert "was taken over by store " in fenced.stderr
     assert daemon.proc.poll() is None  # fenced, not crashed: its hot store still serves
+
+
+def test_restore_into_a_scratch_directory_no_longer_fences_the_live_owner(
+    tmp_path: Path, bucket: Bucket, live: tuple[Path, TierdProcess]
+) -> None:
+    """The old drill, as operators ran it: a plain restore next to the running daemon. It used to
+    exit 0 having taken the prefix over, and the daemon's next `tier` failed with prefix_owned."""
+    live_cfg, _ = live
+    ok(cli(live_cfg, "produce", "orders", "-q", "0", "first"))
+    ok(cli(live_cfg, "tier"))
+    drill_cfg = tmp_path / "drill.toml"
+    drill_cfg.write_text(toml(service_config(tmp_path / "drill", bucket.backend)))
+    refused = cli(drill_cfg, "restore", "--from", bucket.url)
+    assert refused.returncode == 1, refused.stdout
+    assert "--take-over" in refused.stderr
+    ok(cli(live_cfg, "produce", "orders", "-q", "0", "second"))
+    assert ok(cli(live_cfg, "-o", "json", "tier"))["committed"] == 1  # still the owner
