@@ -12,7 +12,7 @@ be declined (None), so that the general loop raises its precise, typed error.
 from __future__ import annotations
 
 from types import MappingProxyType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pytest
@@ -24,7 +24,7 @@ from tierd.errors import InvalidPropertiesError
 from tierd.format.host import encode_host
 from tierd.format.key_hash import key_hash, key_hashes
 from tierd.format.properties import MAX_PROPERTIES_LENGTH
-from tierd.format.record import encode_record
+from tierd.format.record import encode_record, place_record
 from tierd.local import prepare as prepare_module
 from tierd.local.dispatch import DispatchBatch
 from tierd.local.prepare import EncodedBatch, PreparedBatch, stamp
@@ -34,7 +34,7 @@ from .test_prepare import MAX_BODY, OK, keyed_batches, preparer
 from .test_single_put import expected_record
 
 if TYPE_CHECKING:
-    from tierd.local.prepare import Preparer
+    from tierd.local.prepare import PreparedOne, Preparer
 
 NOW = 1_700_000_000_123
 STORE_TS = 1_700_000_000_456
@@ -353,7 +353,7 @@ def test_dispatch_merges_hashed_batches_with_keyed_ones() -> None:
     py = p._prepare_general([Message(topic="t", body=b"y", keys=("c",), tags="g")], NOW)
     assert enc is not None
     qoffs, phys = np.arange(2, dtype=np.int64), np.array([0, 100], np.int64)
-    single = (("t", 1), 0, 200, 100, 0, STORE_TS, "t#s", 300)
+    single = (("t", 1), 0, 200, 100, 0, STORE_TS, key_hash("t#s"), 300)
     merged = DispatchBatch.merge(
         [
             DispatchBatch.from_prepared(enc, qoffs, phys, STORE_TS, 200),
@@ -365,8 +365,9 @@ def test_dispatch_merges_hashed_batches_with_keyed_ones() -> None:
     assert merged.index_hashes.tolist() == key_hashes(["t#a", "t#b", "t#k", "t#s", "t#c"]).tolist()
     assert merged.index_messages == [0, 0, 1, 2, 3]
     keyed = DispatchBatch.merge([single, DispatchBatch.from_prepared(py, qoffs[:1], phys[:1], STORE_TS, 400)])
-    assert keyed.index_hashes is None
-    assert keyed.index_keys == ["t#s", "t#c"]
+    assert keyed.index_hashes is not None  # single puts come hashed: the Python batch's keys are hashed too
+    assert keyed.index_hashes.tolist() == key_hashes(["t#s", "t#c"]).tolist()
+    assert keyed.index_messages == [0, 1]
 
 
 def test_a_batch_beyond_the_buffer_limit_is_written_from_its_bodies(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -378,3 +379,71 @@ def test_a_batch_beyond_the_buffer_limit_is_written_from_its_bodies(monkeypatch:
     assert isinstance(preparer().prepare(msgs, NOW), EncodedBatch)
     monkeypatch.setattr(prepare_module, "ENCODE_BUFFER_LIMIT", total - 1)
     assert isinstance(preparer().prepare(msgs, NOW), PreparedBatch)
+
+
+# ----------------------------------------------------------------------------- the single put
+def single_records(p: Preparer, m: Message, place: Any, at: int) -> tuple[bytes, PreparedOne]:
+    """``m`` through ``p.prepare_one`` (or, for ``place_record``, the Python fallback), placed at
+    ``at`` with queue offset 5 and :data:`STORE_TS` — the bytes and the prepared tuple."""
+    one = p.prepare_one(m, NOW) if place is not place_record else p._prepare_one_python(m, NOW, None)
+    buf = bytearray(at + one[5] + 8)
+    place(buf, at, one[1], 5, 4096, STORE_TS, one[4])
+    return bytes(buf[at : at + one[5]]), one
+
+
+@given(msgs=any_batches(), store_host=st.sampled_from(["127.0.0.1:10911", "[2001:db8::1]:10911"]))
+def test_single_puts_of_every_shape_are_the_batch_encoders_records(
+    msgs: list[Message], store_host: str
+) -> None:
+    """A single put goes through the same encoder as a batch (no second writer of the layout):
+    its record, placed, is the C batch encoder's record of the same message, stamped alike, and
+    the Python fallback (``encode_record`` + ``place_record``) writes the same bytes, with the
+    same queue, tags code and index hashes."""
+    for m in msgs:
+        fast, fallback, batch = preparer(store_host), preparer(store_host), preparer(store_host)
+        got, one = single_records(fast, m, prepare_module.place, 3)
+        want, py = single_records(fallback, m, place_record, 0)
+        assert got == want
+        assert one == py
+        enc = encode(batch, [m])
+        assert enc is not None
+        stamp(enc.records, 0, np.array([5], np.int64), 4096, STORE_TS)
+        assert got == bytes(enc.records)
+        assert one[0] == enc.groups[0][0]
+        assert one[2] == int(enc.tags_codes[0])
+        hashes = one[3] if isinstance(one[3], tuple) else (one[3],)
+        assert list(hashes) == enc.index_hashes.tolist()
+        assert one[5] == int(enc.sizes[0])
+
+
+def test_the_single_put_takes_the_c_encoder_and_declines_like_a_batch() -> None:
+    """The C encoder writes the single put's record; values of other types and broken rules are
+    left to the Python path (its typed error, or the conversion), as for a batch."""
+    assert prepare_module._encoder is not None
+    p = preparer()
+    m = Message(topic="t", body=b"x", keys=("k",), tags="a", queue_id=2)
+    entry = p._topic("t")
+    assert prepare_module._encoder.encode_one(m, "t", entry, None, p._limits, p.store_host, NOW) is not None
+    for other in (
+        Message(topic="t", body=bytearray(b"x"), keys=("k",)),  # type: ignore[arg-type]
+        Message(topic="t", body=b"x", keys=("has space",)),
+        Message(topic="t", body=b"x", queue_id=64),
+        Message(topic="t", body=bytes(MAX_BODY + 1)),
+        Message(topic="t", body=b"x", keys=("k",), flag=True),
+    ):
+        assert (
+            prepare_module._encoder.encode_one(other, "t", entry, None, p._limits, p.store_host, NOW) is None
+        )
+    converted = p.prepare_one(Message(topic="t", body=bytearray(b"x")), NOW)  # type: ignore[arg-type]
+    assert converted[0] == ("t", 0)
+    assert p.prepare_one(OK, NOW)[0] == ("t", 1)  # the round-robin moved once for the declined one
+    assert converted[1] == preparer().prepare_one(Message(topic="t", body=b"x"), NOW)[1]
+    with pytest.raises(InvalidPropertiesError):
+        p.prepare_one(Message(topic="t", body=b"x", keys=("has space",)), NOW)
+
+
+def test_place_refuses_a_record_beyond_the_buffer() -> None:
+    one = preparer().prepare_one(OK, NOW)
+    for place in (prepare_module.place, place_record):
+        with pytest.raises(ValueError, match="does not fit"):
+            place(bytearray(one[5] - 1), 0, one[1], 0, 0, 0, one[4])

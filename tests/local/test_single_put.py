@@ -96,26 +96,27 @@ def test_every_key_shape_is_queryable_after_single_puts(store: BlockingMessageSt
             assert [x.commitlog_offset for x in found] == [results[i].commitlog_offset], key
 
 
-def record(keys: str | tuple[str, ...] | list[str], at: int) -> SingleRecord:
-    return (("t", 0), at, at * 100, 100, 0, 1, keys, at * 100 + 100)
+def record(hashes: int | tuple[int, ...], at: int) -> SingleRecord:
+    return (("t", 0), at, at * 100, 100, 0, 1, hashes, at * 100 + 100)
 
 
 @pytest.mark.parametrize(
-    ("keys", "index_keys", "index_messages"),
+    ("hashes", "index_hashes", "index_messages"),
     [
-        (["t#a", "t#b", "t#c"], ["t#a", "t#b", "t#c"], [0, 1, 2]),  # one key each, as strings
-        (["t#a", (), "t#c"], ["t#a", "t#c"], [0, 2]),
-        (["t#a", ["t#b", "t#u"], "t#c"], ["t#a", "t#b", "t#u", "t#c"], [0, 1, 1, 2]),
+        ([11, 12, 13], [11, 12, 13], [0, 1, 2]),  # one key each, as ints
+        ([11, (), 13], [11, 13], [0, 2]),
+        ([11, (12, 2**32 - 1), 13], [11, 12, 2**32 - 1, 13], [0, 1, 1, 2]),
         ([(), ()], [], []),
     ],
 )
 def test_dispatch_batch_from_single_records_of_each_key_shape(
-    keys: list[str | tuple[str, ...] | list[str]], index_keys: list[str], index_messages: list[int]
+    hashes: list[int | tuple[int, ...]], index_hashes: list[int], index_messages: list[int]
 ) -> None:
-    batch = DispatchBatch.merge([record(k, i) for i, k in enumerate(keys)])
-    assert batch.index_keys == index_keys
+    batch = DispatchBatch.merge([record(h, i) for i, h in enumerate(hashes)])
+    assert batch.index_hashes is not None
+    assert batch.index_hashes.tolist() == index_hashes
     assert batch.index_messages == index_messages
-    assert batch.queue_offsets.tolist() == list(range(len(keys)))
+    assert batch.queue_offsets.tolist() == list(range(len(hashes)))
 
 
 def test_round_robin_rotates_over_the_default_queues(store: BlockingMessageStore) -> None:

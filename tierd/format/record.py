@@ -105,6 +105,7 @@ __all__ = [
     "encode_record",
     "header_struct",
     "parse_record_view",
+    "place_record",
     "record_error",
     "scan_record",
     "store_timestamp_at",
@@ -181,6 +182,29 @@ def encode_record(
             properties,
         )
     )
+
+
+def place_record(
+    buffer: Any,
+    position: int,
+    record: bytes,
+    queue_offset: int,
+    physical_offset: int,
+    store_timestamp: int,
+    store_timestamp_at: int,
+) -> None:
+    """Copy ``record`` — encoded without its placement (queue offset, physical offset and store
+    timestamp zero, as :func:`encode_record` makes it with those arguments 0) — into the writable
+    ``buffer`` at ``position`` and write where and when it landed; STORETIMESTAMP is at
+    ``store_timestamp_at`` within the record (its position moves with the born host's width).
+    The C extension's ``place`` does the same in one call; this is its fallback."""
+    end = position + len(record)
+    if position < 0 or end > len(buffer):
+        raise ValueError(f"a record of {len(record)} bytes does not fit at {position} of {len(buffer)} bytes")
+    buffer[position:end] = record
+    _LONG.pack_into(buffer, position + POS_QUEUE_OFFSET, queue_offset)
+    _LONG.pack_into(buffer, position + POS_PHYSICAL_OFFSET, physical_offset)
+    _LONG.pack_into(buffer, position + store_timestamp_at, store_timestamp)
 
 
 @dataclass(frozen=True, slots=True)

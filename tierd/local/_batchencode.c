@@ -1,5 +1,5 @@
 /*
- * tierd.local._batchencode: put_batch's records, checked and encoded in C, for every shape.
+ * tierd.local._batchencode: put_batch's and put's records, checked and encoded in C, for every shape.
  *
  * encode() takes any batch the Python paths accept - several topics, explicit queue ids or the
  * store's round-robin choice, tags, user properties (UNIQ_KEY, TAGS among them), flags, born
@@ -221,7 +221,9 @@ typedef struct {
 static const char KEYS_NAME[] = "KEYS", TAGS_NAME[] = "TAGS", UNIQ_NAME[] = "UNIQ_KEY";
 
 typedef struct {
-    PyObject *topics, *choose, *chosen;
+    PyObject *topics, *choose, *chosen; /* encode(): a batch's topics, its queue chooser */
+    PyObject *topic, *entry;            /* encode_one(): the message's topic and its entry */
+    long queue_id;                      /* encode_one(): the queue of a message without one */
     long max_queues;
     Py_ssize_t max_body, max_record, max_properties;
     int64_t now_ms;
@@ -260,9 +262,16 @@ static int check_one(const Rules *r, PyObject *m, Item *it, int64_t *size) {
     PyObject *topic = field(m, F_TOPIC);
     if (!PyUnicode_CheckExact(topic))
         return 0;
-    PyObject *entry = PyDict_GetItemWithError(r->topics, topic);
-    if (entry == NULL)
-        return PyErr_Occurred() ? -1 : 0;
+    PyObject *entry;
+    if (r->topics != NULL) {
+        entry = PyDict_GetItemWithError(r->topics, topic);
+        if (entry == NULL)
+            return PyErr_Occurred() ? -1 : 0;
+    } else {
+        if (topic != r->topic) /* changed since the caller looked it up */
+            return 0;
+        entry = r->entry;
+    }
     if (!PyTuple_CheckExact(entry) || PyTuple_GET_SIZE(entry) != 2 || !PyBytes_CheckExact(PyTuple_GET_ITEM(entry, 1)))
         return 0;
     it->topic_entry = entry;
@@ -271,7 +280,11 @@ static int check_one(const Rules *r, PyObject *m, Item *it, int64_t *size) {
         return 0;
     /* queue id */
     PyObject *q = field(m, F_QUEUE_ID);
-    if (q == Py_None) {
+    if (q == Py_None && r->chosen == NULL) {
+        if (r->queue_id < 0)
+            return 0;
+        it->queue_id = (int32_t)r->queue_id;
+    } else if (q == Py_None) {
         PyObject *got = PyDict_GetItemWithError(r->chosen, topic);
         if (got == NULL) {
             if (PyErr_Occurred())
@@ -521,6 +534,28 @@ static int write_one(const Item *it, Out *o, int64_t size, const uint8_t *store_
     return 0;
 }
 
+/* The consume queue's tags code of a checked message: of TAGS, or of the TAGS property. */
+static int64_t tags_code_of(const Item *it) {
+    PyObject *tag = it->tags;
+    if (tag == Py_None && it->props != empty_properties) {
+        tag = PyDict_GetItemString(it->props, TAGS_NAME); /* borrowed */
+        if (tag == NULL)
+            tag = Py_None;
+    }
+    return (tag != Py_None && PyUnicode_GET_LENGTH(tag)) ? java_hash(tag) : 0;
+}
+
+/* The index hash of a message's "topic#UNIQ_KEY" (scratch holds "topic#" already): 0, -1 when
+ * the value changed, -2 on error. */
+static int hash_uniq(const Item *it, uint8_t *scratch, Py_ssize_t prefix, Py_ssize_t room, uint32_t *hash) {
+    Out u = {scratch + prefix, scratch + room};
+    int rc = put_text(&u, it->uniq, "", NULL, 0, 0, NULL);
+    if (rc < 0)
+        return rc;
+    *hash = murmur3_32(scratch, (size_t)(u.at - scratch));
+    return 0;
+}
+
 PyDoc_STRVAR(encode_doc,
              "encode(messages, topics, choose, max_queues, max_body, max_record, max_properties, "
              "store_host, now_ms, max_buffer, /)\n--\n\n"
@@ -550,7 +585,7 @@ static PyObject *encode(PyObject *module, PyObject *args) {
     Py_buffer host;
     long long now_ms;
     Py_ssize_t max_buffer;
-    Rules r;
+    Rules r = {0};
     (void)module;
     if (message_type == NULL) {
         PyErr_SetString(PyExc_RuntimeError, "encode before bind()");
@@ -641,14 +676,7 @@ static PyObject *encode(PyObject *module, PyObject *args) {
             last_qid = qids[j];
             gids[j] = (int32_t)last_gid;
         }
-        /* the tags code: TAGS, or the TAGS property */
-        PyObject *tag = items[j].tags;
-        if (tag == Py_None && items[j].props != empty_properties) {
-            tag = PyDict_GetItemString(items[j].props, TAGS_NAME); /* borrowed */
-            if (tag == NULL)
-                tag = Py_None;
-        }
-        tcodes[j] = (tag != Py_None && PyUnicode_GET_LENGTH(tag)) ? java_hash(tag) : 0;
+        tcodes[j] = tags_code_of(&items[j]);
     }
     if (total_bytes > max_buffer) {
         result = Py_NewRef(Py_None);
@@ -691,13 +719,11 @@ static PyObject *encode(PyObject *module, PyObject *args) {
         if (items[j].uniq != NULL) {
             if (key_at >= total_keys)
                 goto changed;
-            Out u = {scratch + prefix, scratch + room};
-            int ur = put_text(&u, items[j].uniq, "", NULL, 0, 0, NULL);
+            int ur = hash_uniq(&items[j], scratch, prefix, room, &hashes[key_at]);
             if (ur == -2)
                 goto done;
             if (ur < 0)
                 goto changed;
-            hashes[key_at] = murmur3_32(scratch, (size_t)(u.at - scratch));
             imsgs[key_at++] = j;
         }
     }
@@ -726,6 +752,181 @@ done:
     Py_XDECREF(imsg_obj);
     PyBuffer_Release(&host);
     return result;
+}
+
+/* ------------------------------------------------------------------ encode_one */
+
+PyDoc_STRVAR(encode_one_doc,
+             "encode_one(message, topic, entry, key, limits, store_host, now_ms, /)\n--\n\n"
+             "The single put's record, checked and written as encode() writes a batch's: "
+             "(key, record bytes, tags code, index hashes, position of STORETIMESTAMP in the record, "
+             "record size) - what tierd.local.prepare calls PreparedOne - or None for a message a rule "
+             "rejects or whose values are of other types (the Python path then raises or converts). "
+             "topic is message.topic as the caller read it and entry its (magic, topic part); key the "
+             "(topic, queue id) the store chose for a message without a queue id, else None; limits "
+             "(max_queues, max_body, max_record, max_properties). Index hashes: an int for one key, "
+             "else a tuple. Queue offset, physical offset and store timestamp stay zero: place() "
+             "writes them.");
+
+static int as_ssize(PyObject *o, Py_ssize_t *out) {
+    *out = PyLong_AsSsize_t(o);
+    return (*out == -1 && PyErr_Occurred()) ? -1 : 0;
+}
+
+static PyObject *encode_one(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    (void)module;
+    if (nargs != 7) {
+        PyErr_SetString(PyExc_TypeError, "encode_one takes 7 arguments");
+        return NULL;
+    }
+    if (message_type == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "encode_one before bind()");
+        return NULL;
+    }
+    PyObject *m = args[0], *key = args[3], *limits = args[4], *host = args[5];
+    Rules r = {0};
+    r.topic = args[1];
+    r.entry = args[2];
+    r.queue_id = -1;
+    if (!PyTuple_CheckExact(limits) || PyTuple_GET_SIZE(limits) != 4 || !PyBytes_CheckExact(host) ||
+        !PyTuple_CheckExact(r.entry) || PyTuple_GET_SIZE(r.entry) != 2 ||
+        !PyBytes_CheckExact(PyTuple_GET_ITEM(r.entry, 1))) {
+        PyErr_SetString(PyExc_TypeError, "encode_one: limits, store_host or entry of the wrong type");
+        return NULL;
+    }
+    Py_ssize_t max_queues;
+    long long now_ms = PyLong_AsLongLong(args[6]);
+    if ((now_ms == -1 && PyErr_Occurred()) || as_ssize(PyTuple_GET_ITEM(limits, 0), &max_queues) < 0 ||
+        as_ssize(PyTuple_GET_ITEM(limits, 1), &r.max_body) < 0 ||
+        as_ssize(PyTuple_GET_ITEM(limits, 2), &r.max_record) < 0 ||
+        as_ssize(PyTuple_GET_ITEM(limits, 3), &r.max_properties) < 0)
+        return NULL;
+    r.max_queues = (long)max_queues;
+    r.now_ms = now_ms;
+    r.store_host_len = PyBytes_GET_SIZE(host);
+    if (key != Py_None) {
+        if (!PyTuple_CheckExact(key) || PyTuple_GET_SIZE(key) != 2 || !PyLong_CheckExact(PyTuple_GET_ITEM(key, 1))) {
+            PyErr_SetString(PyExc_TypeError, "encode_one: key must be (topic, queue id)");
+            return NULL;
+        }
+        r.queue_id = PyLong_AsLong(PyTuple_GET_ITEM(key, 1));
+        if (r.queue_id == -1 && PyErr_Occurred())
+            return NULL;
+    }
+    if (r.store_host_len != HOST_V4 && r.store_host_len != HOST_V6)
+        Py_RETURN_NONE;
+    Item it;
+    memset(&it, 0, sizeof it);
+    int64_t size = 0;
+    PyObject *result = NULL, *record = NULL, *hashes = NULL, *qkey = NULL;
+    uint32_t hash_room[16], *hs = hash_room;
+    uint8_t scratch_room[512], *scratch = scratch_room;
+    int ok = check_one(&r, m, &it, &size);
+    if (ok <= 0) {
+        if (ok == 0)
+            result = Py_NewRef(Py_None);
+        goto done;
+    }
+    Py_ssize_t total_keys = it.key_count + (it.uniq != NULL), prefix = 0;
+    Py_ssize_t topic_len;
+    if (PyUnicode_AsUTF8AndSize(r.topic, &topic_len) == NULL)
+        goto done;
+    Py_ssize_t room = topic_len + 1 + it.props_len; /* "topic#" and any key or UNIQ_KEY value */
+    if (total_keys > (Py_ssize_t)(sizeof hash_room / sizeof hash_room[0]))
+        hs = PyMem_Malloc((size_t)total_keys * sizeof(uint32_t));
+    if (room > (Py_ssize_t)sizeof scratch_room)
+        scratch = PyMem_Malloc((size_t)room);
+    record = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)size);
+    if (hs == NULL || scratch == NULL || record == NULL) {
+        if (record != NULL)
+            PyErr_NoMemory();
+        goto done;
+    }
+    if (set_prefix(scratch, r.topic, &prefix) < 0)
+        goto done;
+    uint8_t *at = (uint8_t *)PyBytes_AS_STRING(record);
+    Out o = {at, at + size};
+    Py_ssize_t key_at = 0;
+    int rc = write_one(&it, &o, size, (const uint8_t *)PyBytes_AS_STRING(host), r.store_host_len, scratch, prefix,
+                       room, hs, &key_at, total_keys);
+    if (rc == 0 && it.uniq != NULL)
+        rc = key_at < total_keys ? hash_uniq(&it, scratch, prefix, room, &hs[key_at++]) : -1;
+    if (rc == -2)
+        goto done;
+    if (rc < 0 || key_at != total_keys) {
+        PyErr_SetString(PyExc_RuntimeError, "the message changed while it was being encoded");
+        goto done;
+    }
+    if (total_keys == 1) {
+        hashes = PyLong_FromUnsignedLong(hs[0]);
+    } else {
+        hashes = PyTuple_New(total_keys);
+        for (Py_ssize_t k = 0; hashes != NULL && k < total_keys; k++) {
+            PyObject *h = PyLong_FromUnsignedLong(hs[k]);
+            if (h == NULL)
+                Py_CLEAR(hashes);
+            else
+                PyTuple_SET_ITEM(hashes, k, h);
+        }
+    }
+    qkey = key != Py_None ? Py_NewRef(key) : Py_BuildValue("(Oi)", r.topic, it.queue_id);
+    if (hashes == NULL || qkey == NULL)
+        goto done;
+    Py_ssize_t born_len = it.born ? PyBytes_GET_SIZE(it.born) : r.store_host_len;
+    result = Py_BuildValue("(OOLOnn)", qkey, record, (long long)tags_code_of(&it), hashes,
+                           (Py_ssize_t)(POS_STORE_TIMESTAMP + born_len - HOST_V4), (Py_ssize_t)size);
+done:
+    release_items(&it, 1);
+    if (hs != hash_room)
+        PyMem_Free(hs);
+    if (scratch != scratch_room)
+        PyMem_Free(scratch);
+    Py_XDECREF(record);
+    Py_XDECREF(hashes);
+    Py_XDECREF(qkey);
+    return result;
+}
+
+PyDoc_STRVAR(place_doc,
+             "place(buffer, position, record, queue_offset, physical_offset, store_timestamp, "
+             "store_timestamp_at, /)\n--\n\n"
+             "Copy a record encode_one() made into the writable buffer at position and write where and "
+             "when it landed (STORETIMESTAMP at store_timestamp_at within the record). ValueError when "
+             "it does not fit.");
+
+static PyObject *place(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    (void)module;
+    if (nargs != 7 || !PyBytes_CheckExact(args[2])) {
+        PyErr_SetString(PyExc_TypeError, "place takes 7 arguments, the record as bytes");
+        return NULL;
+    }
+    Py_ssize_t pos, ts_at;
+    long long qoff = PyLong_AsLongLong(args[3]), phys, store_ts;
+    if (qoff == -1 && PyErr_Occurred())
+        return NULL;
+    phys = PyLong_AsLongLong(args[4]);
+    if (phys == -1 && PyErr_Occurred())
+        return NULL;
+    store_ts = PyLong_AsLongLong(args[5]);
+    if ((store_ts == -1 && PyErr_Occurred()) || as_ssize(args[1], &pos) < 0 || as_ssize(args[6], &ts_at) < 0)
+        return NULL;
+    Py_buffer dst;
+    if (PyObject_GetBuffer(args[0], &dst, PyBUF_WRITABLE) < 0)
+        return NULL;
+    Py_ssize_t len = PyBytes_GET_SIZE(args[2]);
+    if (len < MIN_RECORD_SIZE || pos < 0 || pos > dst.len - len || ts_at < POS_STORE_TIMESTAMP ||
+        ts_at > len - (Py_ssize_t)sizeof(uint64_t)) {
+        PyBuffer_Release(&dst);
+        PyErr_Format(PyExc_ValueError, "a record of %zd bytes does not fit at %zd of %zd bytes", len, pos, dst.len);
+        return NULL;
+    }
+    uint8_t *r = (uint8_t *)dst.buf + pos;
+    memcpy(r, PyBytes_AS_STRING(args[2]), (size_t)len);
+    put_u64(r + POS_QUEUE_OFFSET, (uint64_t)qoff);
+    put_u64(r + POS_PHYSICAL_OFFSET, (uint64_t)phys);
+    put_u64(r + ts_at, (uint64_t)store_ts);
+    PyBuffer_Release(&dst);
+    Py_RETURN_NONE;
 }
 
 /* ------------------------------------------------------------------ stamp */
@@ -785,6 +986,8 @@ static PyMethodDef methods[] = {
     {"bind", bind, METH_VARARGS, bind_doc},
     {"encode", encode, METH_VARARGS, encode_doc},
     {"stamp", stamp, METH_VARARGS, stamp_doc},
+    {"encode_one", (PyCFunction)(void (*)(void))encode_one, METH_FASTCALL, encode_one_doc},
+    {"place", (PyCFunction)(void (*)(void))place, METH_FASTCALL, place_doc},
     {"key_hash", key_hash, METH_O, key_hash_doc},
     {NULL, NULL, 0, NULL},
 };

@@ -1,6 +1,7 @@
 """Types of the C batch encoder (``_batchencode.c``); see :mod:`tierd.local.prepare`."""
 
 from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from tierd.message import Message
 
@@ -33,4 +34,24 @@ def stamp(
     store_timestamp: int,
     /,
 ) -> int: ...
+def encode_one(
+    message: Message,
+    topic: str,
+    entry: tuple[int, bytes],
+    key: tuple[str, int] | None,
+    limits: tuple[int, int, int, int],
+    store_host: bytes,
+    now_ms: int,
+    /,
+) -> tuple[tuple[str, int], bytes, int, int | tuple[int, ...], int, int] | None: ...
+def place(
+    buffer: Any,
+    position: int,
+    record: bytes,
+    queue_offset: int,
+    physical_offset: int,
+    store_timestamp: int,
+    store_timestamp_at: int,
+    /,
+) -> None: ...
 def key_hash(data: bytes, /) -> int: ...

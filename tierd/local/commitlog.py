@@ -27,6 +27,7 @@ from tierd.format.record import (
     store_timestamp_at,
 )
 from tierd.local.mapped_file import MappedFile, MappedFileQueue, offset_to_name
+from tierd.local.prepare import place
 from tierd.repeats import FailureLog
 
 if TYPE_CHECKING:
@@ -167,12 +168,12 @@ class CommitLog:
 
         The single-put path runs this once per message, so it is written flat: no property or
         helper call that the common case (the record fits in the current file, whose blocks
-        are already reserved) does not need, and the record is written in place — the header
-        packed straight into the mapping, then the body and the tail copied after it — rather
-        than built as bytes and copied again. ``prepare_one`` validated every field, so the
-        pack cannot fail half way; and nothing counts as written (``wrote``, queue offset)
-        until all of it is."""
-        key, body, crc, magic, tail, size, flag, born_ts, born_host, sys_flag, header, tags, keys = p
+        are already reserved) does not need. The record arrives encoded (by the encoder that
+        writes a batch's records, see :meth:`~tierd.local.prepare.Preparer.prepare_one`); one
+        :func:`~tierd.local.prepare.place` call copies it into the mapping and writes its queue
+        offset, physical offset and store timestamp. Nothing counts as written (``wrote``, queue
+        offset) until all of it is."""
+        key, record, tags, hashes, store_ts_at, size = p
         with self.lock:
             now = self.clock()
             store_ts = self.last_store_timestamp
@@ -189,34 +190,11 @@ class CommitLog:
             table = self.queue_offsets
             qoff = table.get(key, 0)
             phys = f.file_from_offset + pos
-            mm = f.mm
-            body_at = end_at - len(tail) - len(body)
-            header.pack_into(
-                mm,
-                pos,
-                size,
-                magic,
-                crc,
-                key[1],
-                flag,
-                qoff,
-                phys,
-                sys_flag,
-                born_ts,
-                born_host,
-                store_ts,
-                self.store_host,
-                0,
-                0,
-                len(body),
-            )
-            tail_at = body_at + len(body)
-            mm[body_at:tail_at] = body
-            mm[tail_at:end_at] = tail
+            place(f.mm, pos, record, qoff, phys, store_ts, store_ts_at)
             f.wrote = end_at
             table[key] = qoff + 1
             end = phys + size
-            self.on_append((key, qoff, phys, size, tags, store_ts, keys, end))
+            self.on_append((key, qoff, phys, size, tags, store_ts, hashes, end))
         return qoff, phys, end
 
     def _next_file(self, f: MappedFile | None, size: int) -> MappedFile:

@@ -37,7 +37,7 @@ from tierd.format.record import (
 from tierd.local.prepare import EncodedBatch
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Sequence
+    from collections.abc import Callable
 
     from tierd.local.consumequeue import ConsumeQueue
     from tierd.local.index import IndexService
@@ -53,10 +53,10 @@ RETRY_MAX = 2.0
 
 
 #: One record from the single-put path, as a plain tuple (no allocation beyond it):
-#: (queue key, queue offset, physical offset, size, tags code, store timestamp, index keys, end).
-#: Index keys: one ``str`` for a message with exactly one, else a sequence (see
+#: (queue key, queue offset, physical offset, size, tags code, store timestamp, index hashes,
+#: end). Index hashes: one ``int`` for a message with exactly one key, else a tuple (see
 #: :data:`~tierd.local.prepare.PreparedOne`).
-SingleRecord = tuple[tuple[str, int], int, int, int, int, int, "str | Sequence[str]", int]
+SingleRecord = tuple[tuple[str, int], int, int, int, int, int, "int | tuple[int, ...]", int]
 
 
 @dataclass(slots=True)
@@ -163,20 +163,20 @@ class DispatchBatch:
         # Runs once per single put: everything here is a C-level pass (zip, map, chain, numpy),
         # not a Python loop per record.
         n = len(run)
-        keys_col, qoffs, phys, sizes, tags, stamps, key_lists, ends = zip(*run, strict=True)
+        keys_col, qoffs, phys, sizes, tags, stamps, hash_lists, ends = zip(*run, strict=True)
         ids = {k: i for i, k in enumerate(dict.fromkeys(keys_col))}
         if len(ids) == 1:
             groups = [(keys_col[0], np.arange(n, dtype=np.intp))]
         else:
             gids = np.fromiter(map(ids.__getitem__, keys_col), np.intp, n)
             groups = [(k, np.flatnonzero(gids == i)) for k, i in ids.items()]
-        if set(map(type, key_lists)) == {str}:  # one key each: the usual message
-            index_keys = list(key_lists)
+        if set(map(type, hash_lists)) == {int}:  # one key each: the usual message
+            hashes = np.fromiter(hash_lists, np.uint32, n)
             index_messages = list(range(n))
         else:
-            lists = [(k,) if type(k) is str else k for k in key_lists]
+            lists = [(h,) if type(h) is int else h for h in hash_lists]
             counts = np.fromiter(map(len, lists), np.intp, n)
-            index_keys = list(itertools.chain.from_iterable(lists))
+            hashes = np.fromiter(itertools.chain.from_iterable(lists), np.uint32, int(counts.sum()))
             index_messages = np.repeat(np.arange(n, dtype=np.intp), counts).tolist()
         return cls(
             end=ends[-1],
@@ -186,8 +186,9 @@ class DispatchBatch:
             sizes=np.fromiter(sizes, np.int64, n),
             tags_codes=np.fromiter(tags, np.int64, n),
             store_timestamps=np.fromiter(stamps, np.int64, n),
-            index_keys=index_keys,
+            index_keys=[],
             index_messages=index_messages,
+            index_hashes=hashes,
         )
 
     @classmethod

@@ -10,11 +10,9 @@ from __future__ import annotations
 
 import itertools
 import logging
-import struct
-from collections.abc import Sequence
 from dataclasses import dataclass
 from operator import attrgetter, ne
-from typing import TYPE_CHECKING, Final, NamedTuple
+from typing import TYPE_CHECKING, Any, Final, NamedTuple
 
 import numpy as np
 import numpy.typing as npt
@@ -22,17 +20,17 @@ import numpy.typing as npt
 from tierd.errors import InvalidArgumentError, MessageTooLargeError
 from tierd.format.cq_unit import tags_code
 from tierd.format.host import encode_host
+from tierd.format.key_hash import key_hash
 from tierd.format.layout import (
     BODY_CRC_MASK,
     HEADER_FIXED,
     HOST_V4,
     PROPERTIES_LENGTH_WIDTH,
     header_length,
-    header_struct,
-    host_sys_flag,
+    position,
 )
 from tierd.format.properties import MAX_PROPERTIES_LENGTH, PROPERTY_KEYS, PROPERTY_TAGS, PROPERTY_UNIQ_KEY
-from tierd.format.record import crc32, topic_field
+from tierd.format.record import crc32, encode_record, place_record, topic_field
 from tierd.local.validation import (
     INT32_MAX,
     INT32_MIN,
@@ -47,7 +45,7 @@ from tierd.local.validation import (
 from tierd.message import Message
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Sequence
 
 log = logging.getLogger(__name__)
 
@@ -65,15 +63,12 @@ _KEYS_PREFIX = PROPERTY_KEYS.encode() + b"\x01"
 
 #: One message ready to append (the single-put path), as a plain tuple: at 100k puts/s a
 #: NamedTuple's ``__new__`` (0.3 µs, a Python call) is measurable, a tuple display is not.
-#: (queue key, body, body CRC, magic, tail, record size, flag, born timestamp, born host,
-#: sysflag, header layout, tags code, index keys). The *tail* is everything after the body: the
-#: length-prefixed topic, the properties length and the properties. *Index keys* are
-#: ``"topic#key"`` strings: one ``str`` for a message with exactly one (the usual case: no list
-#: per put for the collector to track), else a sequence.
-PreparedOne = tuple[
-    GroupKey, bytes, int, int, bytes, int, int, int, bytes, int, struct.Struct, int, str | Sequence[str]
-]
-_NO_KEYS: tuple[str, ...] = ()
+#: (queue key, record, tags code, index hashes, position of STORETIMESTAMP in the record, record
+#: size). The *record* is complete but for its placement — queue offset, physical offset and
+#: store timestamp are zero — which :func:`place` writes under the commitlog lock. *Index hashes*
+#: are the key index's hashes of the ``topic#key`` strings: one ``int`` for a message with
+#: exactly one key (the usual case: no tuple per put for the collector to track), else a tuple.
+PreparedOne = tuple[GroupKey, bytes, int, "int | tuple[int, ...]", int, int]
 
 
 @dataclass(slots=True)
@@ -118,10 +113,11 @@ class EncodedBatch:
 
 
 class _Encoder(NamedTuple):
-    """The C encoder's two calls (see ``_batchencode.pyi``)."""
+    """The C encoder's calls (see ``_batchencode.pyi``)."""
 
     encode: Callable[..., tuple[bytearray, bytes, bytes, bytes, list[GroupKey], bytes, bytes, bytes] | None]
     stamp: Callable[..., int]
+    encode_one: Callable[..., PreparedOne | None]
 
 
 def _bind_encoder() -> _Encoder | None:
@@ -130,7 +126,7 @@ def _bind_encoder() -> _Encoder | None:
     compiler at install time) or does not fit the class — then the Python passes below do the
     same work."""
     try:
-        from tierd.local._batchencode import bind, encode, stamp
+        from tierd.local._batchencode import bind, encode, encode_one, stamp
     except ImportError:
         log.debug("tierd.local._batchencode is not built: put_batch encodes in Python")
         return None
@@ -139,7 +135,7 @@ def _bind_encoder() -> _Encoder | None:
     except TypeError as e:
         log.warning("the C batch encoder does not fit Message (%s): put_batch encodes in Python", e)
         return None
-    return _Encoder(encode, stamp)
+    return _Encoder(encode, stamp, encode_one)
 
 
 _encoder = _bind_encoder()
@@ -164,6 +160,20 @@ def stamp(
     return int(_encoder.stamp(records, start, q, len(q), first_phys, store_ts))
 
 
+def _bind_place() -> Callable[[Any, int, bytes, int, int, int, int], None]:
+    """Where a single put's record goes into the commitlog: the C extension's ``place`` (one
+    call: the copy and the three placement fields), else :func:`place_record`."""
+    if _encoder is None:
+        return place_record
+    from tierd.local._batchencode import place as c_place
+
+    return c_place
+
+
+#: ``place(buffer, position, record, queue offset, physical offset, store timestamp, position of
+#: STORETIMESTAMP in the record)``: a :data:`PreparedOne`'s record into the commitlog mapping.
+place: Final = _bind_place()
+
 #: Whether ``put_batch`` is checked and encoded by the C extension (~0.15 µs a 1 KiB message
 #: against ~0.85-3 µs for the Python passes and the numpy header build).
 ACCELERATED: Final = _encoder is not None
@@ -181,9 +191,8 @@ class Preparer:
         self._round_robin: dict[str, tuple[itertools.count[int], list[GroupKey]]] = {}
         #: Queue counts of topics created with their own (tierd.topics); others: default_queues.
         self.queue_counts: dict[str, int] = {}
-        #: Sysflag and header layout of a record whose born host is the store host.
-        self._own_sys_flag = host_sys_flag(len(store_host), len(store_host))
-        self._own_header = header_struct(len(store_host), len(store_host))
+        #: The limits the C encoder checks a single put against (see ``encode_one``).
+        self._limits = (max_queues, max_body, max_body + RECORD_OVERHEAD_LIMIT, MAX_PROPERTIES_LENGTH)
 
     def _topic(self, topic: str) -> tuple[int, bytes]:
         entry = self._topics.get(topic)
@@ -220,6 +229,22 @@ class Preparer:
         return self._next_key(topic)[1]
 
     def prepare_one(self, m: Message, now_ms: int) -> PreparedOne:
+        """One message's record for :meth:`~tierd.local.commitlog.CommitLog.append_one`, written
+        by the same encoder as a batch's (the C extension; a message it declines — a rule broken,
+        values of other types — and every message where it is not built: :func:`encode_record`,
+        the same bytes)."""
+        enc = _encoder
+        if enc is not None and type(m) is Message:
+            topic = m.topic
+            entry = self._topics.get(topic) or self._topic(topic)
+            key = self._next_key(topic) if m.queue_id is None else None
+            p = enc.encode_one(m, topic, entry, key, self._limits, self.store_host, now_ms)
+            return p if p is not None else self._prepare_one_python(m, now_ms, key)
+        return self._prepare_one_python(m, now_ms, None)
+
+    def _prepare_one_python(self, m: Message, now_ms: int, key: GroupKey | None) -> PreparedOne:
+        """:meth:`prepare_one` in Python: every rule checked with its typed error; ``key`` is the
+        queue already chosen for a message without a queue id (the round-robin moves once)."""
         if not isinstance(m, Message):
             raise InvalidArgumentError(f"expected a tierd.Message, got {type(m).__name__}")
         topic = m.topic
@@ -230,52 +255,41 @@ class Preparer:
         keys, tag, props = m.keys, m.tags, m.properties
         pb = build_properties(keys, tag, props) if (keys or tag is not None or props) else b""
         qid = m.queue_id
-        key = self._next_key(topic) if qid is None else (topic, check_queue(qid, self.max_queues))
+        if qid is not None:
+            key = (topic, check_queue(qid, self.max_queues))
+        elif key is None:
+            key = self._next_key(topic)
         flag = m.flag
         if type(flag) is not int or not INT32_MIN <= flag <= INT32_MAX:
             flag = check_flag(flag) if flag else 0  # a falsy flag is 0, as on the batch paths
         born_ts = m.born_timestamp
         born_ts = now_ms if born_ts is None else check_born_timestamp(born_ts)
-        if m.born_host is None:
-            born_host, sys_flag, header = self.store_host, self._own_sys_flag, self._own_header
-        else:
-            born_host = encode_host(m.born_host)
-            sys_flag = host_sys_flag(len(born_host), len(self.store_host))
-            header = header_struct(len(born_host), len(self.store_host))
-        tail = topic_part + len(pb).to_bytes(PROPERTIES_LENGTH_WIDTH, "big") + pb
-        size = header.size + len(body) + len(tail)
+        born_host = self.store_host if m.born_host is None else encode_host(m.born_host)
+        size = header_length(len(born_host), len(self.store_host)) + len(body) + len(topic_part)
+        size += PROPERTIES_LENGTH_WIDTH + len(pb)
         if size > self.max_body + RECORD_OVERHEAD_LIMIT:
             raise MessageTooLargeError(
                 f"message encodes to {size} bytes, over the record limit "
                 f"{self.max_body + RECORD_OVERHEAD_LIMIT}",
                 size=size,
             )
+        # The placement (queue offset, physical offset, store timestamp) stays 0: place() writes it.
+        record = encode_record(
+            body, topic_part, magic, pb, key[1], flag, 0, 0, 0, born_ts, born_host, 0, self.store_host
+        )
         if tag is None and props:
             tag = props.get(PROPERTY_TAGS)
-        index_keys: str | Sequence[str]
-        if not keys:
-            index_keys = _NO_KEYS
-        elif (type(keys) is tuple or type(keys) is list) and len(keys) == 1:
-            index_keys = topic + "#" + keys[0]  # (checked to be a str by build_properties)
-        else:
-            index_keys = [f"{topic}#{k}" for k in keys]
+        indexed = [f"{topic}#{k}" for k in keys] if keys else []
         if props and props.get(PROPERTY_UNIQ_KEY):
-            uniq = f"{topic}#{props[PROPERTY_UNIQ_KEY]}"
-            index_keys = [index_keys, uniq] if type(index_keys) is str else [*index_keys, uniq]
+            indexed.append(f"{topic}#{props[PROPERTY_UNIQ_KEY]}")
+        hashes = tuple(map(key_hash, indexed))
         return (
             key,
-            body,
-            crc32(body) & BODY_CRC_MASK,
-            magic,
-            tail,
-            size,
-            flag,
-            born_ts,
-            born_host,
-            sys_flag,
-            header,
+            record,
             tags_code(tag) if tag else 0,
-            index_keys,
+            hashes[0] if len(hashes) == 1 else hashes,
+            position("store_timestamp", len(born_host), len(self.store_host)),
+            size,
         )
 
     def prepare(self, messages: Sequence[Message], now_ms: int) -> PreparedBatch | EncodedBatch:
