@@ -9,6 +9,7 @@ from typing import Any
 from rocketmq.grpc_protocol import definition_pb2 as pb
 
 from tierd.consumption.inflight import InvalidReceiptHandleError, TopicNotFoundError
+from tierd.consumption.pull import OffsetNotFoundError, PulledOffsetError
 from tierd.errors import (
     ConfigError,
     InvalidArgumentError,
@@ -19,6 +20,7 @@ from tierd.errors import (
     MessageTooLargeError,
     NotFoundError,
     NotReadyError,
+    OffsetOutOfRangeError,
     ResourceExhaustedError,
     StoreClosedError,
     StoreFullError,
@@ -47,6 +49,9 @@ _CODES: tuple[tuple[type[BaseException], int], ...] = (
     (InvalidPropertiesError, pb.ILLEGAL_MESSAGE_PROPERTY_KEY),
     (InvalidSubscriptionError, pb.ILLEGAL_FILTER_EXPRESSION),
     (InvalidGroupError, pb.ILLEGAL_CONSUMER_GROUP),
+    (OffsetNotFoundError, pb.OFFSET_NOT_FOUND),
+    (PulledOffsetError, pb.ILLEGAL_OFFSET),
+    (OffsetOutOfRangeError, pb.ILLEGAL_OFFSET),
     (ConfigError, pb.INTERNAL_SERVER_ERROR),
     (InvalidArgumentError, pb.BAD_REQUEST),
     (NotFoundError, pb.NOT_FOUND),

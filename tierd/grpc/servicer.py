@@ -13,8 +13,18 @@ from rocketmq.grpc_protocol import service_pb2 as svc
 from rocketmq.grpc_protocol import service_pb2_grpc as svc_grpc
 
 from tierd.consumption.inflight import Inflight, unknown_topic, valid_topic
+from tierd.consumption.pull import (
+    OffsetPolicy,
+    PulledOffsetError,
+    check_queue_of,
+    get_offset,
+    pull,
+    query_offset,
+    update_offset,
+)
 from tierd.grpc.codes import UnsupportedFeatureError, ok, status_of
 from tierd.grpc.convert import to_message, to_protocol
+from tierd.offsets import check_group
 from tierd.topics import queue_for_group
 
 if TYPE_CHECKING:
@@ -35,6 +45,11 @@ DEFAULT_INVISIBLE = 30.0
 #: A receive answers this much before the client's own deadline (its long-polling timeout plus
 #: its request timeout), so an empty result is an answer and not a client-side timeout.
 ANSWER_MARGIN = 0.5
+_OFFSET_POLICIES: dict[int, OffsetPolicy] = {
+    pb.BEGINNING: "beginning",
+    pb.END: "end",
+    pb.TIMESTAMP: "timestamp",
+}
 
 
 def _check_not_empty(request: Any) -> None:
@@ -299,24 +314,81 @@ class Servicer(svc_grpc.MessagingServiceServicer):  # type: ignore[misc]
                 status=status_of(e, "ForwardMessageToDeadLetterQueue")
             )
 
+    # ------------------------------------------------------------------ pull-style offsets
+    async def _queue_of(self, mq: Any) -> tuple[str, int]:
+        """The (topic, queue id) a request names, both checked."""
+        topic = mq.topic.name
+        check_queue_of(topic, mq.id, await self._queue_count(topic))
+        return topic, mq.id
+
+    async def QueryOffset(self, request: Any, context: Any) -> Any:
+        try:
+            topic, queue_id = await self._queue_of(request.message_queue)
+            policy = _OFFSET_POLICIES[request.query_offset_policy]
+            ts = request.timestamp if request.HasField("timestamp") else None
+            ms = ts.seconds * 1000 + ts.nanos // 1_000_000 if ts is not None else None
+            offset = await query_offset(self.store, topic, queue_id, policy, ms)
+            return svc.QueryOffsetResponse(status=ok(), offset=offset)
+        except Exception as e:
+            return svc.QueryOffsetResponse(status=status_of(e, "QueryOffset"))
+
+    async def GetOffset(self, request: Any, context: Any) -> Any:
+        try:
+            topic, queue_id = await self._queue_of(request.message_queue)
+            offset = get_offset(self.store, request.group.name, topic, queue_id)
+            return svc.GetOffsetResponse(status=ok(), offset=offset)
+        except Exception as e:
+            return svc.GetOffsetResponse(status=status_of(e, "GetOffset"))
+
+    async def UpdateOffset(self, request: Any, context: Any) -> Any:
+        try:
+            topic, queue_id = await self._queue_of(request.message_queue)
+            await update_offset(self.store, request.group.name, topic, queue_id, request.offset)
+            return svc.UpdateOffsetResponse(status=ok())
+        except Exception as e:
+            return svc.UpdateOffsetResponse(status=status_of(e, "UpdateOffset"))
+
+    async def PullMessage(self, request: Any, context: Any) -> AsyncIterator[Any]:
+        """The proxy's stream: a status, the messages, then ``next_offset`` (also after an
+        unreadable offset, so the client can continue)."""
+        try:
+            check_group(request.group.name)
+            topic, queue_id = await self._queue_of(request.message_queue)
+            expr = request.filter_expression
+            _check_filter(expr)
+            wait = (
+                _seconds(request.long_polling_timeout)
+                if request.HasField("long_polling_timeout")
+                else DEFAULT_LONG_POLL
+            )
+            pulled = await pull(
+                self.store,
+                topic,
+                queue_id,
+                request.offset,
+                request.batch_size or RECEIVE_BATCH_SIZE,
+                expr.expression or None,
+                max(0.0, wait - ANSWER_MARGIN),
+            )
+        except PulledOffsetError as e:
+            yield svc.PullMessageResponse(status=status_of(e, "PullMessage"))
+            yield svc.PullMessageResponse(next_offset=e.next_offset)
+            return
+        except Exception as e:
+            yield svc.PullMessageResponse(status=status_of(e, "PullMessage"))
+            return
+        found = pb.Status(code=pb.MESSAGE_NOT_FOUND, message="no new message")
+        yield svc.PullMessageResponse(status=ok() if pulled.messages else found)
+        for m in pulled.messages:
+            yield svc.PullMessageResponse(message=to_protocol(m, "", 1, 0.0))
+        yield svc.PullMessageResponse(next_offset=pulled.next_offset)
+
     # ------------------------------------------------------------------ not yet implemented
     def _not_implemented(self, rpc: str) -> Any:
         return status_of(UnsupportedFeatureError(f"{rpc} is not supported by tierd yet", rpc=rpc), rpc)
 
     async def EndTransaction(self, request: Any, context: Any) -> Any:
         return svc.EndTransactionResponse(status=self._not_implemented("EndTransaction"))
-
-    async def UpdateOffset(self, request: Any, context: Any) -> Any:
-        return svc.UpdateOffsetResponse(status=self._not_implemented("UpdateOffset"))
-
-    async def GetOffset(self, request: Any, context: Any) -> Any:
-        return svc.GetOffsetResponse(status=self._not_implemented("GetOffset"))
-
-    async def QueryOffset(self, request: Any, context: Any) -> Any:
-        return svc.QueryOffsetResponse(status=self._not_implemented("QueryOffset"))
-
-    async def PullMessage(self, request: Any, context: Any) -> AsyncIterator[Any]:
-        yield svc.PullMessageResponse(status=self._not_implemented("PullMessage"))
 
     async def RecallMessage(self, request: Any, context: Any) -> Any:
         return svc.RecallMessageResponse(status=self._not_implemented("RecallMessage"))
