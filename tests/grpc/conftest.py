@@ -21,8 +21,8 @@ if TYPE_CHECKING:
     from rocketmq import Message
 
 
-def grpc_config(root: Path, **grpc_keys: Any) -> dict[str, Any]:
-    cfg = service_config(root)
+def grpc_config(root: Path, server: dict[str, Any] | None = None, **grpc_keys: Any) -> dict[str, Any]:
+    cfg = service_config(root, server=server)
     cfg["grpc"] = {"enabled": True, "host": "127.0.0.1", "port": 0, **grpc_keys}
     return cfg
 
@@ -30,10 +30,10 @@ def grpc_config(root: Path, **grpc_keys: Any) -> dict[str, Any]:
 class GrpcTierd:
     """``tierd serve`` with gRPC on; ``endpoint`` is what a RocketMQ client is given."""
 
-    def __init__(self, root: Path, **grpc_keys: Any) -> None:
+    def __init__(self, root: Path, server: dict[str, Any] | None = None, **grpc_keys: Any) -> None:
         self.root = root
         self.path = root / "tierd.toml"
-        self.path.write_text(toml(grpc_config(root, **grpc_keys)))
+        self.path.write_text(toml(grpc_config(root, server, **grpc_keys)))
         self.start()
 
     def start(self) -> None:

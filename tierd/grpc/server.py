@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING, Any
 from tierd.errors import ConfigError
 
 if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
+
     from tierd.config import TierdConfig
     from tierd.store import MessageStore
 
@@ -50,12 +52,14 @@ def check_exposure(cfg: TierdConfig, authenticated: bool) -> None:
 class GrpcListener:
     """A bound ``grpc.aio`` server; :meth:`start` serves the store, :meth:`stop` ends it."""
 
-    def __init__(self, cfg: TierdConfig) -> None:
+    def __init__(self, cfg: TierdConfig, registry: CollectorRegistry | None = None) -> None:
+        """``registry``: where the gRPC metrics go (the daemon's; none: not measured)."""
         check_ports(cfg)
         try:
             import grpc
 
             from tierd.grpc.auth import SignatureInterceptor, load_credentials
+            from tierd.grpc.metrics import GrpcMetrics, MetricsInterceptor
         except ImportError as e:
             raise ConfigError(
                 "grpc.enabled needs the gRPC extra: pip install 'tierd[grpc]' (or set grpc.enabled = false)"
@@ -64,9 +68,14 @@ class GrpcListener:
         check_exposure(cfg, bool(keys))
         self.cfg = cfg
         limit = cfg.store.max_message_size + REQUEST_OVERHEAD
+        self.metrics = GrpcMetrics(registry) if registry is not None else None
+        # Metrics outermost: a call refused for its credentials is counted too.
+        interceptors: list[Any] = [MetricsInterceptor(self.metrics)] if self.metrics is not None else []
+        if keys:
+            interceptors.append(SignatureInterceptor(keys))
         self.server: Any = grpc.aio.server(
             options=[("grpc.max_receive_message_length", limit), ("grpc.max_send_message_length", limit)],
-            interceptors=[SignatureInterceptor(keys)] if keys else [],
+            interceptors=interceptors,
         )
         address = (
             f"[{cfg.grpc.host}]:{cfg.grpc.port}"
@@ -103,6 +112,8 @@ class GrpcListener:
         from tierd.grpc.servicer import Servicer
 
         self.servicer = Servicer(self.cfg, store, (self.cfg.grpc.host, self.port))
+        if self.metrics is not None:
+            self.metrics.watch(self.servicer.inflight)
         service_pb2_grpc.add_MessagingServiceServicer_to_server(self.servicer, self.server)
         await self.server.start()
         log.info("RocketMQ gRPC API listening on %s", self.url)

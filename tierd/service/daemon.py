@@ -205,7 +205,9 @@ class Daemon:
             ops_sock = None
             if self.ops_app is not None:
                 ops_sock = bind(self.cfg.server.ops_host or "", self.cfg.server.ops_port, "server.ops_")
-            self.grpc = GrpcListener(self.cfg) if self.cfg.grpc.enabled else None
+            self.grpc = (
+                GrpcListener(self.cfg, self.service.metrics.registry) if self.cfg.grpc.enabled else None
+            )
         except BaseException:
             sock.close()
             raise

@@ -11,6 +11,8 @@ Three sources, chosen so that no hot path grows a metrics call it did not alread
   scrape time*, through the facade only (:attr:`MessageStore.stats`,
   :meth:`~MessageStore.dispatch_lag`, :meth:`~MessageStore.cold_storage`). Scrapes come every
   15–60 s; the store's own counters are plain integer increments.
+* **gRPC** — :mod:`tierd.grpc.metrics` adds its families to this registry when the gRPC
+  listener runs (per-RPC counts and latency, consumption state at scrape time).
 
 Each :class:`ServiceMetrics` owns its :class:`~prometheus_client.CollectorRegistry` — never the
 process-global one — so two stores in one process (tests, embedding) never collide.
