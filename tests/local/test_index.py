@@ -21,8 +21,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tierd import BlockingMessageStore, Message
 from tierd.errors import CorruptionError, InvalidArgumentError, StoreClosedError
 from tierd.format.key_hash import index_key, key_hash
+from tierd.format.record import parse_record_view
+from tierd.local.dispatch import DispatchBatch
 from tierd.local.index import IndexFile, IndexService
 
 if TYPE_CHECKING:
@@ -717,3 +720,48 @@ def test_concurrent_writer_and_readers(tmp_path: Path) -> None:
     for k, offs in expected.items():
         assert svc.query("T", k, 1_000, 0, 2**62) == offs[::-1]
     svc.close()
+
+
+# --------------------------------------------------------------------------- RocketMQ's item order
+# RocketMQ's IndexService indexes a message's UNIQ_KEY first, then each token of its KEYS in
+# order (ROCKETMQ.md §1.3): the items of a message follow one another in that order.
+UNIQ_AND_KEYS = {"keys": ("k1", "k2"), "properties": {"UNIQ_KEY": "u", "p": "v"}}
+ROCKETMQ_ORDER = [key_hash("t#u"), key_hash("t#k1"), key_hash("t#k2")]
+
+
+def index_items(svc: IndexService) -> list[tuple[int, int]]:
+    """(hash, commitlog offset) of every item in the index files, in file order, read from
+    the bytes on disk with this file's own struct layouts."""
+    out = []
+    for f in svc._files:
+        data = f.path.read_bytes()
+        count = HEADER.unpack_from(data, 0)[5]
+        base = 40 + f.slots * 4
+        for i in range(1, count):
+            h, phy, _, _ = ITEM.unpack_from(data, base + i * 20)
+            out.append((h, phy))
+    return out
+
+
+def test_uniq_key_is_indexed_before_the_keys_on_every_path(store: BlockingMessageStore) -> None:
+    """Single put (C and the Python fallback, which a bytearray body takes), put_batch (C and
+    the Python general loop, which a bytearray body takes) and recovery's rebuild from the
+    commitlog: a message's items are its UNIQ_KEY, then its KEYS, as RocketMQ writes them."""
+    results = [
+        store.put(Message(topic="t", body=b"c single", **UNIQ_AND_KEYS)),  # type: ignore[arg-type]
+        store.put(Message(topic="t", body=bytearray(b"py single"), **UNIQ_AND_KEYS)),  # type: ignore[arg-type]
+        *store.put_batch([Message(topic="t", body=b"c batch", **UNIQ_AND_KEYS)] * 2),  # type: ignore[arg-type]
+        *store.put_batch([Message(topic="t", body=bytearray(b"py batch"), **UNIQ_AND_KEYS)] * 2),  # type: ignore[arg-type]
+    ]
+    assert store.hot.wait_dispatched(10)
+    offsets = [r.commitlog_offset for r in results]
+    items = index_items(store.hot.index)
+    assert items == [(h, off) for off in offsets for h in ROCKETMQ_ORDER]
+    files = store.hot.commitlog.files
+    views = []
+    for off in offsets:
+        f = files.find(off)
+        assert f is not None
+        views.append((off, parse_record_view(f.view, off - f.file_from_offset, f.wrote)))
+    rebuilt = DispatchBatch.from_records(views, store.hot.commitlog.max_offset)
+    assert [key_hash(k) for k in rebuilt.index_keys] == ROCKETMQ_ORDER * len(offsets)

@@ -6,7 +6,8 @@
  * hosts and timestamps, v2 topics, IPv4 or IPv6 hosts, keys or none - in two loops over the
  * messages: the first checks every rule and sizes each record, the second writes the records
  * back to back into one new buffer with their body CRCs, and the key index's hashes of the
- * "topic#key" strings (never made as strings). The fields that depend on where and when the
+ * "topic#key" strings (never made as strings), a message's UNIQ_KEY before its KEYS (the order
+ * RocketMQ's IndexService writes them in). The fields that depend on where and when the
  * batch lands (queue offset, physical offset, store timestamp) are written by stamp() under the
  * commitlog lock, just before the buffer is written to the file. Every position and flag comes
  * from _record_layout.h, generated from tierd/format/layout.py.
@@ -708,7 +709,11 @@ static PyObject *encode(PyObject *module, PyObject *args) {
         }
         o.end = o.at + sizes[j];
         Py_ssize_t first_key = key_at;
-        int rc = write_one(&items[j], &o, sizes[j], host.buf, host.len, scratch, prefix, room, hashes, &key_at,
+        int rc = 0;
+        if (items[j].uniq != NULL) /* the UNIQ_KEY's item first, then the KEYS', as RocketMQ */
+            rc = key_at < total_keys ? hash_uniq(&items[j], scratch, prefix, room, &hashes[key_at++]) : -1;
+        if (rc == 0)
+            rc = write_one(&items[j], &o, sizes[j], host.buf, host.len, scratch, prefix, room, hashes, &key_at,
                            total_keys);
         if (rc == -2)
             goto done;
@@ -716,16 +721,6 @@ static PyObject *encode(PyObject *module, PyObject *args) {
             goto changed;
         for (Py_ssize_t k = first_key; k < key_at; k++)
             imsgs[k] = j;
-        if (items[j].uniq != NULL) {
-            if (key_at >= total_keys)
-                goto changed;
-            int ur = hash_uniq(&items[j], scratch, prefix, room, &hashes[key_at]);
-            if (ur == -2)
-                goto done;
-            if (ur < 0)
-                goto changed;
-            imsgs[key_at++] = j;
-        }
     }
     if (key_at != total_keys)
         goto changed;
@@ -847,10 +842,10 @@ static PyObject *encode_one(PyObject *module, PyObject *const *args, Py_ssize_t 
     uint8_t *at = (uint8_t *)PyBytes_AS_STRING(record);
     Out o = {at, at + size};
     Py_ssize_t key_at = 0;
-    int rc = write_one(&it, &o, size, (const uint8_t *)PyBytes_AS_STRING(host), r.store_host_len, scratch, prefix,
+    int rc = it.uniq != NULL ? hash_uniq(&it, scratch, prefix, room, &hs[key_at++]) : 0; /* as in encode() */
+    if (rc == 0)
+        rc = write_one(&it, &o, size, (const uint8_t *)PyBytes_AS_STRING(host), r.store_host_len, scratch, prefix,
                        room, hs, &key_at, total_keys);
-    if (rc == 0 && it.uniq != NULL)
-        rc = key_at < total_keys ? hash_uniq(&it, scratch, prefix, room, &hs[key_at++]) : -1;
     if (rc == -2)
         goto done;
     if (rc < 0 || key_at != total_keys) {

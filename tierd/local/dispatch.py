@@ -221,15 +221,15 @@ class DispatchBatch:
                     queue_runs[-1].append(j)
                 else:
                     queue_runs.append([j])
-            if tx != SYSFLAG_TRANSACTION_ROLLBACK:
-                for k in props.get(PROPERTY_KEYS, "").split(KEY_SEPARATOR):
-                    if k:
-                        keys.append(f"{v.topic}#{k}")
-                        key_msgs.append(j)
+            if tx != SYSFLAG_TRANSACTION_ROLLBACK:  # RocketMQ's order: UNIQ_KEY, then each key
                 uniq = props.get(PROPERTY_UNIQ_KEY)
                 if uniq:
                     keys.append(f"{v.topic}#{uniq}")
                     key_msgs.append(j)
+                for k in props.get(PROPERTY_KEYS, "").split(KEY_SEPARATOR):
+                    if k:
+                        keys.append(f"{v.topic}#{k}")
+                        key_msgs.append(j)
         groups = [(k, np.asarray(idx, np.intp)) for k, queue_runs in runs.items() for idx in queue_runs]
         return cls(
             end=end,

@@ -279,9 +279,10 @@ class Preparer:
         )
         if tag is None and props:
             tag = props.get(PROPERTY_TAGS)
-        indexed = [f"{topic}#{k}" for k in keys] if keys else []
-        if props and props.get(PROPERTY_UNIQ_KEY):
-            indexed.append(f"{topic}#{props[PROPERTY_UNIQ_KEY]}")
+        # RocketMQ's IndexService order: the UNIQ_KEY's item, then each key's.
+        indexed = [f"{topic}#{props[PROPERTY_UNIQ_KEY]}"] if props and props.get(PROPERTY_UNIQ_KEY) else []
+        if keys:
+            indexed += [f"{topic}#{k}" for k in keys]
         hashes = tuple(map(key_hash, indexed))
         return (
             key,
@@ -406,14 +407,14 @@ class Preparer:
                 tag = props.get(PROPERTY_TAGS)
             if tag:
                 tags[j] = tags_code(tag)
-            if keys:
-                for k in keys:
-                    index_keys.append(f"{topic}#{k}")
-                    index_msgs.append(j)
-            if props:
+            if props:  # RocketMQ's IndexService order: the UNIQ_KEY's item, then each key's
                 uniq = props.get(PROPERTY_UNIQ_KEY)
                 if uniq:
                     index_keys.append(f"{topic}#{uniq}")
+                    index_msgs.append(j)
+            if keys:
+                for k in keys:
+                    index_keys.append(f"{topic}#{k}")
                     index_msgs.append(j)
         assert first_key is not None
         if mixed:
