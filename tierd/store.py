@@ -456,10 +456,10 @@ class _StoreCore:
         admin = self.topic_admin
         if self.hot.read_only:  # changes nothing: a pending delete waits for a writable open
             return
-        try:
+        if self.tiering is not None:
+            admin.finish_later()  # once the cold tier has loaded: open does not wait for the bucket
+        else:
             await admin.resume()
-        except TierdError as e:  # the hot part is done or raised; the cold part retries at gc
-            log.warning("an interrupted topic delete is unfinished (%s); retried at the next gc", e)
         await admin.apply_config()
 
     def queues(self, topic: str) -> list[QueueInfo]:
@@ -765,6 +765,7 @@ class MessageStore(_StoreCore):
         ``server.shutdown_grace``) to reach the cold tier, the rest goes at the next start."""
         await self.router.fetcher.aclose()
         await self._stop_consumers()
+        await self.topic_admin.stop()
         if self.tiering is not None:
             await self.tiering.close(self.config.server.shutdown_grace if grace is None else grace)
             self.tiering = self.router.tiering = None
@@ -1045,6 +1046,7 @@ class BlockingMessageStore(_StoreCore):
         if self._loop is not None:
             self._loop.run(self.router.fetcher.aclose())
             self._loop.run(self._stop_consumers())
+            self._loop.run(self.topic_admin.stop())
         if self.tiering is not None and self._loop is not None:
             self._loop.run(self.tiering.close(self.config.server.shutdown_grace if grace is None else grace))
             self.tiering = self.router.tiering = None

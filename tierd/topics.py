@@ -49,11 +49,14 @@ from tierd.errors import (
     InvalidArgumentError,
     NotFoundError,
     QueueShrinkError,
+    TierdError,
+    TopicDeletingError,
     TopicExistsError,
     TopicInUseError,
 )
 from tierd.local.mapped_file import fsync_dir
 from tierd.local.validation import check_topic
+from tierd.repeats import FailureLog
 
 if TYPE_CHECKING:
     from tierd.config import TierdConfig
@@ -67,8 +70,11 @@ FILE_NAME: Final = "topics.json"
 #: Test hook: ``after-hot`` SIGKILLs the process once a delete removed the hot data (the crash
 #: test proves the next open finishes the delete).
 CRASH_ENV: Final = "TIERD_TEST_CRASH_DELETE"
-#: Seconds a delete waits for the hot store to index what was written before it.
+#: Seconds a delete waits for the hot store to index what was written before it (and for a
+#: running tiering round to end).
 DELETE_DISPATCH_WAIT: Final = 30.0
+#: Seconds between attempts to finish an interrupted delete whose cold part cannot run yet.
+RESUME_RETRY: Final = 5.0
 
 
 def queue_for_group(group: str, queues: int) -> int:
@@ -221,6 +227,8 @@ class TopicAdmin:
         self.tiering = tiering
         self.registry = TopicRegistry(cfg.store.dir)
         self._lock = asyncio.Lock()
+        #: Finishes interrupted deletes once the cold tier has loaded (see :meth:`finish_later`).
+        self._finisher: asyncio.Task[None] | None = None
         if not hot.read_only:  # a read-only store has no producer side
             for name, entry in self.registry.table.topics.items():
                 hot.preparer.set_queue_count(name, entry.queues)
@@ -258,7 +266,11 @@ class TopicAdmin:
         table = self.registry.table
         known = self.known()
         entry = table.topics.get(topic)
-        if topic in table.deleting or (entry is None and topic not in known):
+        if topic in table.deleting:
+            raise TopicDeletingError(
+                f"topic {topic!r} is being deleted; it is gone once the delete has finished", topic=topic
+            )
+        if entry is None and topic not in known:
             raise NotFoundError(f"topic {topic!r} does not exist", topic=topic)
         ids = sorted(set(known.get(topic, [])) | set(range(self.queue_count(topic))))
         views, hot_n, cold_n, cold_bytes = [], 0, 0, 0
@@ -454,11 +466,39 @@ class TopicAdmin:
         return self.hot.end_position
 
     async def resume(self) -> None:
-        """Finish every delete a crash interrupted (open calls this before serving)."""
+        """Finish every delete a crash interrupted (open and gc call this)."""
         for topic in list(self.registry.table.deleting):
             async with self._lock:
+                if topic not in self.registry.table.deleting:  # finished meanwhile
+                    continue
                 log.warning("finishing the interrupted delete of topic %s", topic)
                 await self._finish(topic)
+
+    def finish_later(self) -> None:
+        """Finish interrupted deletes in the background once the cold tier has loaded, retrying
+        every :data:`RESUME_RETRY` s while it cannot (the bucket unreachable): open does not
+        wait for the bucket, and writes to such a topic are refused until it is gone."""
+        if self.registry.table.deleting and (self._finisher is None or self._finisher.done()):
+            self._finisher = asyncio.get_running_loop().create_task(self._finish_when_ready())
+
+    async def _finish_when_ready(self) -> None:
+        failures = FailureLog(log, "finishing an interrupted topic delete")
+        while self.registry.table.deleting:
+            try:
+                if self.tiering is not None:
+                    await self.tiering.wait_ready()
+                await self.resume()
+                failures.succeeded()
+            except TierdError as e:  # one line, repeats rate-limited; the intent stays
+                failures.failed(e, f"retrying in {RESUME_RETRY:g} s")
+                await asyncio.sleep(RESUME_RETRY)
+
+    async def stop(self) -> None:
+        """Stop the background finisher (store close); an unfinished delete resumes next open."""
+        task, self._finisher = self._finisher, None
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
 
     async def _finish(self, topic: str) -> None:
         """Every step of a delete, each idempotent; the intent goes last. No tiering round runs
@@ -466,6 +506,10 @@ class TopicAdmin:
         cold part is deleting."""
         intent = self.registry.table.deleting[topic]
         t = self.tiering
+        if t is not None:
+            # Loaded first: loading seeds the hot queues from the cold ones, which would bring
+            # the topic's hot queues back after they were erased.
+            await t.wait_ready()
         async with t.rounds_excluded(DELETE_DISPATCH_WAIT) if t is not None else contextlib.nullcontext():
             await asyncio.to_thread(self.hot.erase_topic, topic, intent.mark, DELETE_DISPATCH_WAIT)
             if os.environ.get(CRASH_ENV) == "after-hot":
@@ -489,6 +533,11 @@ class TopicAdmin:
         for name, tc in self.cfg.topics.items():
             check_topic(name)
             table = self.registry.table
+            if name in table.deleting:
+                log.warning(
+                    "[topics.%s] is being deleted; declared again, it is made at the next start", name
+                )
+                continue
             entry = table.topics.get(name)
             queues = tc.queues if tc.queues is not None else None
             if entry is None and name not in self.known():

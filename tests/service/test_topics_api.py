@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import json
+import time
 from typing import TYPE_CHECKING, Any
 
 import httpx
@@ -110,6 +111,14 @@ def _tier_with_group(c: httpx.Client, topic: str) -> None:
     assert r.status_code == 200, r.text
 
 
+def _wait_gone(c: httpx.Client, topic: str, timeout: float = 60) -> None:
+    """An interrupted delete finishes in the background once the cold tier has loaded."""
+    deadline = time.monotonic() + timeout
+    while c.get(f"/v1/topics/{topic}").status_code != 404:
+        assert time.monotonic() < deadline, f"topic {topic} still there after {timeout} s"
+        time.sleep(0.1)
+
+
 def _check_gone(c: httpx.Client, topic: str) -> None:
     assert c.get(f"/v1/topics/{topic}").status_code == 404
     assert topic not in [t["name"] for t in c.get("/v1/topics").json()["topics"]]
@@ -164,6 +173,25 @@ def test_delete_in_s3_removes_objects_and_manifests(tmp_path: Path, moto_server:
 
 def test_kill_during_delete_is_finished_at_the_next_start(tmp_path: Path) -> None:
     config = write_config(tmp_path, service_config(tmp_path))
+    _killed_halfway_through_a_delete(tmp_path, config)
+    table = json.loads((tmp_path / "hot" / "config" / "topics.json").read_text())
+    assert "doomed" in table["deleting"]  # the intent survived the kill
+    assert _cold_paths(tmp_path / "cold", "doomed")  # the cold part was not done yet
+    proc = TierdProcess(config)
+    try:
+        wait_ready(proc.url)
+        with httpx.Client(base_url=proc.url, timeout=60, headers=JSON) as c:
+            _wait_gone(c, "doomed")
+            _check_gone(c, "doomed")
+        assert _cold_paths(tmp_path / "cold", "doomed") == []
+        table = json.loads((tmp_path / "hot" / "config" / "topics.json").read_text())
+        assert table["deleting"] == {}
+        assert proc.terminate() == 0
+    finally:
+        proc.kill()
+
+
+def _killed_halfway_through_a_delete(tmp_path: Path, config: Path) -> None:
     proc = TierdProcess(config, env={CRASH_ENV: "after-hot"})
     try:
         wait_ready(proc.url)
@@ -174,17 +202,41 @@ def test_kill_during_delete_is_finished_at_the_next_start(tmp_path: Path) -> Non
         assert proc.proc.wait(60) == -9
     finally:
         proc.kill()
-    table = json.loads((tmp_path / "hot" / "config" / "topics.json").read_text())
-    assert "doomed" in table["deleting"]  # the intent survived the kill
-    assert _cold_paths(tmp_path / "cold", "doomed")  # the cold part was not done yet
+
+
+def test_writes_refused_while_a_delete_is_pending(tmp_path: Path) -> None:
+    """The cold part of an interrupted delete cannot run while the bucket is unreachable: the
+    topic stays refused for writes (else a producer would make it anew halfway through the
+    delete) until the delete has finished; then it starts anew at offset 0."""
+    # A stop waits shutdown_grace for a cold tier still starting: not worth 30 s here.
+    config = write_config(tmp_path, service_config(tmp_path, server={"shutdown_grace": 1}))
+    _killed_halfway_through_a_delete(tmp_path, config)
+    cold, aside = tmp_path / "cold", tmp_path / "cold-aside"
+    cold.rename(aside)
+    cold.write_text("not a directory: the cold tier cannot load")
+    proc = TierdProcess(config)
+    try:
+        proc.wait_for(r"ready: \d+ topic", 60)  # the hot store serves; the cold tier cannot load
+        with httpx.Client(base_url=proc.url, timeout=60, headers=JSON) as c:
+            r = c.post("/v1/topics/doomed/messages", json={"body": b64(b"late")})
+            assert r.status_code == 409, r.text
+            assert r.json()["error"] == "topic_deleting" and r.json()["detail"] == {"topic": "doomed"}
+            batch = c.post("/v1/topics/doomed/messages:batch", json={"messages": [{"body": b64(b"b")}]})
+            assert batch.status_code == 409 and batch.json()["error"] == "topic_deleting"
+            assert produce(c, "other", 1)[0]["queue_offset"] == 0  # other topics are written
+        assert proc.terminate() == 0
+    finally:
+        proc.kill()
+    cold.unlink()
+    aside.rename(cold)
     proc = TierdProcess(config)
     try:
         wait_ready(proc.url)
         with httpx.Client(base_url=proc.url, timeout=60, headers=JSON) as c:
+            _wait_gone(c, "doomed")
             _check_gone(c, "doomed")
-        assert _cold_paths(tmp_path / "cold", "doomed") == []
-        table = json.loads((tmp_path / "hot" / "config" / "topics.json").read_text())
-        assert table["deleting"] == {}
+            again = produce(c, "doomed", 1)[0]
+            assert again["queue_offset"] == 0
         assert proc.terminate() == 0
     finally:
         proc.kill()
