@@ -288,11 +288,8 @@ def test_the_cold_index_package_is_lazy_for_spark_lookups() -> None:
 # tierd/format nothing may restate it: no arithmetic of a layout name with a number (``POS_X + 8``,
 # ``HEADER_V4 - 16``), no layout constant defined, no SYSFLAG tested against a literal, no magic
 # number, no host-width pair (``20, 8``). Where a module outside the owner's reach still does, the
-# finding sits here with the item that removes it.
-LAYOUT_ALLOWED: dict[tuple[str, str], str] = {
-    ("tierd.local.recovery", "HEADER_V4 + 3"): "issue 31 item 1: use tierd.format.layout.MIN_RECORD_SIZE",
-    ("tierd.spark.stream", "POS_BORN_HOST + 20"): "issue 31 item 1: use tierd.format.layout.position",
-}
+# finding sits here with the item that removes it (none left).
+LAYOUT_ALLOWED: dict[tuple[str, str], str] = {}
 _LAYOUT_NAME = ("POS_", "HEADER_V4", "HEADER_FIXED", "SYSFLAG_", "MAGIC_V", "BLANK_MAGIC")
 _MAGICS = {0xDAA320A7, 0xDAA320AB, 0xCBD43194}
 

@@ -25,9 +25,9 @@ from tierd.format.cq_unit import encode_units
 from tierd.format.record import (
     BLANK,
     END_FILE_MIN_BLANK,
-    HEADER_V4,
     MAGIC_V1,
     MAGIC_V2,
+    MIN_RECORD_SIZE,
     SYSFLAG_TRANSACTION_MASK,
     SYSFLAG_TRANSACTION_PREPARED,
     SYSFLAG_TRANSACTION_ROLLBACK,
@@ -46,9 +46,9 @@ if TYPE_CHECKING:
     from tierd.local.mapped_file import MappedFile
     from tierd.local.quarantine import Lost, Quarantine
 
-#: The smallest record (no body, 1-byte topic, no properties): bounds how many messages a
+#: The smallest record (no body, no topic bytes, no properties): bounds how many messages a
 #: damaged range can have held.
-MIN_RECORD = HEADER_V4 + 3
+MIN_RECORD = MIN_RECORD_SIZE
 _MAGICS = (MAGIC_V1.to_bytes(4, "big"), MAGIC_V2.to_bytes(4, "big"))
 _NO_QUEUE_UNIT = (SYSFLAG_TRANSACTION_PREPARED, SYSFLAG_TRANSACTION_ROLLBACK)
 

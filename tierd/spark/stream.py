@@ -40,7 +40,8 @@ from pyspark.sql.streaming.datasource import (
 from tierd.drivers.segment import FileType
 from tierd.errors import CorruptionError, NotFoundError
 from tierd.format.cq_unit import unit_location
-from tierd.format.record import POS_BORN_HOST, store_timestamp_at
+from tierd.format.layout import HOST_V4, HOST_V6, position
+from tierd.format.record import store_timestamp_at
 from tierd.spark.filters import Constraints
 from tierd.spark.plan import clip_ranges, load_queues, record_positions, sort_ranges, split_ranges
 
@@ -62,7 +63,7 @@ Offsets = dict[str, int]
 #: The store time a search gives a hole that no record follows yet (any time is at or before it).
 _LATEST = 2**63 - 1
 #: Bytes of a record header that hold its store timestamp, whatever the born host's size.
-_TS_HEADER = POS_BORN_HOST + 20 + 8
+_TS_HEADER = position("store_host", HOST_V6, HOST_V4)
 
 
 def data_loss(what: str) -> NotFoundError:
