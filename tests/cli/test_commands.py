@@ -84,7 +84,7 @@ def test_produce_lines_is_one_batch_and_text_output_is_readable(cfg: Path, tmp_p
     res = tierd(cfg, "produce", "t", "--file", str(src), "--lines", "-q", "1")
     assert "stored 3 messages in t" in res.stdout
     text = tierd(cfg, "consume", "t", "-q", "1").stdout
-    assert "FOUND: 3 message(s) from the hot tier" in text
+    assert "3 message(s) from 1 queue(s), hot tier" in text
     bodies = [base64.b64decode(m["body"]) for m in tierd_json(cfg, "consume", "t", "-q", "1")["messages"]]
     assert bodies == [b"a", b"b", b"c"]
 
@@ -355,9 +355,15 @@ def _free_port() -> int:
 
 
 def test_verify_lists_a_sealed_segment_whose_checksum_no_longer_matches(tmp_path: Path) -> None:
+    from tests.tiered.conftest import MIN_SEGMENT, SMALL_BODY_LIMIT
+
     cfg = _config(tmp_path)
-    cfg.write_text(cfg.read_text().replace("[tiered]\n", "[tiered]\ncommitlog_segment_size = 8000\n"))
-    _produce_lines(cfg, "orders", 200, "key-kept-in-properties")
+    text = cfg.read_text().replace("max_message_size = 1048576", f"max_message_size = {SMALL_BODY_LIMIT}")
+    cfg.write_text(text.replace("[tiered]\n", f"[tiered]\ncommitlog_segment_size = {MIN_SEGMENT}\n"))
+    lines = "".join(f"message {i} {'x' * 600}\n" for i in range(200))  # ~2 segments
+    tierd_json(
+        cfg, "produce", "orders", "--file", "-", "--lines", "-k", "key-kept-in-properties", input=lines
+    )
     tierd(cfg, "tier")
     sealed = [r for r in tierd_json(cfg, "segments", "ls", "--type", "CL") if r["sealed"]]
     assert sealed, "the test needs a sealed commitlog segment"

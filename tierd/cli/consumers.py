@@ -24,7 +24,7 @@ groups_app = typer.Typer(
 app.add_typer(groups_app, name="groups")
 
 
-def parse_time(text: str) -> int:
+def parse_time(text: str, option: str = "--time") -> int:
     """Milliseconds since the epoch, or an ISO-8601 time (``2024-05-01T12:00:00Z``; without an
     offset it is UTC) → milliseconds."""
     if text.lstrip("-").isdigit():
@@ -36,17 +36,17 @@ def parse_time(text: str) -> int:
             raise typer.BadParameter(
                 f"expected milliseconds since the epoch or an ISO-8601 time such as "
                 f"2024-05-01T12:00:00Z, got {text!r}",
-                param_hint="--time",
+                param_hint=option,
             ) from None
         if when.tzinfo is None:
             when = when.replace(tzinfo=dt.UTC)
         ms = int(when.timestamp() * 1000)
     if ms < 0:
-        raise typer.BadParameter(f"the time must not be before 1970, got {text!r}", param_hint="--time")
+        raise typer.BadParameter(f"the time must not be before 1970, got {text!r}", param_hint=option)
     if ms > MAX_TIMESTAMP:
         raise typer.BadParameter(
             f"the time must be at most {MAX_TIMESTAMP} ms (a signed 64-bit store time), got {text!r}",
-            param_hint="--time",
+            param_hint=option,
         )
     return ms
 

@@ -3,18 +3,31 @@ operators looking at real messages."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime as dt
+import enum
+import json
+import os
+import re
 import sys
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, Protocol
 
 import typer
 
 from tierd.cli.app import app, echo, emit_json, emit_table, handle_errors, obj
-from tierd.errors import InvalidArgumentError
-from tierd.format.message_ext import MessageExt
-from tierd.message import GetStatus, Message, ReadPolicy
+from tierd.cli.consumers import parse_time
+from tierd.errors import InvalidArgumentError, NotFoundError
+from tierd.message import GetResult, GetStatus, Message, ReadPolicy
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Sequence
+
+    from tierd.format.message_ext import MessageExt
+    from tierd.inventory import QueueInfo
 
 PREVIEW = 60
 
@@ -24,9 +37,7 @@ def _when(ms: int) -> str:
 
 
 def _preview(body: bytes) -> str:
-    text = body[:PREVIEW].decode("utf-8", errors="replace")
-    text = text.replace("\n", "\\n")
-    return text + ("…" if len(body) > PREVIEW else "")
+    return printable(body[:PREVIEW]) + ("…" if len(body) > PREVIEW else "")
 
 
 def _message_rows(messages: list[MessageExt] | tuple[MessageExt, ...]) -> list[list[Any]]:
@@ -128,16 +139,166 @@ def produce(
         echo(f"stored {len(results)} messages in {topic} (queues {sorted({r.queue_id for r in results})})")
 
 
+#: ``--follow``: how long one idle read waits on the server for a message (ms) when every queue
+#: is caught up — bounded by ``server.long_poll_max_ms``; see :func:`_follow`.
+FOLLOW_WAIT_MS = 1000
+#: ``--follow`` against a server that does not long-poll: seconds between idle rounds.
+FOLLOW_POLL_SECONDS = 1.0
+#: Messages asked for per queue and read while following (the server caps a read's bytes too).
+FOLLOW_BATCH = 256
+#: Exit status of ``consume --follow`` ended by Ctrl-C: a deliberate stop, as with ``kcat -C``.
+EXIT_INTERRUPTED = 0
+
+
+class _Store(Protocol):
+    """What ``consume`` needs of a store: the facade here, or the daemon over HTTP."""
+
+    def queues(self, topic: str) -> Sequence[QueueInfo]: ...
+    def get(
+        self,
+        topic: str,
+        queue_id: int,
+        offset: int,
+        max_count: int = 32,
+        policy: ReadPolicy | str | None = None,
+        *,
+        tags: str | None = None,
+        wait_ms: int = 0,
+    ) -> GetResult: ...
+    def offset_for_time(self, topic: str, queue_id: int, timestamp: int, boundary: str = "lower") -> int: ...
+    def committed_offsets(self, group: str) -> dict[tuple[str, int], int]: ...
+    def commit_offset(self, group: str, topic: str, queue_id: int, offset: int) -> None: ...
+
+
+class _Start(enum.Enum):
+    beginning = "beginning"
+    end = "end"
+
+
+@dataclass
+class _Reader:
+    """Where ``consume`` is in each queue of the topic, and how it reads on."""
+
+    store: _Store
+    topic: str
+    only: list[int] | None
+    start: _Start | int | dict[int, int]  # where a queue not seen before starts
+    group: str | None
+    commit: bool
+    policy: ReadPolicy | None
+    tags: str | None
+    positions: dict[int, int] = field(default_factory=dict)
+    results: dict[int, GetResult] = field(default_factory=dict)
+    #: Offsets committed for the group by this run, by queue.
+    committed: dict[int, int] = field(default_factory=dict)
+
+    def refresh(self, *, missing_ok: bool) -> list[int]:
+        """The queues to read (new ones start where ``start`` says). ``missing_ok``: a topic
+        that does not exist yet has none (``--follow`` waits for it)."""
+        try:
+            infos = {q.queue_id: q for q in self.store.queues(self.topic)}
+        except NotFoundError:
+            if not missing_ok:
+                raise
+            infos = {}
+        ids = sorted(infos) if self.only is None else self.only
+        committed = self.store.committed_offsets(self.group) if self.group is not None else {}
+        for q in ids:
+            if q in self.positions:
+                continue
+            info = infos.get(q)
+            lo, hi = (info.min_offset, info.max_offset) if info is not None else (0, 0)
+            at = committed.get((self.topic, q))
+            if at is None:
+                if isinstance(self.start, dict):
+                    at = self.start.get(q, lo)
+                elif isinstance(self.start, int):
+                    at = self.store.offset_for_time(self.topic, q, self.start)
+                else:
+                    at = lo if self.start is _Start.beginning else hi
+            self.positions[q] = at
+        return ids
+
+    def read(self, q: int, count: int, wait_ms: int = 0) -> GetResult:
+        res = self.store.get(
+            self.topic, q, self.positions[q], count, self.policy, tags=self.tags, wait_ms=wait_ms
+        )
+        self.results[q] = res
+        return res
+
+    def advance(self, q: int, res: GetResult, taken: Sequence[MessageExt]) -> None:
+        """Move queue ``q`` past what was printed of ``res`` (all of it, or the first few) and
+        commit that for the group."""
+        if len(taken) == len(res.messages):
+            nxt = res.next_offset
+        else:
+            nxt = taken[-1].queue_offset + 1 if taken else self.positions[q]
+        if res.status is GetStatus.NO_MATCHED_LOGIC_QUEUE or nxt == self.positions[q]:
+            return
+        self.positions[q] = nxt
+        if self.group is not None and self.commit:
+            self.store.commit_offset(self.group, self.topic, q, nxt)
+            self.committed[q] = nxt
+
+
 @app.command()
 @handle_errors
 def consume(
     ctx: typer.Context,
     topic: Annotated[str, typer.Argument(help="Topic to read.")],
-    queue: Annotated[int, typer.Option("--queue", "-q", help="Queue id.", min=0)] = 0,
-    offset: Annotated[
-        int | None, typer.Option("--offset", help="First queue offset (default: the oldest kept).")
+    queue: Annotated[
+        list[int] | None,
+        typer.Option("--queue", "-q", help="Only this queue id (repeatable; default: every queue).", min=0),
     ] = None,
-    max_count: Annotated[int, typer.Option("--max", "-n", help="At most this many messages.", min=1)] = 32,
+    offset: Annotated[
+        int | None,
+        typer.Option(
+            "--offset", help="First queue offset (one --queue only; default: see --from-beginning)."
+        ),
+    ] = None,
+    from_beginning: Annotated[
+        bool,
+        typer.Option(
+            "--from-beginning",
+            help="Start at the oldest message kept (either tier). The default, except with --follow, "
+            "which starts at the end (new messages only) unless this is given.",
+        ),
+    ] = False,
+    from_time: Annotated[
+        str | None,
+        typer.Option(
+            "--from-time",
+            help="Start at the first message stored at or after this time: ms since the epoch or "
+            "ISO-8601 (UTC unless given), cold tier included.",
+        ),
+    ] = None,
+    max_count: Annotated[
+        int | None,
+        typer.Option(
+            "--max",
+            "-n",
+            help="At most this many messages in all (default 32; with --follow: no limit).",
+            min=1,
+        ),
+    ] = None,
+    follow: Annotated[
+        bool,
+        typer.Option(
+            "--follow",
+            "-f",
+            help="Keep reading: print messages as they arrive, every queue, until Ctrl-C (exit 0) or "
+            "--max. Idle reads long-poll the server; nothing spins.",
+        ),
+    ] = False,
+    fmt: Annotated[
+        str | None,
+        typer.Option(
+            "--format",
+            help="table, body (one body per line), json (NDJSON: one message per line), or a format "
+            "string such as '%k %t %s\\n' (codes in docs/cli.md). Default: table; with --follow, "
+            "body (json with -o json).",
+        ),
+    ] = None,
     policy: Annotated[
         ReadPolicy | None,
         typer.Option(
@@ -160,8 +321,8 @@ def consume(
         typer.Option(
             "--group",
             "-g",
-            help="Consumer group: start at its committed offset (the oldest kept if it has none) "
-            "and commit where this read ended (see --no-commit).",
+            help="Consumer group: start at its committed offset in each queue (where it has none, "
+            "as without --group) and commit past what was printed (see --no-commit).",
         ),
     ] = None,
     commit: Annotated[
@@ -171,57 +332,290 @@ def consume(
         int,
         typer.Option(
             "--wait-ms",
-            help="Long poll: when caught up, wait up to this many ms for a matching message "
-            "(at most server.long_poll_max_ms).",
+            help="Without --follow, long poll: when every queue is caught up, wait up to this many ms "
+            "for a matching message (at most server.long_poll_max_ms).",
             min=0,
         ),
     ] = 0,
 ) -> None:
-    """Read messages of one queue, from whichever tier holds them.
+    """Read messages of a topic — every queue, or those given with -q — from whichever tier
+    holds them. Without --follow it prints at most --max messages, oldest first across queues,
+    and stops; with --follow it tails the topic until Ctrl-C.
 
-    Examples: `tierd consume orders -q 0 --offset 0 -n 10 --policy FORCE`;
-    `tierd consume orders -q 0 --group billing --tags 'paid || refunded'` (run it again to
-    continue where the group stopped).
+    Examples: `tierd consume orders` (the 32 oldest); `tierd consume orders -f` (new messages,
+    bodies, until Ctrl-C); `tierd consume orders -f --from-time 2024-05-01T00:00:00Z --format
+    '%o %k %s\\n'`; `tierd consume orders --group billing --tags 'paid || refunded'` (run it
+    again to continue where the group stopped).
     """
     c = obj(ctx)
-    if group is not None and offset is not None:
+    starts = [from_beginning, from_time is not None, offset is not None, group is not None]
+    if sum(starts) > 1:
         raise typer.BadParameter(
-            "--group starts at the group's committed offset; move it with `tierd groups reset`",
-            param_hint="--offset",
+            "give at most one of --from-beginning, --from-time, --offset and --group (a group starts "
+            "at its committed offsets; move them with `tierd groups reset`)"
         )
-    committed = None
+    if offset is not None and (queue is None or len(queue) != 1):
+        raise typer.BadParameter("--offset needs exactly one --queue", param_hint="--offset")
+    out = _Output.of(fmt, follow=follow, json_doc=c.json)
+    only = sorted(set(queue)) if queue else None
+    start: _Start | int | dict[int, int]
+    if from_time is not None:
+        start = parse_time(from_time, "--from-time")
+    elif offset is not None and only is not None:
+        start = {only[0]: offset}
+    else:
+        start = _Start.end if follow and not from_beginning else _Start.beginning
     with c.store() as store:
-        if group is not None:
-            start = store.committed_offsets(group).get((topic, queue))
+        reader = _Reader(store, topic, only, start, group, commit, policy, tags)
+        if follow:
+            cfg = c.config()
+            wait = (
+                min(FOLLOW_WAIT_MS, cfg.server.long_poll_max_ms) if c.server_url is None else FOLLOW_WAIT_MS
+            )
+            _follow(reader, out, max_count, wait)
+            return
+        messages = _read_once(reader, max_count or 32, wait_ms)
+    out.batch(reader, messages)
+
+
+#: ``--format`` codes (``%s`` body, ``%%`` a percent sign; docs/cli.md has the table).
+_CODES: dict[str, Callable[[MessageExt], str]] = {
+    "t": lambda m: m.topic,
+    "p": lambda m: str(m.queue_id),
+    "o": lambda m: str(m.queue_offset),
+    "k": lambda m: " ".join(m.keys),
+    "g": lambda m: m.tags or "",
+    "T": lambda m: str(m.store_timestamp),
+    "B": lambda m: str(m.born_timestamp),
+    "i": lambda m: m.msg_id,
+    "u": lambda m: m.uniq_key or "",
+    "h": lambda m: ",".join(f"{k}={v}" for k, v in sorted(m.properties.items())),
+    "S": lambda m: str(len(m.body)),
+}
+
+
+def printable(body: bytes) -> str:
+    r"""A body as text that is safe on a terminal: UTF-8 as it is, except that bytes which are
+    not UTF-8 and every control character (escape sequences, NUL, DEL, C1, line and paragraph
+    separators, newlines — so that one message stays one line) are written as ``\xNN``
+    (``\uNNNN`` above 0xFF), and a backslash as ``\\``: unambiguous, and never a raw byte that
+    could drive the terminal."""
+    out = []
+    for ch in body.decode("utf-8", errors="surrogateescape"):
+        o = ord(ch)
+        if ch == "\\":
+            out.append("\\\\")
+        elif 0xDC80 <= o <= 0xDCFF:  # a byte that is not UTF-8 (surrogateescape)
+            out.append(f"\\x{o - 0xDC00:02x}")
+        elif o < 0x20 or 0x7F <= o <= 0x9F:
+            out.append(f"\\x{o:02x}")
+        elif o in (0x2028, 0x2029):
+            out.append(f"\\u{o:04x}")
         else:
-            start = offset
-        if start is None:
-            start = store.min_offset(topic, queue)
-        res = store.get(topic, queue, start, max_count, policy, tags=tags, wait_ms=wait_ms)
-        moved = res.next_offset != start and res.status is not GetStatus.NO_MATCHED_LOGIC_QUEUE
-        if group is not None and commit and moved:
-            store.commit_offset(group, topic, queue, res.next_offset)
-            committed = res.next_offset
-    if c.json:
-        out: dict[str, Any] = {
-            "status": res.status.name,
-            "source": res.source,
-            "next_offset": res.next_offset,
-            "min_offset": res.min_offset,
-            "max_offset": res.max_offset,
-            "messages": [m.to_json() for m in res.messages],
-        }
-        if group is not None:
-            out |= {"group": group, "committed": committed}
-        emit_json(out)
-        return
-    emit_table(None, MESSAGE_COLUMNS, _message_rows(res.messages))
-    echo(
-        f"{res.status.name}: {len(res.messages)} message(s) from the {res.source} tier; "
-        f"next offset {res.next_offset} (queue holds [{res.min_offset}, {res.max_offset}))"
-    )
-    if committed is not None:
-        echo(f"committed offset {committed} for group {group}")
+            out.append(ch)
+    return "".join(out)
+
+
+@dataclass
+class _Output:
+    """How ``consume`` prints: one of ``table``, ``body``, ``json`` (NDJSON), ``document`` (the
+    one JSON document of ``-o json`` without --follow) or a ``%`` format string (docs/cli.md)."""
+
+    kind: str
+    template: str = ""
+    #: Raw bodies are written only where nobody reads them as text: not to a terminal.
+    raw: bool = field(default_factory=lambda: not sys.stdout.isatty())
+
+    @classmethod
+    def of(cls, fmt: str | None, *, follow: bool, json_doc: bool) -> _Output:
+        if fmt is None:
+            fmt = ("json" if follow else "document") if json_doc else ("body" if follow else "table")
+        if "%" in fmt:
+            return cls("format", _unescape(fmt))
+        if fmt not in ("table", "body", "json", "document") or (fmt in ("table", "document") and follow):
+            raise typer.BadParameter(
+                f"expected table, body, json or a format string with % codes, got {fmt!r}"
+                + (" (--follow prints line by line: body, json or a format string)" if follow else ""),
+                param_hint="--format",
+            )
+        return cls(fmt)
+
+    def messages(self, messages: Sequence[MessageExt]) -> None:
+        """Print messages line by line (everything but the table and the document)."""
+        if self.kind == "json":
+            text = "".join(json.dumps(m.to_json(), sort_keys=True) + "\n" for m in messages)
+            sys.stdout.write(text)
+        elif self.kind == "body" and self.raw:
+            sys.stdout.flush()
+            sys.stdout.buffer.write(b"".join(m.body + b"\n" for m in messages))
+        elif self.kind == "body":
+            sys.stdout.write("".join(printable(m.body) + "\n" for m in messages))
+        else:
+            for m in messages:
+                self._formatted(m)
+        sys.stdout.flush()
+
+    def _formatted(self, m: MessageExt) -> None:
+        parts = re.split(r"(%.)", self.template)
+        if not self.raw:
+            sys.stdout.write("".join(self._code(m, p) if p.startswith("%") else p for p in parts))
+            return
+        sys.stdout.flush()
+        sys.stdout.buffer.write(
+            b"".join(
+                m.body if p == "%s" else (self._code(m, p) if p.startswith("%") else p).encode()
+                for p in parts
+            )
+        )
+
+    def _code(self, m: MessageExt, code: str) -> str:
+        if code == "%s":
+            return printable(m.body)
+        if code == "%%":
+            return "%"
+        fn = _CODES.get(code[1:])
+        if fn is None:
+            raise typer.BadParameter(
+                f"unknown format code {code!r} (docs/cli.md lists them)", param_hint="--format"
+            )
+        value = fn(m)
+        return value if self.raw else printable(value.encode())
+
+    def flush(self) -> None:
+        with contextlib.suppress(OSError):
+            sys.stdout.flush()
+
+    def batch(self, reader: _Reader, messages: list[MessageExt]) -> None:
+        """The one-shot read's output."""
+        if self.kind == "document":
+            emit_json(_document(reader, messages))
+            return
+        if self.kind != "table":
+            self.messages(messages)
+            return
+        emit_table(None, MESSAGE_COLUMNS, _message_rows(messages))
+        queues = sorted(reader.results)
+        sources = sorted({reader.results[q].source for q in queues if reader.results[q].messages})
+        echo(
+            f"{len(messages)} message(s) from {len(queues)} queue(s)"
+            + (f", {' and '.join(sources)} tier" if sources else "")
+        )
+        for q in queues:
+            res = reader.results[q]
+            echo(
+                f"  queue {q}: {res.status.name}; next offset {reader.positions[q]} "
+                f"(holds [{res.min_offset}, {res.max_offset}))"
+            )
+        if len(reader.committed) == 1:
+            [(q, at)] = reader.committed.items()
+            echo(
+                f"committed offset {at} for group {reader.group}"
+                + (f" in queue {q}" if len(queues) > 1 else "")
+            )
+        elif reader.committed:
+            echo(f"committed the next offsets of {len(reader.committed)} queues for group {reader.group}")
+
+
+def _unescape(fmt: str) -> str:
+    r"""``\n``, ``\t``, ``\r`` and ``\\`` in a format string, as typed in a shell."""
+    return re.sub(r"\\([ntr\\])", lambda m: _TYPED_ESCAPES[m.group(1)], fmt)
+
+
+#: What ``\n``, ``\t``, ``\r`` and ``\\`` in a format string stand for.
+_TYPED_ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "\\": "\\"}
+
+
+def _document(reader: _Reader, messages: list[MessageExt]) -> dict[str, Any]:
+    """``-o json``: the messages and, per queue, the read's status and where it continues. With
+    one queue that queue's fields are also at the top, as before queues were read together."""
+    rows = []
+    for q in sorted(reader.results):
+        res = reader.results[q]
+        rows.append(
+            {
+                "queue_id": q,
+                "status": res.status.name,
+                "source": res.source,
+                "next_offset": reader.positions[q],
+                "min_offset": res.min_offset,
+                "max_offset": res.max_offset,
+            }
+        )
+    out: dict[str, Any] = {"topic": reader.topic, "queues": rows, "messages": [m.to_json() for m in messages]}
+    if len(rows) == 1:
+        out |= {k: v for k, v in rows[0].items() if k != "queue_id"}
+    if reader.group is not None:
+        # One queue: the offset committed (None when nothing moved), as before queues were read
+        # together; several: {queue id: offset} of those that moved.
+        by_queue = {str(q): at for q, at in sorted(reader.committed.items())}
+        one = next(iter(reader.committed.values()), None)
+        out |= {"group": reader.group, "committed": one if len(rows) == 1 else by_queue}
+    return out
+
+
+def _read_once(reader: _Reader, max_count: int, wait_ms: int) -> list[MessageExt]:
+    """The ``max_count`` oldest messages (by store time) from each queue's start on; every queue
+    moves past what is returned (and commits it for the group)."""
+    ids = reader.refresh(missing_ok=False)
+    got = {q: reader.read(q, max_count) for q in ids}
+    if wait_ms and ids and not any(r.messages for r in got.values()):
+        got[ids[0]] = reader.read(ids[0], max_count, wait_ms)
+    merged = sorted(
+        (m for r in got.values() for m in r.messages),
+        key=lambda m: (m.store_timestamp, m.queue_id, m.queue_offset),
+    )[:max_count]
+    for q, res in got.items():
+        reader.advance(q, res, [m for m in merged if m.queue_id == q])
+    return merged
+
+
+def _follow(reader: _Reader, out: _Output, max_count: int | None, wait_ms: int) -> None:
+    """Tail the topic: read every queue in turn; when a whole round found nothing, one read
+    long-polls the server (``wait_ms``) on the queues in rotation, so a message on the queue
+    being waited on prints at once and one on another queue within ``wait_ms``. Ends on Ctrl-C
+    (exit :data:`EXIT_INTERRUPTED`), at ``max_count``, or when stdout is closed (``| head``)."""
+    printed = 0
+    turn = 0
+    try:
+        while max_count is None or printed < max_count:
+            ids = reader.refresh(missing_ok=True)
+            found = False
+            for q in ids:
+                left = FOLLOW_BATCH if max_count is None else min(FOLLOW_BATCH, max_count - printed)
+                res = reader.read(q, left)
+                if res.messages:
+                    found = True
+                    out.messages(res.messages)
+                    reader.advance(q, res, res.messages)
+                    printed += len(res.messages)
+                    if max_count is not None and printed >= max_count:
+                        return
+            if found:
+                continue
+            if not ids or wait_ms <= 0:
+                time.sleep(FOLLOW_POLL_SECONDS)  # nothing to long-poll on: a poll interval
+                continue
+            q = ids[turn % len(ids)]
+            turn += 1
+            res = reader.read(q, FOLLOW_BATCH if max_count is None else max_count - printed, wait_ms)
+            if res.messages:
+                out.messages(res.messages)
+                reader.advance(q, res, res.messages)
+                printed += len(res.messages)
+    except KeyboardInterrupt:
+        out.flush()
+        typer.echo(f"tierd: stopped after {printed} message(s)", err=True)
+        raise typer.Exit(EXIT_INTERRUPTED) from None
+    except BrokenPipeError:  # the reader went away (`| head -3`): not an error of ours
+        _quiet_stdout()
+        raise typer.Exit(0) from None
+
+
+def _quiet_stdout() -> None:
+    """After EPIPE: point stdout at /dev/null so the interpreter's final flush stays silent."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
 
 
 @app.command()
