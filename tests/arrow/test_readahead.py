@@ -80,7 +80,7 @@ def test_the_next_part_is_read_while_one_is_consumed(posix_tier: Tier, segments_
     try:
         next(batches)  # held: nothing more is asked of the scan
         _until(lambda: second in segments_read, "the second part read while the first one's batch is held")
-        assert segments_read[0] == first
+        assert first in segments_read
     finally:
         batches.close()
 
