@@ -691,14 +691,22 @@ class MessageStore(_StoreCore):
         return await self.topic_admin.create(topic, queues, cold_retention_hours)
 
     async def update_topic(
-        self, topic: str, *, queues: int | None = None, cold_retention_hours: float | str | None = None
+        self,
+        topic: str,
+        *,
+        queues: int | None = None,
+        cold_retention_hours: float | str | None = None,
+        hot_retention_hours: float | None = None,
     ) -> TopicInfo:
         """Grow the queue count (QueueShrinkError below the current one) and/or set the cold
-        retention (``"default"``: back to ``tiered.file_reserved_time``)."""
+        retention (``"default"``: back to ``tiered.file_reserved_time``). A hot retention is
+        refused: it is store-wide (:func:`tierd.topics.refuse_hot_retention` says why)."""
         self._hot()
         await self._cold_loaded()
         hours = _hours(cold_retention_hours)
-        return await self.topic_admin.update(topic, queues=queues, cold_retention_hours=hours)
+        return await self.topic_admin.update(
+            topic, queues=queues, cold_retention_hours=hours, hot_retention_hours=hot_retention_hours
+        )
 
     async def delete_topic(self, topic: str, *, force: bool = False) -> None:
         """Delete ``topic`` from both tiers (docs/topics.md); TopicInUseError while a consumer
@@ -968,13 +976,22 @@ class BlockingMessageStore(_StoreCore):
         return self._run_any(self.topic_admin.create(topic, queues, cold_retention_hours))
 
     def update_topic(
-        self, topic: str, *, queues: int | None = None, cold_retention_hours: float | str | None = None
+        self,
+        topic: str,
+        *,
+        queues: int | None = None,
+        cold_retention_hours: float | str | None = None,
+        hot_retention_hours: float | None = None,
     ) -> TopicInfo:
         """See :meth:`MessageStore.update_topic`."""
         self._hot()
         self._cold_loaded_now()
         hours = _hours(cold_retention_hours)
-        return self._run_any(self.topic_admin.update(topic, queues=queues, cold_retention_hours=hours))
+        return self._run_any(
+            self.topic_admin.update(
+                topic, queues=queues, cold_retention_hours=hours, hot_retention_hours=hot_retention_hours
+            )
+        )
 
     def delete_topic(self, topic: str, *, force: bool = False) -> None:
         """See :meth:`MessageStore.delete_topic`."""

@@ -40,7 +40,7 @@ import time
 import zlib
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Final, Literal
+from typing import TYPE_CHECKING, Final, Literal, NoReturn
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -84,6 +84,21 @@ def queue_for_group(group: str, queues: int) -> int:
     if not group:
         raise InvalidArgumentError("a message group must not be empty", group=group)
     return zlib.crc32(group.encode()) % queues
+
+
+def refuse_hot_retention(topic: str, hours: object) -> NoReturn:
+    """Hot retention is store-wide, by design: every topic's records are interleaved in ONE
+    commitlog whose files are deleted whole, oldest first. A file holding a short-lived topic's
+    records also holds everyone else's, so a per-topic hot retention could not free a byte of
+    disk on its own — it could only hide records, which the cold tier's per-topic retention
+    already does where it frees space. Refused with that reason, not silently ignored."""
+    raise InvalidArgumentError(
+        f"topic {topic!r}: hot retention is store-wide (store.file_reserved_time) — every topic "
+        "shares one commitlog, deleted file by file, so one topic's hot retention could not free "
+        "disk; set the topic's cold_retention_hours instead (docs/topics.md)",
+        topic=topic,
+        hot_retention_hours=repr(hours),
+    )
 
 
 def _kebab(name: str) -> str:
@@ -355,11 +370,15 @@ class TopicAdmin:
         *,
         queues: int | None = None,
         cold_retention_hours: float | Literal["default"] | None = None,
+        hot_retention_hours: float | None = None,
     ) -> TopicInfo:
         """Grow the queue count (QueueShrinkError below the current one) and/or set the cold
         retention (``"default"``: back to ``tiered.file_reserved_time``). A topic that appeared
-        on first produce becomes a created one."""
+        on first produce becomes a created one. ``hot_retention_hours`` is refused: see
+        :func:`refuse_hot_retention`."""
         check_topic(topic)
+        if hot_retention_hours is not None:
+            refuse_hot_retention(topic, hot_retention_hours)
         async with self._lock:
             table = self.registry.table
             if topic in table.deleting or (topic not in table.topics and topic not in self.known()):
@@ -457,7 +476,7 @@ class TopicAdmin:
                     table.model_copy(update={"topics": topics, "deleting": {**table.deleting, topic: intent}})
                 )
                 self.hot.deleting.add(topic)
-                log.warning("deleting topic %s (force=%s)", topic, force)
+                log.info("deleting topic %s (force=%s)", topic, force)
             await self._finish(topic)
 
     def _mark(self) -> int:
@@ -523,7 +542,7 @@ class TopicAdmin:
             table.model_copy(update={"deleting": {k: v for k, v in table.deleting.items() if k != topic}})
         )
         self.hot.deleting.discard(topic)
-        log.warning("topic %s deleted from both tiers", topic)
+        log.info("topic %s deleted from both tiers", topic)
 
     async def _save(self, table: TopicTable) -> None:
         await asyncio.to_thread(self.registry.save, table)

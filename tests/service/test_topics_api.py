@@ -66,7 +66,8 @@ def test_message_group_goes_to_one_queue_in_order(posix_daemon: tuple[TierdProce
     one = produce(c, "fifo", 6, message_group="order-17")
     assert len({r["queue_id"] for r in one}) == 1, one
     offsets = [r["queue_offset"] for r in one]
-    assert offsets == sorted(offsets) and len(set(offsets)) == 6
+    assert offsets == sorted(offsets)
+    assert len(set(offsets)) == 6
     batch = c.post(
         "/v1/topics/fifo/messages:batch",
         json={"messages": [{"body": b64(b"b%d" % i), "message_group": "order-17"} for i in range(4)]},
@@ -82,8 +83,10 @@ def test_create_describe_and_grow_only(posix_daemon: tuple[TierdProcess, httpx.C
     r = c.post("/v1/topics", json={"name": "wide", "queues": 8, "cold_retention_hours": 12})
     assert r.status_code == 201, r.text
     info = r.json()
-    assert info["queues"] == 8 and info["origin"] == "created"
-    assert info["cold_retention_hours"] == 12 and info["cold_retention_own"] is True
+    assert info["queues"] == 8
+    assert info["origin"] == "created"
+    assert info["cold_retention_hours"] == 12
+    assert info["cold_retention_own"] is True
     assert [q["queue_id"] for q in info["queue_ranges"]] == list(range(8))
     assert c.post("/v1/topics", json={"name": "wide", "queues": 2}).json()["error"] == "topic_exists"
     assert {r["queue_id"] for r in produce(c, "wide", 16)} == set(range(8))
@@ -94,9 +97,11 @@ def test_create_describe_and_grow_only(posix_daemon: tuple[TierdProcess, httpx.C
     assert shrink.json()["detail"] == {"topic": "wide", "current": 8, "requested": 4}
     grown = c.patch("/v1/topics/wide", json={"queues": 12, "cold_retention_hours": "default"})
     assert grown.status_code == 200, grown.text
-    assert grown.json()["queues"] == 12 and grown.json()["cold_retention_own"] is False
+    assert grown.json()["queues"] == 12
+    assert grown.json()["cold_retention_own"] is False
     d = c.get("/v1/topics/wide").json()
-    assert d["hot_messages"] == 16 and d["queues"] == 12
+    assert d["hot_messages"] == 16
+    assert d["queues"] == 12
     assert c.get("/v1/topics/nope").status_code == 404
 
 
@@ -137,7 +142,8 @@ def test_delete_refused_while_needed_then_forced(
     assert _cold_paths(tmp_path / "cold", "doomed")
     refused = c.delete("/v1/topics/doomed")
     assert refused.status_code == 409
-    assert refused.json()["error"] == "topic_in_use" and "billing" in refused.json()["message"]
+    assert refused.json()["error"] == "topic_in_use"
+    assert "billing" in refused.json()["message"]
     assert c.delete("/v1/topics/doomed", params={"force": "true"}).status_code == 200
     _check_gone(c, "doomed")
     assert _cold_paths(tmp_path / "cold", "doomed") == []
@@ -220,9 +226,11 @@ def test_writes_refused_while_a_delete_is_pending(tmp_path: Path) -> None:
         with httpx.Client(base_url=proc.url, timeout=60, headers=JSON) as c:
             r = c.post("/v1/topics/doomed/messages", json={"body": b64(b"late")})
             assert r.status_code == 409, r.text
-            assert r.json()["error"] == "topic_deleting" and r.json()["detail"] == {"topic": "doomed"}
+            assert r.json()["error"] == "topic_deleting"
+            assert r.json()["detail"] == {"topic": "doomed"}
             batch = c.post("/v1/topics/doomed/messages:batch", json={"messages": [{"body": b64(b"b")}]})
-            assert batch.status_code == 409 and batch.json()["error"] == "topic_deleting"
+            assert batch.status_code == 409
+            assert batch.json()["error"] == "topic_deleting"
             assert produce(c, "other", 1)[0]["queue_offset"] == 0  # other topics are written
         assert proc.terminate() == 0
     finally:
@@ -251,7 +259,8 @@ def test_config_declared_topics_exist_at_start(tmp_path: Path) -> None:
         with httpx.Client(base_url=proc.url, timeout=60, headers=JSON) as c:
             d = c.get("/v1/topics/declared")
             assert d.status_code == 200, d.text
-            assert d.json()["queues"] == 6 and d.json()["origin"] == "config"
+            assert d.json()["queues"] == 6
+            assert d.json()["origin"] == "config"
             assert d.json()["cold_retention_hours"] == 48
             assert {r["queue_id"] for r in produce(c, "declared", 12)} == set(range(6))
         assert proc.terminate() == 0

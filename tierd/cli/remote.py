@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     from tierd.groups import GroupInfo
     from tierd.inventory import QueueInfo, SegmentRow
     from tierd.message import Message
+    from tierd.topics import TopicInfo
 
 #: Longest wait for one reply (tiering everything now can take a while on a slow backend).
 TIMEOUT = 300.0
@@ -257,6 +258,39 @@ class RemoteStore:
         doc = self.api.call("GET", "/v1/topics")
         return {t["name"]: list(t["queues"]) for t in doc["topics"]}
 
+    # ---------------------------------------------------------------- topic admin
+    def create_topic(
+        self, topic: str, queues: int | None = None, *, cold_retention_hours: float | None = None
+    ) -> TopicInfo:
+        body = {"name": topic, "queues": queues, "cold_retention_hours": cold_retention_hours}
+        doc = self.api.call("POST", "/v1/topics", body={k: v for k, v in body.items() if v is not None})
+        return _topic_info(doc)
+
+    def describe_topic(self, topic: str) -> TopicInfo:
+        return _topic_info(self.api.call("GET", _path("v1", "topics", topic)))
+
+    def update_topic(
+        self,
+        topic: str,
+        *,
+        queues: int | None = None,
+        cold_retention_hours: float | str | None = None,
+        hot_retention_hours: float | None = None,
+    ) -> TopicInfo:
+        given = {
+            "queues": queues,
+            "cold_retention_hours": cold_retention_hours,
+            "hot_retention_hours": hot_retention_hours,
+        }
+        body = {k: v for k, v in given.items() if v is not None}
+        return _topic_info(self.api.call("PATCH", _path("v1", "topics", topic), body=body))
+
+    def delete_topic(self, topic: str, *, force: bool = False) -> None:
+        self.api.call("DELETE", _path("v1", "topics", topic), {"force": "true" if force else None})
+
+    def list_topics(self) -> list[str]:
+        return [t["name"] for t in self.api.call("GET", "/v1/topics")["topics"]]
+
     def queues(self, topic: str) -> list[QueueInfo]:
         from tierd.inventory import QueueInfo
 
@@ -326,6 +360,14 @@ class RemoteStore:
 
     def delete_group(self, group: str, topic: str | None = None) -> int:
         return int(self.api.call("DELETE", _path("v1", "groups", group), {"topic": topic})["queues"])
+
+
+def _topic_info(doc: dict[str, Any]) -> TopicInfo:
+    """``TopicDetailOut`` → the facade's :class:`~tierd.topics.TopicInfo`."""
+    from tierd.topics import QueueView, TopicInfo
+
+    ranges = tuple(QueueView(**q) for q in doc["queue_ranges"])
+    return TopicInfo(**{**doc, "queue_ranges": ranges})
 
 
 def _offsets(doc: dict[str, Any]) -> dict[tuple[str, int], int]:

@@ -618,7 +618,10 @@ async def update_topic(topic: Topic, request: Request, svc: Svc) -> TopicDetailO
     """Grow the queue count (a smaller one: 400 `queue_count_shrink`) and/or set the cold retention."""
     body = await _parse(request, TopicUpdateIn)
     info = await svc.store().update_topic(
-        topic, queues=body.queues, cold_retention_hours=body.cold_retention_hours
+        topic,
+        queues=body.queues,
+        cold_retention_hours=body.cold_retention_hours,
+        hot_retention_hours=body.hot_retention_hours,
     )
     return TopicDetailOut.of(info)
 

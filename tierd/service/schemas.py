@@ -249,6 +249,11 @@ class TopicUpdateIn(_Request):
     cold_retention_hours: float | Literal["default"] | None = Field(
         None, description='Hours, or `"default"`: back to `tiered.file_reserved_time`.'
     )
+    hot_retention_hours: float | None = Field(
+        None,
+        description="Refused (400 `invalid_argument`): hot retention is store-wide "
+        "(`store.file_reserved_time`), the commitlog being shared by every topic (docs/topics.md).",
+    )
 
 
 class TopicQueueOut(_Model):
