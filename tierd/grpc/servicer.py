@@ -83,15 +83,15 @@ class Servicer(svc_grpc.MessagingServiceServicer):  # type: ignore[misc]
 
     # ------------------------------------------------------------------ helpers
     async def _queue_count(self, topic: str) -> int:
-        """Queues of ``topic`` (existing or about to be created), or TopicNotFoundError. Waits
-        (bounded: ``tiered.ready_timeout``) for the cold tier, which knows topics too."""
+        """Queues of ``topic`` (existing, created, declared, or about to be created), or
+        TopicNotFoundError: the store's own count (a created topic's, docs/topics.md), so the
+        route a client gets spreads it over the queues HTTP producers use. Waits (bounded:
+        ``tiered.ready_timeout``) for the cold tier, which knows topics too."""
         await self.store.wait_ready()
-        ids = self.store.topics().get(valid_topic(topic))
-        if not ids:
-            if not self.cfg.grpc.auto_create_topics:
-                raise unknown_topic(topic)
-            return self.cfg.store.default_queues
-        return max(ids) + 1
+        name = valid_topic(topic)
+        if not self.cfg.grpc.auto_create_topics and name not in self.store.list_topics():
+            raise unknown_topic(topic)
+        return self.store.queue_count(name)
 
     def _endpoints(self, asked: Any) -> Any:
         """The sidecar itself: the address the client used when it said, else the bound one."""
