@@ -19,6 +19,7 @@ from tierd.cli.app import (
     store_lock_hint,
 )
 from tierd.cli.remote import RemoteStore
+from tierd.errors import StoreLockedError
 
 if TYPE_CHECKING:
     from tierd.cli.app import Context
@@ -122,16 +123,30 @@ def verify(
     segment sizes and checksums, cold queues against cold records, bucket manifests against
     metadata and the objects, objects nobody knows, and who owns the bucket prefix. Lists every
     problem with where it is; exits 1 if any is left. Nothing is written without --repair.
+    With a daemon running, the daemon checks its store (`POST /v1/admin/verify`); --repair
+    needs it stopped.
     """
     c = obj(ctx)
-    cfg = c.local_only("verify") if c.bucket_url is None else c.config()
-    with store_lock_hint(), progress_bar("verifying", bytes_=True, quiet=c.json) as bar:
-        task = bar.tasks[0].id
+    remote = c.remote() if c.bucket_url is None else None
+    if remote is not None:  # the daemon checks its own store (read-only, no progress to show)
+        if repair:
+            raise StoreLockedError(
+                f"`tierd verify --repair` changes the store directory, and a running daemon holds it "
+                f"({remote.api.url}): stop the daemon, repair, start it again (without --repair the "
+                "daemon checks its store itself)",
+                command="verify",
+            )
+        with progress_bar("verifying (the daemon reports when done)", quiet=c.json):
+            report = remote.verify()
+    else:
+        cfg = c.local_only("verify") if c.bucket_url is None else c.config()
+        with store_lock_hint(), progress_bar("verifying", bytes_=True, quiet=c.json) as bar:
+            task = bar.tasks[0].id
 
-        def progress(done: int, total: int, what: str) -> None:
-            bar.update(task, completed=done, total=total, description=f"verifying {what}")
+            def progress(done: int, total: int, what: str) -> None:
+                bar.update(task, completed=done, total=total, description=f"verifying {what}")
 
-        report = _verify(c, cfg, progress, repair)
+            report = _verify(c, cfg, progress, repair)
     if c.json:
         emit_json(report.as_dict())
     else:
@@ -172,14 +187,19 @@ def _verify(c: Context, cfg: TierdConfig, progress: VerifyProgress, repair: bool
 def gc(ctx: typer.Context) -> None:
     """Apply retention now: expired hot commitlog files (only once they are in the cold tier)
     and cold segments older than their topic's reserve time (commitlog, queue and index
-    segments of a range go together)."""
+    segments of a range go together). With a daemon running, the daemon does it
+    (`POST /v1/admin/gc`)."""
     c = obj(ctx)
-    with c.local_store("gc") as store:
-        report = store.gc()
+    with c.store() as store:
+        if isinstance(store, RemoteStore):
+            done = store.gc()
+        else:
+            report = store.gc()
+            done = {"hot_files": report.hot_files, "cold_segments": report.cold_segments}
     if c.json:
-        emit_json({"hot_files": report.hot_files, "cold_segments": report.cold_segments})
+        emit_json(done)
     else:
-        echo(f"deleted {report.hot_files} hot commitlog file(s) and {report.cold_segments} cold segment(s)")
+        echo(f"deleted {done['hot_files']} hot commitlog file(s) and {done['cold_segments']} cold segment(s)")
 
 
 @app.command()

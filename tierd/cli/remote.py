@@ -38,9 +38,12 @@ if TYPE_CHECKING:
     from tierd.inventory import QueueInfo, SegmentRow
     from tierd.message import Message
     from tierd.topics import TopicInfo
+    from tierd.verify import VerifyReport
 
 #: Longest wait for one reply (tiering everything now can take a while on a slow backend).
 TIMEOUT = 300.0
+#: Longest wait for ``verify`` through the daemon: it reads every byte of both tiers.
+VERIFY_TIMEOUT = 3600.0
 #: The API's own bounds (docs/http.md): larger requests are sent in pieces or capped.
 MAX_BATCH = 1024
 MAX_GET = 4096
@@ -309,6 +312,23 @@ class RemoteStore:
         """The daemon's ``POST /v1/admin/tier`` report: the shape of ``TierReport.as_dict()``."""
         doc: dict[str, Any] = self.api.call("POST", "/v1/admin/tier")
         return doc
+
+    def gc(self) -> dict[str, int]:
+        """The daemon's ``POST /v1/admin/gc``: ``{"hot_files": n, "cold_segments": n}``."""
+        doc: dict[str, int] = self.api.call("POST", "/v1/admin/gc")
+        return doc
+
+    def verify(self) -> VerifyReport:
+        """The daemon's ``POST /v1/admin/verify`` (read-only), as the facade's report."""
+        from tierd.verify import Problem, VerifyReport
+
+        doc = self.api.call("POST", "/v1/admin/verify", timeout=VERIFY_TIMEOUT)
+        problems = [
+            Problem(p["area"], p["where"], p["message"], p["fix"], p["fixed"]) for p in doc["problems"]
+        ]
+        return VerifyReport(
+            doc["records"], doc["units"], doc["segments"], doc["bytes"], problems, doc["repairs"]
+        )
 
     # ---------------------------------------------------------------- consumers and groups
     def offset_for_time(self, topic: str, queue_id: int, timestamp: int, boundary: str = "lower") -> int:

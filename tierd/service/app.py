@@ -48,6 +48,7 @@ from tierd.service.schemas import (
     DeletedOut,
     EarliestTimeOut,
     ErrorOut,
+    GcOut,
     GetOut,
     GroupOffsetsOut,
     GroupOut,
@@ -75,6 +76,7 @@ from tierd.service.schemas import (
     TopicOut,
     TopicsOut,
     TopicUpdateIn,
+    VerifyOut,
 )
 from tierd.subscription import MAX_EXPRESSION_LENGTH
 from tierd.topics import queue_for_group
@@ -697,6 +699,40 @@ async def tier(svc: Svc) -> TierOut:
     bucket prefix; never a success that left messages behind."""
     with svc.writing() as store:
         return TierOut.of(await store.tier_now())
+
+
+@router.post(
+    "/v1/admin/gc",
+    response_model=GcOut,
+    tags=["admin"],
+    summary="Apply retention now in both tiers",
+    responses=_errors(409, 415, 502, 503),
+)
+async def gc(svc: Svc) -> GcOut:
+    """What the daemon does on its timers, now: hot commitlog files past `file_reserved_time`
+    (only once they are in the cold tier) and cold segments past their topic's reserve time. What
+    `tierd gc` sends while a daemon holds the store."""
+    with svc.writing() as store:
+        report = await store.gc()
+    return GcOut(hot_files=report.hot_files, cold_segments=report.cold_segments)
+
+
+@router.post(
+    "/v1/admin/verify",
+    response_model=VerifyOut,
+    tags=["admin"],
+    summary="Check the running store and its bucket (read-only)",
+    responses=_errors(415, 502, 503),
+)
+async def verify(svc: Svc) -> VerifyOut:
+    """`tierd verify` on the running store: record CRCs, consume queues against the commitlog,
+    metadata, cold segment sizes and checksums, manifests, unknown objects, the prefix owner.
+    Writes nothing; the answer comes when the check is done (no progress; it reads every byte of
+    both tiers). A problem found is a 200 with `ok: false`. Repairs need the stopped store
+    (`tierd verify --repair`)."""
+    store = svc.store()
+    await store.wait_ready()
+    return VerifyOut.model_validate((await store.verify()).as_dict())
 
 
 @router.get(

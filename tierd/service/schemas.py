@@ -348,6 +348,36 @@ class TierOut(_Model):
         return cls.model_validate(report.as_dict())
 
 
+class GcOut(_Model):
+    """What `POST /v1/admin/gc` deleted."""
+
+    hot_files: int = Field(description="Hot commitlog files deleted (only files already in the cold tier).")
+    cold_segments: int = Field(description="Cold segments deleted (older than their topic's reserve time).")
+
+
+class VerifyProblemOut(_Model):
+    area: str = Field(
+        description="hot-commitlog, metadata, cold-segment, manifest, … (docs/cli.md, `verify`)."
+    )
+    where: str = Field(description="A file, a segment or object path, or `topic/queue@offset`.")
+    message: str
+    fix: str | None = Field(description="What `tierd verify --repair` does about it (stopped store).")
+    fixed: bool
+
+
+class VerifyOut(_Model):
+    """`tierd verify`'s report (`VerifyReport.as_dict()`): what was checked and every problem."""
+
+    ok: bool = Field(description="No problem left.")
+    records: int
+    units: int
+    segments: int
+    bytes: int
+    counts: dict[str, int] = Field(description="Problems left per area.")
+    problems: list[VerifyProblemOut]
+    repairs: list[str] = Field(description="Always empty here: repairs need the stopped store.")
+
+
 class ProblemOut(_Model):
     """An error as `/v1/status` reports it (the shape of an error response)."""
 
