@@ -1,12 +1,16 @@
 """docs/spark.md as pasted: every ``python`` and ``sql`` block runs, in order, against a real
 cold tier on moto — only the placeholders the page uses are pointed at the test's bucket
-(``s3://bucket/prefix``, ``http://127.0.0.1:9000``, ``/tmp/tierd-checkpoints``). And the page
-states the PySpark version the ``spark`` extra pins.
+(``s3://bucket/prefix``, ``http://127.0.0.1:9000``, ``/tmp/tierd-checkpoints``). The first block
+also runs alone, in a fresh Python of the checkout's venv — the editable install ``make test``
+creates — as a user pastes it. And the page states the PySpark version the ``spark`` extra pins.
 """
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
 import tomllib
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -15,7 +19,7 @@ from tierd import Message
 from tierd.testing.s3server import create_bucket
 
 from ..tiered.conftest import cold_config
-from .conftest import produce
+from .conftest import Produced, produce
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -42,16 +46,15 @@ def test_the_page_states_the_pinned_pyspark() -> None:
     assert "≥ 4.0 (filter" not in text  # the old requirement line
 
 
-def test_every_python_and_sql_snippet_runs_as_pasted(
-    spark: SparkSession, moto_server: S3Server, tmp_path: Path
-) -> None:
+def _cold_tier(moto_server: S3Server, tmp_path: Path) -> tuple[str, Produced]:
+    """The bucket the page's placeholders stand for: two topics, keys, tags, the index uploaded."""
     url = f"s3://{create_bucket(moto_server)}/prefix"
     cfg = cold_config(
         tmp_path / "store",
         {"name": "s3", "url": url, "storage_options": moto_server.storage_options},
         commitlog_segment_size=24_000,
     )
-    produce(
+    produced = produce(
         cfg,
         [
             [
@@ -67,6 +70,63 @@ def test_every_python_and_sql_snippet_runs_as_pasted(
         ],
         index_after=1,
     )
+    return url, produced
+
+
+#: A row of ``DataFrame.show()`` for ``groupBy("topic", "queue_id").count()``.
+SHOW_ROW = re.compile(r"^\|\s*(\w+)\|\s*(\d+)\|\s*(\d+)\|$", re.MULTILINE)
+
+
+def test_the_first_snippet_runs_as_pasted_in_the_checkouts_venv(
+    moto_server: S3Server, tmp_path: Path
+) -> None:
+    """What a reader of the README does: ``make test`` (an editable install into ``.venv``), then
+    the page's first snippet in that venv's Python, not activated — no ``PYSPARK_PYTHON``, no
+    ``PYTHONPATH``, ``python3`` on PATH not the venv's, started outside the checkout. Spark must
+    find ``format("tierd")`` by itself (no ``register()``) and its workers must import tierd."""
+    url, produced = _cold_tier(moto_server, tmp_path)
+    first = _blocks("python")[0]
+    assert "register(" not in first
+    script = tmp_path / "first.py"
+    script.write_text(
+        first.replace("s3://bucket/prefix", url).replace("http://127.0.0.1:9000", moto_server.endpoint_url)
+    )
+    venv_bin = Path(sys.executable).parent
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON", "PYTHONPATH", "VIRTUAL_ENV")
+    }
+    env["PATH"] = os.pathsep.join(p for p in env.get("PATH", "").split(os.pathsep) if Path(p) != venv_bin)
+    env.update(
+        SPARK_LOCAL_IP="127.0.0.1",
+        AWS_ACCESS_KEY_ID=moto_server.access_key,
+        AWS_SECRET_ACCESS_KEY=moto_server.secret_key,
+        AWS_DEFAULT_REGION="us-east-1",
+    )
+    # Bounded below pytest's per-test timeout: a JVM start here takes up to a minute.
+    run = subprocess.run(
+        [sys.executable, str(script)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
+    # Java stack frames left out: the Python traceback and Spark's error class are what tell.
+    out = "\n".join(line for line in (run.stdout + run.stderr).splitlines() if not line.startswith("\tat "))
+    assert run.returncode == 0, out[-4000:]
+    counts: dict[str, int] = {}
+    for topic, _queue, n in SHOW_ROW.findall(run.stdout):
+        counts[topic] = counts.get(topic, 0) + int(n)
+    assert counts == {"orders": len(produced.bodies("orders"))}, run.stdout
+
+
+def test_every_python_and_sql_snippet_runs_as_pasted(
+    spark: SparkSession, moto_server: S3Server, tmp_path: Path
+) -> None:
+    url, _ = _cold_tier(moto_server, tmp_path)
 
     def here(text: str) -> str:
         return (
