@@ -38,6 +38,7 @@ FACADE = {
     "tierd.longpoll",
     "tierd.consumption",
     "tierd.consumption.inflight",
+    "tierd.topics",
 }
 ACCESS = ("tierd.service", "tierd.grpc", "tierd.cli", "tierd.spark", "tierd.arrow", "tierd.table")
 # Bucket readers: a Spark job or an Arrow scan in a notebook has the bucket URL and nothing else.

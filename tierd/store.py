@@ -39,6 +39,7 @@ from tierd.tiered.restore import restore as restore_from_bucket
 from tierd.tiered.roots import backend_for_url
 from tierd.tiered.service import TieringService
 from tierd.topics import TopicAdmin, TopicInfo
+from tierd.topics import restore_table as restore_topic_table
 from tierd.verify import Progress as VerifyProgress
 from tierd.verify import VerifyReport, verify, verify_store
 
@@ -398,6 +399,7 @@ class _StoreCore:
             return
         try:
             await self.offsets.upload(t.root, self.config.tiered.cluster, self.config.tiered.broker)
+            await self.topic_admin.upload()  # the topic table, likewise (docs/topics.md)
         except Exception as e:  # the local file is the truth; the copy is retried
             log.warning("uploading consumer offsets to the bucket failed (%s); retrying later", e)
 
@@ -752,7 +754,9 @@ class MessageStore(_StoreCore):
         it). ``dry_run``: only report what it would bring back, writing nothing."""
         if dry_run:
             return await restore_dry_run(cfg, progress=progress)
-        return await restore_from_bucket(cfg, progress=progress, take_over=take_over)
+        report = await restore_from_bucket(cfg, progress=progress, take_over=take_over)
+        await restore_topic_table(cfg)  # created topics' settings (docs/topics.md)
+        return report
 
     async def tier_now(self) -> TierReport:
         """Commit everything pending to the cold tier now. Returns what each queue committed

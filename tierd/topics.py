@@ -44,11 +44,13 @@ from typing import TYPE_CHECKING, Final, Literal, NoReturn
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from tierd.drivers.paths import cluster_dir
 from tierd.errors import (
     CorruptionError,
     InvalidArgumentError,
     NotFoundError,
     QueueShrinkError,
+    SegmentNotFoundError,
     TierdError,
     TopicDeletingError,
     TopicExistsError,
@@ -57,9 +59,12 @@ from tierd.errors import (
 from tierd.local.mapped_file import fsync_dir
 from tierd.local.validation import check_topic
 from tierd.repeats import FailureLog
+from tierd.tiered.guard import GuardedRoot
+from tierd.tiered.roots import open_driver_factory
 
 if TYPE_CHECKING:
     from tierd.config import TierdConfig
+    from tierd.drivers.segment import DriverRoot
     from tierd.local.store import HotStore
     from tierd.offsets import ConsumerOffsets
     from tierd.tiered.service import TieringService
@@ -134,6 +139,56 @@ class TopicTable(_Doc):
     checksum: int | None = None
 
 
+def encode(table: TopicTable) -> bytes:
+    """The table as ``topics.json`` holds it (and the bucket copy)."""
+    return json.dumps(table.model_dump(by_alias=True), indent=1).encode()
+
+
+def bucket_path(cluster: str, broker: str) -> str:
+    """The bucket copy, beside the broker manifest and the consumer offsets."""
+    return f"{cluster_dir(cluster)}/{broker}/{FILE_NAME}"
+
+
+async def download(root: DriverRoot, cluster: str, broker: str) -> TopicTable | None:
+    """The bucket's copy of the topic table (None: the store never created a topic);
+    CorruptionError naming the object when it is damaged."""
+    path = bucket_path(cluster, broker)
+    try:
+        raw = await root.get_object(path)
+    except SegmentNotFoundError:
+        return None
+    try:
+        table = TopicTable.model_validate_json(raw)
+    except (ValidationError, ValueError) as e:
+        raise CorruptionError(
+            f"topic table {root.url}/{path} is not valid: {str(e).splitlines()[0]}", path=path
+        ) from e
+    if table.checksum is not None and table.checksum != _crc(table):
+        raise CorruptionError(f"topic table {root.url}/{path}: checksum mismatch (damaged bytes)", path=path)
+    return table
+
+
+async def restore_table(cfg: TierdConfig) -> int:
+    """After a restore (``tierd restore``): the bucket's copy becomes the restored store's
+    ``topics.json``, so created topics come back with their queue counts and retention, and a
+    delete that was under way is finished by the restored store's first open. A damaged copy
+    is logged and skipped (the messages matter more; the topics' settings are made again).
+    Returns the topics brought back."""
+    root = GuardedRoot(open_driver_factory(cfg.backend), cfg.tiered.backend_timeout)
+    try:
+        table = await download(root, cfg.tiered.cluster, cfg.tiered.broker)
+    except CorruptionError as e:
+        log.error("restore: %s; restoring without topic settings — create the topics again", e)
+        return 0
+    finally:
+        await root.aclose()
+    if table is None:
+        return 0
+    await asyncio.to_thread(TopicRegistry(cfg.store.dir).save, table)
+    log.info("restore: settings of %d topic(s) from the bucket", len(table.topics))
+    return len(table.topics)
+
+
 def _crc(table: TopicTable) -> int:
     body = table.model_dump(by_alias=True, include={"topics", "deleting"})
     return zlib.crc32(json.dumps(body, sort_keys=True, separators=(",", ":")).encode())
@@ -146,6 +201,8 @@ class TopicRegistry:
         self.path = Path(store_dir) / "config" / FILE_NAME
         self.backup = self.path.with_name(FILE_NAME + ".bak")
         self.table = self._load()
+        #: Bumped by every save: the bucket copy is put again when it moved (:meth:`TopicAdmin.upload`).
+        self.version = 0
 
     def _read(self, path: Path) -> TopicTable:
         try:
@@ -183,7 +240,7 @@ class TopicRegistry:
         """Replace the table durably; the previous file becomes the backup."""
         table = table.model_copy(update={"written_at": int(time.time() * 1000)})
         table = table.model_copy(update={"checksum": _crc(table)})
-        data = json.dumps(table.model_dump(by_alias=True), indent=1).encode()
+        data = encode(table)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_name(FILE_NAME + ".tmp")
         with tmp.open("wb") as fh:
@@ -195,6 +252,7 @@ class TopicRegistry:
         os.replace(tmp, self.path)
         fsync_dir(self.path.parent)
         self.table = table
+        self.version += 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -244,6 +302,9 @@ class TopicAdmin:
         self._lock = asyncio.Lock()
         #: Finishes interrupted deletes once the cold tier has loaded (see :meth:`finish_later`).
         self._finisher: asyncio.Task[None] | None = None
+        #: The registry version the bucket copy holds (-1: unknown after a start, put it once).
+        self._uploaded = -1
+        self._upload_lock = asyncio.Lock()
         if not hot.read_only:  # a read-only store has no producer side
             for name, entry in self.registry.table.topics.items():
                 hot.preparer.set_queue_count(name, entry.queues)
@@ -546,6 +607,27 @@ class TopicAdmin:
 
     async def _save(self, table: TopicTable) -> None:
         await asyncio.to_thread(self.registry.save, table)
+        try:  # at once, so a restore soon after sees it; the mirror loop retries a failure
+            await self.upload()
+        except TierdError as e:
+            log.warning("copying the topic table to the bucket failed (%s); retrying later", e)
+
+    async def upload(self) -> bool:
+        """Put the topic table in the bucket if it changed since the last upload (the
+        consumer-offsets mirror calls this too); True if it did. Nothing without a usable cold
+        tier, or before any topic was created."""
+        t = self.tiering
+        if t is None or not t.ready.is_set() or t.refused is not None or not self.registry.path.exists():
+            return False
+        async with self._upload_lock:
+            version = self.registry.version
+            if version == self._uploaded:
+                return False
+            await t.root.put_object(
+                bucket_path(self.cfg.tiered.cluster, self.cfg.tiered.broker), encode(self.registry.table)
+            )
+            self._uploaded = version
+            return True
 
     async def apply_config(self) -> None:
         """Topics declared in the configuration exist at start with their settings."""
