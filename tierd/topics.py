@@ -121,7 +121,8 @@ class TopicEntry(_Doc):
 
 
 class DeleteIntent(_Doc):
-    """A delete in progress: the commitlog offset before which the topic's records go."""
+    """A delete in progress; ``mark``: the commitlog end when it began (the hot part cuts at the
+    end when it runs, which is at or after it: see :meth:`TopicAdmin._finish`)."""
 
     mark: int = Field(ge=0)
     started_at: int = 0
@@ -584,14 +585,17 @@ class TopicAdmin:
         """Every step of a delete, each idempotent; the intent goes last. No tiering round runs
         meanwhile: one would read the queues being erased and write into the bucket what the
         cold part is deleting."""
-        intent = self.registry.table.deleting[topic]
         t = self.tiering
         if t is not None:
             # Loaded first: loading seeds the hot queues from the cold ones, which would bring
             # the topic's hot queues back after they were erased.
             await t.wait_ready()
         async with t.rounds_excluded(DELETE_DISPATCH_WAIT) if t is not None else contextlib.nullcontext():
-            await asyncio.to_thread(self.hot.erase_topic, topic, intent.mark, DELETE_DISPATCH_WAIT)
+            # Cut at the commitlog's end now, not at the intent's mark: a write that passed the
+            # check just before the intent was recorded landed after the mark, and its consume
+            # queue goes below — its record must go too, or a recovery would bring it back.
+            # Nothing of the topic is appended past this cut (writes to it are refused).
+            await asyncio.to_thread(self.hot.erase_topic, topic, None, DELETE_DISPATCH_WAIT)
             if os.environ.get(CRASH_ENV) == "after-hot":
                 os.kill(os.getpid(), signal.SIGKILL)
             if t is not None:
