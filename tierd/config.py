@@ -539,9 +539,9 @@ class TableConfig(_Section):
 
 
 class TopicConfig(_Section):
-    """``[topics.<name>]`` — settings of one topic. A declared topic exists from the start
-    (docs/topics.md): created when missing, its queue count grown and its cold retention set
-    to what is declared here at every start."""
+    """``[topics.<name>]`` — one topic's settings; a declared topic exists from the start (docs/topics.md)."""
+
+    # Applied at every start: created when missing, the queue count grown, the cold retention set.
 
     queues: int | None = Field(
         None,
