@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from tierd import TierdConfig
-from tierd.config import SECTIONS, GiB, MiB
+from tierd.config import SECTIONS, GiB, KiB, MiB, StoreConfig
 from tierd.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -115,3 +117,65 @@ def test_configuration_reference_is_up_to_date() -> None:
 
     current = (REPO / "docs" / "configuration.md").read_text()
     assert current == reference_markdown(), "run: python -m tierd.docgen > docs/configuration.md"
+
+
+def _segment_config(max_message_size: int, segment_size: int) -> dict[str, dict[str, int]]:
+    return {
+        "store": {"max_message_size": max_message_size},
+        "tiered": {"commitlog_segment_size": segment_size},
+    }
+
+
+@pytest.mark.parametrize("max_message_size", [1, 4 * KiB, 4 * MiB])
+def test_a_cold_segment_must_hold_the_largest_record(max_message_size: int) -> None:
+    """A flat commitlog segment smaller than the largest record would leave a queue holding such
+    a record untiered for good (and its hot files unfreeable): refused, naming both settings."""
+    minimum = StoreConfig(max_message_size=max_message_size).max_record_size
+    assert minimum > max_message_size  # headers, topic and properties come on top of the body
+    with pytest.raises(ConfigError, match=r"tiered\.commitlog_segment_size") as caught:
+        TierdConfig.from_dict(_segment_config(max_message_size, minimum - 1))
+    message = str(caught.value)
+    assert f"{minimum - 1}" in message
+    assert f"store.max_message_size {max_message_size}" in message
+    assert f"at least {minimum}" in message
+    assert caught.value.detail == {
+        "commitlog_segment_size": minimum - 1,
+        "minimum": minimum,
+        "max_message_size": max_message_size,
+    }
+    cfg = TierdConfig.from_dict(_segment_config(max_message_size, minimum))
+    assert cfg.tiered.commitlog_segment_size == minimum
+
+
+def test_raising_the_body_limit_past_the_segment_is_refused_too() -> None:
+    """The rule holds whichever of the two settings moves: here the body limit."""
+    cfg = TierdConfig.from_dict(_segment_config(4 * KiB, MiB))
+    with pytest.raises(ConfigError, match=r"tiered\.commitlog_segment_size") as caught:
+        cfg.with_overrides(store={"max_message_size": MiB})
+    assert caught.value.detail["max_message_size"] == MiB
+
+
+def test_serve_refuses_a_cold_segment_too_small_in_one_line(tmp_path: Path) -> None:
+    """The operator's view: ``tierd serve`` exits non-zero with one line naming the value, the
+    minimum and both settings — before it creates or opens anything."""
+    max_message_size = 4 * KiB
+    minimum = StoreConfig(max_message_size=max_message_size).max_record_size
+    path = tmp_path / "tierd.toml"
+    path.write_text(
+        f'[store]\ndir = "{tmp_path / "hot"}"\nmax_message_size = {max_message_size}\n'
+        f"[tiered]\ncommitlog_segment_size = {minimum - 1}\n"
+        f'[backend]\nurl = "{tmp_path / "cold"}"\n'
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", "from tierd.cli import main; main()", "--config", str(path), "serve"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 1
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith(f"tierd: error: tiered.commitlog_segment_size {minimum - 1} ")
+    assert f"store.max_message_size {max_message_size}" in lines[0]
+    assert f"at least {minimum}" in lines[0]
+    assert not (tmp_path / "hot").exists()

@@ -19,6 +19,8 @@ from tierd.offsets import bucket_path as offsets_path
 from tierd.tiered.manifest import broker_manifest_path, index_manifest_path, queue_manifest_path
 from tierd.tiered.ownership import owner_path
 
+from .tiered.conftest import MIN_SEGMENT, SMALL_BODY_LIMIT
+
 if TYPE_CHECKING:
     from pathlib import Path
 
@@ -32,7 +34,7 @@ def _config(tmp_path: Path) -> TierdConfig:
             "store": {
                 "dir": str(tmp_path / "hot"),
                 "commitlog_file_size": 4 * 1024 * 1024,
-                "max_message_size": 1024 * 1024,
+                "max_message_size": SMALL_BODY_LIMIT,
                 "consumequeue_file_units": 10_000,
                 "index_slots": 64,
                 "index_items": 4000,
@@ -40,7 +42,7 @@ def _config(tmp_path: Path) -> TierdConfig:
             "backend": {"name": "posix", "url": str(tmp_path / "cold")},
             "tiered": {
                 "dispatch_interval": 3600,
-                "commitlog_segment_size": 2_000,
+                "commitlog_segment_size": MIN_SEGMENT,
                 "consumequeue_segment_size": 100,
             },
         }
@@ -49,11 +51,15 @@ def _config(tmp_path: Path) -> TierdConfig:
 
 @pytest.fixture
 def cfg(tmp_path: Path) -> TierdConfig:
-    """A stopped store with 60 messages in two queues, all tiered (many small segments)."""
+    """A stopped store with 60 messages in two queues, all tiered (many small segments: bodies
+    of 2,880 bytes fill a little over one commitlog segment per queue)."""
     cfg = _config(tmp_path)
     with BlockingMessageStore.open(cfg) as store:
         store.put_batch(
-            [Message(topic="t", body=b"body-%03d" % i * 4, keys=[f"k{i}"], queue_id=i % 2) for i in range(60)]
+            [
+                Message(topic="t", body=b"body-%03d" % i * 360, keys=[f"k{i}"], queue_id=i % 2)
+                for i in range(60)
+            ]
         )
         store.commit_offset("billing", "t", 0, 10)  # its copy in the bucket is a known object
         assert store.tier_now().committed == 60
@@ -234,7 +240,8 @@ def test_cli_verify_exits_1_lists_every_problem_and_repair_says_what_it_changed(
         f'[store]\ndir = "{store.dir}"\ncommitlog_file_size = {store.commitlog_file_size}\n'
         f"max_message_size = {store.max_message_size}\nconsumequeue_file_units = 10000\n"
         "index_slots = 64\nindex_items = 4000\n"
-        "[tiered]\ncommitlog_segment_size = 2000\nconsumequeue_segment_size = 100\n"
+        f"[tiered]\ncommitlog_segment_size = {cfg.tiered.commitlog_segment_size}\n"
+        "consumequeue_segment_size = 100\n"
         f'[backend]\nurl = "{cold}"\n'
     )
     _manifest(tmp_path).write_bytes(b"garbage")

@@ -29,6 +29,7 @@ from pydantic import (
 )
 
 from tierd.errors import ConfigError
+from tierd.local.validation import RECORD_OVERHEAD_LIMIT, max_record_size
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -139,6 +140,12 @@ class StoreConfig(_Section):
         "quarantined at start-up (docs/hot-store.md); 0: only what is re-dispatched.",
     )
 
+    @property
+    def max_record_size(self) -> int:
+        """The largest record :attr:`max_message_size` admits (body plus headers, topic and
+        properties): what a commitlog file or cold segment must be able to hold."""
+        return max_record_size(self.max_message_size)
+
 
 class TieredConfig(_Section):
     """``[tiered]`` — the tiering daemon and cold reads."""
@@ -191,7 +198,9 @@ class TieredConfig(_Section):
     commitlog_segment_size: int = Field(
         GiB,
         ge=1,
-        description="Flat commitlog segment size.",
+        description="Flat commitlog segment size; at least the largest record, "
+        f"`store.max_message_size` + {RECORD_OVERHEAD_LIMIT // KiB} KiB (a record never spans two "
+        "segments: docs/limits.md).",
         json_schema_extra=_rmq("tieredStoreCommitLogMaxSize"),
     )
     consumequeue_segment_size: int = Field(
@@ -598,6 +607,28 @@ class TierdConfig(_Section):
     table: TableConfig = Field(default_factory=lambda: TableConfig())
     topics: dict[str, TopicConfig] = Field(default_factory=dict)
 
+    @model_validator(mode="after")
+    def _cold_segment_holds_the_largest_record(self) -> TierdConfig:
+        """A flat commitlog segment has no header or footer, and a record never spans two
+        segments: a record that does not fit the room left rolls to a fresh segment, and one that
+        does not fit a fresh segment can never be tiered. Its queue would stop tiering for good —
+        and hot retention, which frees only what is cold, could then never free it. So a segment
+        size below the largest record is refused up front, whatever the record sizes written."""
+        minimum = self.store.max_record_size
+        size = self.tiered.commitlog_segment_size
+        if size < minimum:
+            raise ConfigError(
+                f"tiered.commitlog_segment_size {size} is smaller than the largest record "
+                f"({minimum} bytes: store.max_message_size {self.store.max_message_size} + "
+                f"{RECORD_OVERHEAD_LIMIT} bytes of headers, topic and properties); such a record "
+                "could never be tiered. Raise tiered.commitlog_segment_size to at least "
+                f"{minimum} or lower store.max_message_size",
+                commitlog_segment_size=size,
+                minimum=minimum,
+                max_message_size=self.store.max_message_size,
+            )
+        return self
+
     @classmethod
     def load(
         cls, path: str | os.PathLike[str] | None = None, env: Mapping[str, str] | None = None
@@ -646,6 +677,12 @@ class TierdConfig(_Section):
         try:
             return cls.model_validate(data)
         except ValidationError as e:
+            for err in e.errors():
+                # A rule across sections (a model validator) raises its own typed error, with
+                # the values it names; re-raised as it is, not flattened with the whole input.
+                cause = err.get("ctx", {}).get("error")
+                if isinstance(cause, ConfigError):
+                    raise cause from None
             problems = "; ".join(
                 f"{'.'.join(str(x) for x in err['loc'])}: {err['msg']}{_shown_input(err)}"
                 for err in e.errors()

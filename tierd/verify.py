@@ -58,7 +58,6 @@ from tierd.format.properties import PROPERTY_TAGS, decode_properties
 from tierd.format.record import BLANK, INVALID, VALID, RecordView, parse_record_view, scan_record
 from tierd.local.recovery import rebuild_units
 from tierd.local.store import HotStore
-from tierd.local.validation import RECORD_OVERHEAD_LIMIT
 from tierd.offsets import bucket_path as offsets_path
 from tierd.offsets import inspect as inspect_offsets
 from tierd.offsets import write_atomically
@@ -371,7 +370,7 @@ def _repair_units(hot: HotStore, report: VerifyReport) -> None:
         cq = hot.queue(topic, queue_id)
         if cq is None:
             continue
-        max_record = hot.cfg.max_message_size + RECORD_OVERHEAD_LIMIT
+        max_record = hot.cfg.max_record_size
         rebuilt = rebuild_units(cq, hot.commitlog, hot.quarantine, sorted(problems), max_record)
         cq.flush()
         for offset in rebuilt:

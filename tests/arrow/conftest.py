@@ -32,6 +32,11 @@ TOPICS = ("orders", "audit")
 QUEUES = 3
 #: Messages per batch; one ``tier_now`` after each batch, the key index uploaded after the second.
 BATCHES = (120, 120, 60)
+#: Written for 24 kB cold segments; a segment must hold the largest record, and the large bodies
+#: below need a 72 KiB body limit, so segments and records are SCALE times what they were: a read
+#: spans as many segments as before, from the same messages.
+SCALE = 6
+SEGMENT: dict[str, Any] = {"max_message_size": 72 * 1024, "commitlog_segment_size": 24_000 * SCALE}
 
 
 def history(start: int, n: int) -> list[Message]:
@@ -40,7 +45,7 @@ def history(start: int, n: int) -> list[Message]:
     return [
         Message(
             topic=TOPICS[1] if i % 3 == 0 else TOPICS[0],
-            body=(b"%06d:" % i) * (1700 if i % 25 == 0 else 20),
+            body=(b"%06d:" % i) * (10_314 if i % 25 == 0 else 234),
             keys=[f"k{i}", f"g{i % 7}"],
             tags="rare" if i % 40 == 1 else "paid" if i % 2 else "open",
             queue_id=i % QUEUES,
@@ -51,7 +56,7 @@ def history(start: int, n: int) -> list[Message]:
 
 
 def config(root: Path, backend: dict[str, Any]) -> TierdConfig:
-    return cold_config(root, backend, commitlog_segment_size=24_000, consumequeue_segment_size=400)
+    return cold_config(root, backend, **SEGMENT, consumequeue_segment_size=400)
 
 
 def fill(

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from tierd import BlockingMessageStore, Message, TierdConfig
+from tierd.config import StoreConfig
 from tierd.format.cq_unit import UNIT_SIZE
 from tierd.local.index import HEADER_SIZE
 from tierd.offsets import FILE_NAME as OFFSETS_FILE
@@ -40,7 +41,8 @@ DEADLINE = 120
 def _config(tmp_path: Path) -> tuple[TierdConfig, Path]:
     """Small hot files with a posix cold tier; the same settings as a TOML file for the CLI."""
     store = {**SMALL_STORE, "dir": str(tmp_path / "hot")}
-    tiered = {"dispatch_interval": 3600, "commitlog_segment_size": 2000, "consumequeue_segment_size": 100}
+    segment = StoreConfig(max_message_size=SMALL_STORE["max_message_size"]).max_record_size  # the smallest
+    tiered = {"dispatch_interval": 3600, "commitlog_segment_size": segment, "consumequeue_segment_size": 100}
     backend = {"name": "posix", "url": str(tmp_path / "cold")}
     conf = tmp_path / "tierd.toml"
     conf.write_text(

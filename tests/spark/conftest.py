@@ -37,7 +37,7 @@ from tierd.tiered.manifest import (
     queue_manifest_path,
 )
 
-from ..tiered.conftest import upload_index
+from ..tiered.conftest import MIN_SEGMENT, SMALL_BODY_LIMIT, upload_index
 
 if TYPE_CHECKING:
     from collections.abc import Iterator, Sequence
@@ -125,7 +125,16 @@ def produce(
     return Produced(out)
 
 
-def messages(start: int, n: int, *, size: int = 150) -> list[Message]:
+#: These tests were sized for 24 kB cold commitlog segments; the smallest allowed is
+#: ``MIN_SEGMENT`` (~68 KiB). So segments are SCALE times larger, and so are the records of
+#: :func:`messages` (~860 bytes) and the byte budgets the tests set: a read still spans as many
+#: segments, partitions and batches as before, from the same number of messages.
+SCALE = 3
+SEGMENT: dict[str, Any] = {"max_message_size": SMALL_BODY_LIMIT, "commitlog_segment_size": 24_000 * SCALE}
+assert SEGMENT["commitlog_segment_size"] >= MIN_SEGMENT
+
+
+def messages(start: int, n: int, *, size: int = 720) -> list[Message]:
     """Deterministic messages over two topics and two queues; keys ``k{i}`` + a shared one,
     UNIQ_KEY ``u{i}``, tags ``even`` on every other one and ``rare`` on every 50th."""
     return [

@@ -26,7 +26,7 @@ import pytest
 from tierd.testing.s3server import create_bucket, free_port
 
 from ..tiered.conftest import cold_config
-from .conftest import messages, produce
+from .conftest import SEGMENT, messages, produce
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -136,7 +136,7 @@ def test_the_standalone_cluster_recipe(cluster: str, moto_server: S3Server, tmp_
     cfg = cold_config(
         tmp_path / "store",
         {"name": "s3", "url": url, "storage_options": moto_server.storage_options},
-        commitlog_segment_size=24_000,
+        **SEGMENT,
     )
     produced = produce(cfg, [messages(0, 150), messages(150, 50)])
     # A credentials file with one profile, on every node (here: one file); no default profile.

@@ -19,7 +19,7 @@ from tierd import Message
 from tierd.testing.s3server import create_bucket
 
 from ..tiered.conftest import cold_config
-from .conftest import Produced, produce
+from .conftest import SEGMENT, Produced, produce
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -52,7 +52,7 @@ def _cold_tier(moto_server: S3Server, tmp_path: Path) -> tuple[str, Produced]:
     cfg = cold_config(
         tmp_path / "store",
         {"name": "s3", "url": url, "storage_options": moto_server.storage_options},
-        commitlog_segment_size=24_000,
+        **SEGMENT,
     )
     produced = produce(
         cfg,

@@ -31,7 +31,7 @@ from tierd.spark.storage import open_storage
 from tierd.spark.stream import TierdStreamReader, offsets_for_time
 
 from ..tiered.conftest import cold_config, upload_index
-from .conftest import Produced, messages
+from .conftest import SCALE, SEGMENT, Produced, messages
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -64,7 +64,7 @@ def holed(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Produced]:
     round; the cold index uploaded. Returns the URL and the survivors."""
     root = tmp_path_factory.mktemp("holes")
     backend = {"name": "posix", "url": str(root / "cold"), "storage_options": {"fsync": False}}
-    cfg = cold_config(root, backend, commitlog_segment_size=24_000, consumequeue_segment_size=400)
+    cfg = cold_config(root, backend, **SEGMENT, consumequeue_segment_size=400)
     out: dict[Key, tuple[bytes, tuple[str, ...], str | None]] = {}
     with BlockingMessageStore.open(cfg) as store:
         for start in range(0, 450, 75):
@@ -91,8 +91,8 @@ def _keys_of(batch: Any) -> list[Key]:
 def test_plans_split_at_holes_without_failing(holed: tuple[str, Produced]) -> None:
     """Every partition size, down to cuts every few records: cuts landing on holes are skipped."""
     url, produced = holed
-    for size in ("600", "1k", "2k", "5k", "20k"):
-        opts = ReadOptions.parse({"path": url, "max_partition_bytes": size})
+    for size in (600, 1024, 2048, 5 * 1024, 20 * 1024):
+        opts = ReadOptions.parse({"path": url, "max_partition_bytes": str(size * SCALE)})
         storage = open_storage(url, {})
         c = Constraints.from_options(opts)
         got: list[Key] = []
@@ -122,7 +122,7 @@ def test_tag_pruning_skips_holes(holed: tuple[str, Produced]) -> None:
 
 def test_spark_reads_keys_and_tags_skip_holes(spark: SparkSession, holed: tuple[str, Produced]) -> None:
     url, produced = holed
-    df = spark.read.format("tierd").option("max_partition_bytes", "1k").load(url)
+    df = spark.read.format("tierd").option("max_partition_bytes", str(1024 * SCALE)).load(url)
     rows = {
         (r[0], r[1], r[2]): bytes(r[3])
         for r in df.select("topic", "queue_id", "queue_offset", "body").collect()
@@ -166,7 +166,7 @@ def test_the_stream_steps_over_holes(holed: tuple[str, Produced]) -> None:
     seen: list[Key] = []
     at = start
     for _ in range(1000):
-        end = r.latestOffset(at, ReadMaxBytes(700))
+        end = r.latestOffset(at, ReadMaxBytes(700 * SCALE))
         if end == at:
             break
         seen += _batch(r, at, end)
@@ -210,7 +210,7 @@ def test_a_streaming_query_over_holes(
     q = (
         spark.readStream.format("tierd")
         .option("startingOffsets", json.dumps({TOPIC: {"0": 20, "1": -2}, "audit": {"0": -2, "1": -2}}))
-        .option("maxBytesPerTrigger", "2k")
+        .option("maxBytesPerTrigger", str(2048 * SCALE))
         .load(url)
         .writeStream.foreachBatch(collect)
         .option("checkpointLocation", str(tmp_path / "checkpoint"))

@@ -28,7 +28,7 @@ from tierd.testing.s3server import create_bucket
 from tierd.tiered.manifest import IndexManifest, index_manifest_path
 
 from ..tiered.conftest import cold_config
-from .conftest import Produced, messages, produce
+from .conftest import SEGMENT, Produced, messages, produce
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
@@ -41,8 +41,12 @@ Key = tuple[str, int, int]
 CLUSTER, BROKER = "DefaultCluster", "broker-a"
 
 
+#: Bytes that one record of messages() takes at most: its body, its header and properties.
+RECORD = len(messages(0, 1)[0].body) + 300
+
+
 def _cfg(root: Any, backend: dict[str, Any]) -> Any:
-    return cold_config(root, backend, commitlog_segment_size=24_000, consumequeue_segment_size=400)
+    return cold_config(root, backend, **SEGMENT, consumequeue_segment_size=400)
 
 
 @pytest.fixture(scope="module")
@@ -152,7 +156,7 @@ def test_a_covered_single_key_reads_a_tiny_fraction_of_a_scan(
     rows, storage, _, read = _run(url, so, key="k124", topic="orders")
     assert rows == _with_key(produced, "k124")
     assert len(rows) == 1
-    record = 2 * 150 + 200  # one record of a 150-byte body, with its header and properties
+    record = RECORD  # one record, with its header and properties
     assert read <= record < scanned / 100
     index_reads = [p for p in storage.paths if "/rmq_sys_INDEX/" in p]
     assert len(index_reads) == 2
@@ -207,7 +211,7 @@ def test_tag_filters_read_only_the_records_whose_tag_code_matches(
     assert rows == {k for k, v in produced.messages.items() if v[2] == "rare"}
     assert len(rows) == 8
     # The consume queue (20 bytes a message) and the 8 records, not the commitlog.
-    assert read <= 20 * len(produced.messages) + 8 * 500 < scanned / 8
+    assert read <= 20 * len(produced.messages) + 8 * RECORD < scanned / 8
     rows, _, _, _ = _run(url, so, tags("rare", "even"))
     assert rows == {k for k, v in produced.messages.items() if v[2] in ("rare", "even")}
     rows, _, _, _ = _run(url, so, tags("none-such"))

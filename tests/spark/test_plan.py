@@ -26,7 +26,7 @@ from tierd.spark.storage import ColdStorage
 from tierd.tiered.manifest import MANIFEST_NAME
 
 from ..tiered.conftest import cold_config
-from .conftest import Produced, Rec, craft_queue, messages, produce
+from .conftest import SCALE, SEGMENT, Produced, Rec, craft_queue, messages, produce
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -36,13 +36,13 @@ UTC = dt.UTC
 
 @pytest.fixture(scope="module")
 def cold(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Produced]:
-    """600 messages in 3 commits over 2 topics × 2 queues; 20 kB commitlog segments (several
+    """600 messages in 3 commits over 2 topics × 2 queues; small commitlog segments (several
     sealed, the last one of each queue open)."""
     root = tmp_path_factory.mktemp("plan")
     cfg = cold_config(
         root,
         {"name": "posix", "url": str(root / "cold"), "storage_options": {"fsync": False}},
-        commitlog_segment_size=20_000,
+        **SEGMENT,
         consumequeue_segment_size=400,
     )
     produced = produce(cfg, [messages(0, 250), messages(250, 250), messages(500, 100)])
@@ -179,7 +179,7 @@ def test_plan_reads_every_acknowledged_message_once(cold: tuple[str, Produced]) 
 def test_large_segments_split_at_record_boundaries_from_the_consume_queue(cold: tuple[str, Produced]) -> None:
     url, produced = cold
     storage, _, whole = _plan(url)
-    _, _, split = _plan(url, max_partition_bytes="4000")
+    _, _, split = _plan(url, max_partition_bytes=str(4000 * SCALE))
     assert len(split) > 2 * len(whole)
     by_segment: dict[str, list[SegmentRange]] = {}
     for r in split:
@@ -194,7 +194,7 @@ def test_large_segments_split_at_record_boundaries_from_the_consume_queue(cold: 
         assert t.num_rows > 0
         assert t["queue_offset"][0].as_py() == r.first_queue_offset
         if r.end is not None:
-            assert r.end - r.start <= 4000 + 2 * 300  # target plus record-size slack
+            assert r.end - r.start <= (4000 + 2 * 300) * SCALE  # target plus record-size slack
     assert _rows(storage, split).num_rows == len(produced.messages)
 
 
@@ -217,7 +217,7 @@ def test_tiny_partitions_plan_an_intact_bucket_one_record_each(
 
 def test_pruning_by_topic_queue_offsets_and_time(cold: tuple[str, Produced]) -> None:
     url, _ = cold
-    storage, opts, all_ranges = _plan(url, max_partition_bytes="4000")
+    storage, opts, all_ranges = _plan(url, max_partition_bytes=str(4000 * SCALE))
     c = Constraints.from_options(opts)
     assert c.push("topic", "==", "orders")
     assert c.push("queue_id", "==", 1)

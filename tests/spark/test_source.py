@@ -20,7 +20,7 @@ from tierd.spark.source import NULLABLE_COLUMNS, SPARK_SCHEMA
 from tierd.testing.s3server import create_bucket
 
 from ..tiered.conftest import cold_config
-from .conftest import Produced, Rec, craft_queue, messages, produce
+from .conftest import SCALE, SEGMENT, Produced, Rec, craft_queue, messages, produce
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -42,7 +42,7 @@ def s3_cold(
     cfg = cold_config(
         tmp_path_factory.mktemp("s3src"),
         {"name": "s3", "url": url, "storage_options": so},
-        commitlog_segment_size=24_000,
+        **SEGMENT,
         consumequeue_segment_size=400,
     )
     produced = produce(cfg, [messages(0, 200), messages(200, 200), messages(400, 200)])
@@ -61,7 +61,7 @@ def file_cold(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, Produced]:
     cfg = cold_config(
         root,
         {"name": "posix", "url": str(root / "cold"), "storage_options": {"fsync": False}},
-        commitlog_segment_size=24_000,
+        **SEGMENT,
         consumequeue_segment_size=400,
     )
     return f"file://{root / 'cold'}", produce(cfg, [messages(0, 300), messages(300, 100)])
@@ -110,7 +110,8 @@ def test_s3_every_message_and_body_comes_back(
     spark: SparkSession, s3_cold: tuple[str, dict[str, Any], Produced]
 ) -> None:
     url, so, produced = s3_cold
-    rows = _read(spark, url, so, max_partition_bytes="12000").collect()  # one job: Spark is slow to start
+    # one job: Spark is slow to start
+    rows = _read(spark, url, so, max_partition_bytes=str(12000 * SCALE)).collect()
     assert sorted((r.topic, r.queue_id, r.queue_offset, bytes(r.body)) for r in rows) == produced.bodies()
     for r in rows:
         body, keys, tags = produced.messages[(r.topic, r.queue_id, r.queue_offset)]
@@ -155,7 +156,7 @@ def test_filters_same_rows_with_and_without_pushdown_fewer_partitions_with(
     assert ts is not None
 
     def query() -> tuple[list[tuple[str, int, int, bytes]], int]:
-        df = _read(spark, url, max_partition_bytes="6000").where(
+        df = _read(spark, url, max_partition_bytes=str(6000 * SCALE)).where(
             (F.col("topic") == "orders")
             & F.col("queue_id").isin(1)
             & (F.col("queue_offset") >= 40)

@@ -23,7 +23,7 @@ from tierd.spark.source import TierdDataSource
 from tierd.testing.s3server import create_bucket
 
 from ..tiered.conftest import cold_config
-from .conftest import Produced, messages, produce
+from .conftest import SEGMENT, Produced, messages, produce
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -39,7 +39,7 @@ def cold(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Produced]:
     cfg = cold_config(
         root,
         {"name": "posix", "url": str(root / "cold"), "storage_options": {"fsync": False}},
-        commitlog_segment_size=24_000,
+        **SEGMENT,
         consumequeue_segment_size=400,
     )
     return root / "cold", produce(cfg, [messages(0, 120), messages(120, 60)])
@@ -113,9 +113,7 @@ def test_a_table_on_s3_takes_credentials_from_the_environment(
 ) -> None:
     url = f"s3://{create_bucket(moto_server)}/cold"
     so = moto_server.storage_options
-    cfg = cold_config(
-        tmp_path, {"name": "s3", "url": url, "storage_options": so}, commitlog_segment_size=24_000
-    )
+    cfg = cold_config(tmp_path, {"name": "s3", "url": url, "storage_options": so}, **SEGMENT)
     produced = produce(cfg, [messages(0, 90)])
     endpoint = json.dumps({"endpoint_url": moto_server.endpoint_url})
     spark.sql(f"CREATE TABLE s3_t USING tierd OPTIONS (storage_options '{endpoint}') LOCATION '{url}'")

@@ -34,7 +34,7 @@ from tierd.testing.s3server import create_bucket
 from tierd.tiered.manifest import QueueManifest, queue_manifest_path
 
 from ..tiered.conftest import cold_config
-from .conftest import messages
+from .conftest import SCALE, SEGMENT, messages
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Iterator
@@ -51,7 +51,7 @@ Offsets = dict[str, int]
 
 def _cfg(root: Path, backend: dict[str, Any] | None = None) -> TierdConfig:
     backend = backend or {"name": "posix", "url": str(root / "cold"), "storage_options": {"fsync": False}}
-    return cold_config(root, backend, commitlog_segment_size=24_000, consumequeue_segment_size=400)
+    return cold_config(root, backend, **SEGMENT, consumequeue_segment_size=400)
 
 
 def _reader(url: str, so: dict[str, Any] | None = None, **options: str) -> TierdStreamReader:
@@ -83,7 +83,7 @@ def _keys(store: BlockingMessageStore, start: int, n: int) -> set[Key]:
 
 @pytest.fixture
 def live(tmp_path: Path) -> Iterator[tuple[str, BlockingMessageStore]]:
-    """An open store tiering to file:// (24 kB segments: they seal as batches go by)."""
+    """An open store tiering to file:// (small segments: they seal as batches go by)."""
     with BlockingMessageStore.open(_cfg(tmp_path)) as store:
         yield f"file://{tmp_path / 'cold'}", store
 
@@ -192,8 +192,8 @@ def test_max_bytes_per_trigger_splits_fairly_at_record_boundaries(
     url, store = live
     produced = _keys(store, 0, 400)
     store.tier_now()
-    r = _reader(url, startingOffsets="earliest", maxBytesPerTrigger="8k")
-    assert r.getDefaultReadLimit() == ReadMaxBytes(8192)
+    r = _reader(url, startingOffsets="earliest", maxBytesPerTrigger=f"{8 * SCALE}k")
+    assert r.getDefaultReadLimit() == ReadMaxBytes(8192 * SCALE)
     storage = open_storage(url, {})
     start = r.initialOffset()
     got: list[Key] = []
@@ -202,7 +202,7 @@ def test_max_bytes_per_trigger_splits_fairly_at_record_boundaries(
         queues = load_queues(storage, r.options, Constraints())
         pos = record_positions(storage, [(q, o[q.key]) for q in queues for o in (start, end)])
         size = _span(pos)
-        assert size <= 8192
+        assert size <= 8192 * SCALE
         # Every queue with data moves: shares, not first come first served.
         waiting = {q.key for q in queues if q.manifest.max_offset > start[q.key]}
         assert {k for k in end if end[k] > start[k]} == waiting
@@ -334,7 +334,7 @@ def test_max_bytes_per_trigger_in_spark_gives_several_batches(spark: SparkSessio
     q = (
         spark.readStream.format("tierd")
         .option("startingOffsets", "earliest")
-        .option("maxBytesPerTrigger", "32k")
+        .option("maxBytesPerTrigger", f"{32 * SCALE}k")
         .load(f"file://{tmp_path / 'cold'}")
         .writeStream.foreachBatch(collect)
         .option("checkpointLocation", str(tmp_path / "checkpoint"))

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import pytest
 
 from tierd import BlockingMessageStore, TierdConfig
+from tierd.config import KiB, MiB, StoreConfig
 from tierd.drivers.memory import MemoryRoot, drop_namespace
 
 if TYPE_CHECKING:
@@ -16,6 +17,13 @@ if TYPE_CHECKING:
     from pathlib import Path
 
 T = TypeVar("T")
+
+#: ``store.max_message_size`` of tests that want many cold segments from little data: their
+#: bodies are small, and a smaller body limit allows smaller segments.
+SMALL_BODY_LIMIT = 4 * KiB
+#: The smallest flat commitlog segment allowed with :data:`SMALL_BODY_LIMIT` (a segment must hold
+#: the largest record; tierd.config refuses less). Tests size segments in multiples of it.
+MIN_SEGMENT = StoreConfig(max_message_size=SMALL_BODY_LIMIT).max_record_size
 
 
 @pytest.fixture
@@ -26,7 +34,11 @@ def mem() -> Iterator[MemoryRoot]:
     drop_namespace(root.name)
 
 
-def cold_config(root: Path, backend: dict[str, Any] | None = None, **tiered: Any) -> TierdConfig:
+def cold_config(
+    root: Path, backend: dict[str, Any] | None = None, *, max_message_size: int = MiB, **tiered: Any
+) -> TierdConfig:
+    """A store with a cold tier; ``tiered`` overrides keys of ``[tiered]``. A test with small cold
+    segments passes ``max_message_size=SMALL_BODY_LIMIT`` (segments must hold the largest record)."""
     return TierdConfig.from_dict(
         {
             # Small files: the store preallocates them (fallocate), and tests must not fill the disk.
@@ -35,7 +47,7 @@ def cold_config(root: Path, backend: dict[str, Any] | None = None, **tiered: Any
                 "index_slots": 64,
                 "index_items": 4000,
                 "commitlog_file_size": 4 * 1024 * 1024,
-                "max_message_size": 1024 * 1024,
+                "max_message_size": max_message_size,
                 "consumequeue_file_units": 10_000,
             },
             "backend": backend or {"name": "posix", "url": str(root / "cold")},

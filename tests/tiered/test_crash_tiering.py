@@ -29,7 +29,7 @@ from tierd.testing.faults import Fault, FaultPlan, FaultyRoot
 from tierd.tiered.metadata import MetadataStore
 from tierd.tiered.roots import open_driver_factory
 
-from .conftest import cold_config, run
+from .conftest import MIN_SEGMENT, SMALL_BODY_LIMIT, cold_config, run
 from .test_write_path import cold_records
 from .tiering_daemon import SMALL
 from .tiering_writer import QUEUES, TOPICS, writer_config
@@ -164,8 +164,13 @@ def test_tier_now_returns_after_a_crash_between_a_roll_and_its_commit(
         return FaultyRoot(open_driver_factory(backend), plan)
 
     monkeypatch.setattr(tiering_service, "open_driver_factory", faulty)
-    cfg = cold_config(tmp_path, commitlog_segment_size=4_000, consumequeue_segment_size=200)
-    body = b"r" * 150
+    cfg = cold_config(
+        tmp_path,
+        max_message_size=SMALL_BODY_LIMIT,
+        commitlog_segment_size=MIN_SEGMENT,
+        consumequeue_segment_size=200,
+    )
+    body = b"r" * 2600  # 10 fit a segment, 50 do not
     with BlockingMessageStore.open(cfg) as store:
         store.put_batch([Message(topic="roll", body=body, queue_id=0) for _ in range(10)])
         store.tier_now()

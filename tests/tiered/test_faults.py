@@ -36,7 +36,7 @@ from tierd.testing.s3server import create_bucket
 from tierd.tiered.roots import open_driver_factory
 from tierd.tiered.service import TieringService
 
-from .conftest import cold_config, run
+from .conftest import MIN_SEGMENT, SMALL_BODY_LIMIT, cold_config, run
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -56,7 +56,8 @@ TOPICS = ("fa", "fb")
 QUEUES = 4  # per topic: 8 queues
 SMALL: dict[str, Any] = {
     # Small segments so that both files roll (and seal, through the faults) many times.
-    "commitlog_segment_size": 64 * 1024,
+    "max_message_size": SMALL_BODY_LIMIT,
+    "commitlog_segment_size": MIN_SEGMENT,
     "consumequeue_segment_size": 1600,  # 80 units
     "group_commit_size": 32 * 1024,
     "group_commit_count": 64,
@@ -391,13 +392,15 @@ def test_failed_commit_across_a_roll_stores_no_record_twice(
     one copy referenced by no unit, and hand-offs lost. Now the roll does no I/O and the next
     commit uploads both segments, oldest first; fail exactly that upload of the old segment."""
     bucket = create_bucket(moto_server)
-    record = 242  # encoded size of the messages below (checked)
+    body = 15_000  # 5.5 records make a segment that holds the largest (a 16 KiB body)
+    record = body + 95  # encoded size of the messages below (checked)
     # Batch 1 (4 messages) fits the first segment; batch 2 (2 messages) crosses its end.
     sizes = (
         {"commitlog_segment_size": record * 11 // 2}
         if rolling == "commitlog"
-        else {"consumequeue_segment_size": 5 * 20}
+        else {"commitlog_segment_size": 1 << 20, "consumequeue_segment_size": 5 * 20}
     )
+    sizes["max_message_size"] = 16 * 1024
     cfg = s3_config(tmp_path, moto_server, bucket, group_commit_count=4, group_commit_size=1 << 20, **sizes)
     # Writes within the round: #1 commitlog batch 1, #2 commitlog batch 2 — the old segment's tail
     # when the commitlog rolls —, then the consume queue once at the end of the round (old
@@ -408,7 +411,7 @@ def test_failed_commit_across_a_roll_stores_no_record_twice(
     with open_with_root(cfg, faulty) as store:
         assert store.tiering is not None
         store.tiering.dispatcher.on_committed.append(handoff)
-        store.put_batch([Message(topic="roll", body=b"x" * 147, queue_id=0) for _ in range(6)])
+        store.put_batch([Message(topic="roll", body=b"x" * body, queue_id=0) for _ in range(6)])
         with pytest.raises(BackendError, match="injected fault before write"):
             store.tier_now()  # the failed commit is reported, not hidden behind a partial count
         hot_cq = store.hot.queue("roll", 0)

@@ -42,10 +42,8 @@ def _body(i: int) -> bytes:
 
 def _store(tmp_path: Path, tag: Callable[[int], str | None] = _tag, **tiered: Any) -> BlockingMessageStore:
     """600 messages in t/0: 0..399 cold, 400..599 hot only, the hot tier starting after 0."""
-    cfg = cold_config(tmp_path, commitlog_segment_size=150_000, **tiered)
-    cfg = cfg.with_overrides(
-        store={"commitlog_file_size": 256 * 1024, "max_message_size": 64 * 1024, "file_reserved_time": 1.0}
-    )
+    cfg = cold_config(tmp_path, max_message_size=64 * 1024, commitlog_segment_size=150_000, **tiered)
+    cfg = cfg.with_overrides(store={"commitlog_file_size": 256 * 1024, "file_reserved_time": 1.0})
     store = BlockingMessageStore.open(cfg)
     store.hot.commitlog.clock = functools.partial(int, 1_000)
     store.put_batch([Message(topic="t", body=_body(i), queue_id=0, tags=tag(i)) for i in range(400)])

@@ -20,21 +20,28 @@ from tierd.tiered.manifest import BrokerManifest, QueueManifest, broker_manifest
 from tierd.tiered.metadata import MetadataStore
 from tierd.tiered.roots import open_driver_factory
 
-from .conftest import cold_config, run, upload_index
+from .conftest import MIN_SEGMENT, SMALL_BODY_LIMIT, cold_config, run, upload_index
 from .test_write_path import cold_records
 
 if TYPE_CHECKING:
     from pathlib import Path
 
-SMALL: dict[str, Any] = {"commitlog_segment_size": 6_000, "consumequeue_segment_size": 200}
+SMALL: dict[str, Any] = {
+    "max_message_size": SMALL_BODY_LIMIT,
+    "commitlog_segment_size": MIN_SEGMENT,
+    "consumequeue_segment_size": 200,
+}
+
+
+def _body(i: int) -> bytes:
+    """1,500 bytes: the smallest queue below (50 messages) fills more than one segment."""
+    return b"%06d" % i * 250
 
 
 def _produce_and_tier(store: BlockingMessageStore, start: int, n: int) -> None:
     store.put_batch(
         [
-            Message(
-                topic="orders" if i % 3 else "audit", body=b"%06d" % i * 20, keys=[f"k{i}"], queue_id=i % 2
-            )
+            Message(topic="orders" if i % 3 else "audit", body=_body(i), keys=[f"k{i}"], queue_id=i % 2)
             for i in range(start, start + n)
         ]
     )
@@ -152,7 +159,7 @@ def test_restore_finds_segments_and_queues_committed_after_the_last_manifest_wri
         _produce_and_tier(store, 0, 60)
         assert store.tiering is not None
         store.tiering.manifests.write_changed = _never  # type: ignore[method-assign]
-        store.put_batch([Message(topic="orders", body=b"%06d" % i * 20, queue_id=1) for i in range(200)])
+        store.put_batch([Message(topic="orders", body=_body(i), queue_id=1) for i in range(200)])
         store.put_batch([Message(topic="late", body=b"new queue %d" % i, queue_id=0) for i in range(5)])
         store.hot.wait_dispatched(10)
         run(store, store.tiering.dispatcher.tier_now())
@@ -200,7 +207,7 @@ def test_restore_brings_back_the_cold_key_index(tmp_path: Path, monkeypatch: pyt
         for i in (4, 17, 151, 299):  # in the first and in the second index segment
             topic = "orders" if i % 3 else "audit"
             (found,) = store.query(topic, f"k{i}")
-            assert (found.keys, found.body) == ((f"k{i}",), b"%06d" % i * 20)
+            assert (found.keys, found.body) == ((f"k{i}",), _body(i))
         assert store.query("orders", "k-none") == []
 
 

@@ -29,10 +29,10 @@ BODY = 1000
 def _store_with_history(tmp_path: Path, **tiered: Any) -> BlockingMessageStore:
     """600 messages in queue h/0: 0..399 cold, 0..599 hot, then hot retention drops its oldest
     files so the hot tier starts well after 0."""
-    cfg = cold_config(tmp_path, commitlog_segment_size=150_000, **tiered)  # several cold segments
-    cfg = cfg.with_overrides(
-        store={"commitlog_file_size": 256 * 1024, "max_message_size": 64 * 1024, "file_reserved_time": 1.0}
+    cfg = cold_config(  # several cold segments
+        tmp_path, max_message_size=64 * 1024, commitlog_segment_size=150_000, **tiered
     )
+    cfg = cfg.with_overrides(store={"commitlog_file_size": 256 * 1024, "file_reserved_time": 1.0})
     store = BlockingMessageStore.open(cfg)
     hot = store.hot
     hot.commitlog.clock = functools.partial(int, 1_000)

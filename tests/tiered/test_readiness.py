@@ -27,7 +27,7 @@ from tierd.service.app import create_app
 from tierd.testing.faults import FaultPlan, FaultyRoot
 from tierd.tiered.roots import open_driver_factory
 
-from .conftest import cold_config
+from .conftest import MIN_SEGMENT, SMALL_BODY_LIMIT, cold_config
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -35,13 +35,17 @@ if TYPE_CHECKING:
     from tierd.config import BackendConfig, TierdConfig
     from tierd.drivers.segment import DriverRoot
 
-SMALL: dict[str, Any] = {"commitlog_segment_size": 8_000, "consumequeue_segment_size": 400}
+SMALL: dict[str, Any] = {
+    "max_message_size": SMALL_BODY_LIMIT,
+    "commitlog_segment_size": MIN_SEGMENT,
+    "consumequeue_segment_size": 400,
+}
 QUEUES = 3
 PER_QUEUE = 120
 
 
 def _body(qid: int, i: int) -> bytes:
-    return b"q%d-%05d;" % (qid, i) * 7
+    return b"q%d-%05d;" % (qid, i) * 170  # ~2.8 commitlog segments a queue
 
 
 def _restored(tmp_path: Path, **tiered: Any) -> TierdConfig:

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 from tierd import BlockingMessageStore, Message
 
-from .conftest import cold_config
+from .conftest import MIN_SEGMENT, SMALL_BODY_LIMIT, cold_config
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -30,7 +30,8 @@ def test_produce_tier_and_read_everything_back_forced_cold(
     cfg = cold_config(
         tmp_path,
         backend,
-        commitlog_segment_size=64 * 1024,  # several segments per queue: rolls and seals
+        max_message_size=SMALL_BODY_LIMIT,
+        commitlog_segment_size=MIN_SEGMENT,  # several segments per queue: rolls and seals
         consumequeue_segment_size=2000,
         group_commit_size=16 * 1024,
         group_commit_count=50,

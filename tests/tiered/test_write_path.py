@@ -20,7 +20,7 @@ from tierd import BlockingMessageStore, Message
 from tierd.format.record import decode_record
 from tierd.tiered.metadata import MetadataStore
 
-from .conftest import cold_config, run
+from .conftest import MIN_SEGMENT, SMALL_BODY_LIMIT, cold_config, run
 
 if TYPE_CHECKING:
     from tierd.tiered.flatmessage import CommittedBatch, FlatMessageFile
@@ -128,16 +128,21 @@ def test_timeout_threshold_and_oversized_message(tmp_path: Path) -> None:
 
 
 def test_restart_resumes_without_gap_or_duplicate_and_metadata_matches_backend(tmp_path: Path) -> None:
-    cfg = cold_config(tmp_path, commitlog_segment_size=20_000, consumequeue_segment_size=400)
+    cfg = cold_config(
+        tmp_path,
+        max_message_size=SMALL_BODY_LIMIT,
+        commitlog_segment_size=MIN_SEGMENT,  # ~7 segments for the 500 messages below
+        consumequeue_segment_size=400,
+    )
     with BlockingMessageStore.open(cfg) as store:
-        store.put_batch([Message(topic="r", body=b"%05d" % i * 40, queue_id=0) for i in range(300)])
+        store.put_batch([Message(topic="r", body=b"%05d" % i * 180, queue_id=0) for i in range(300)])
         store.tier_now()
     with BlockingMessageStore.open(cfg) as store:
-        store.put_batch([Message(topic="r", body=b"%05d" % i * 40, queue_id=0) for i in range(300, 500)])
+        store.put_batch([Message(topic="r", body=b"%05d" % i * 180, queue_id=0) for i in range(300, 500)])
         store.tier_now()
         cold = cold_records(store, "r", 0)
         assert [q for q, _ in cold] == list(range(500))
-        assert [decode_record(raw).body for _, raw in cold] == [b"%05d" % i * 40 for i in range(500)]
+        assert [decode_record(raw).body for _, raw in cold] == [b"%05d" % i * 180 for i in range(500)]
     meta = MetadataStore(Path(cfg.store.dir)).load()
     assert meta is not None
     (q,) = meta.queues
@@ -256,7 +261,11 @@ def test_tier_now_on_async_store(tmp_path: Path) -> None:
 
 def test_cold_retention_expires_consume_queue_and_commitlog_together(tmp_path: Path) -> None:
     cfg = cold_config(
-        tmp_path, commitlog_segment_size=4_000, consumequeue_segment_size=100, file_reserved_time=1.0
+        tmp_path,
+        max_message_size=SMALL_BODY_LIMIT,
+        commitlog_segment_size=MIN_SEGMENT,  # a segment holds ~2.5 of the batches below
+        consumequeue_segment_size=100,
+        file_reserved_time=1.0,
     )
     with BlockingMessageStore.open(cfg) as store:
         assert store.tiering is not None
@@ -264,7 +273,7 @@ def test_cold_retention_expires_consume_queue_and_commitlog_together(tmp_path: P
         for t in range(6):  # six batches, an hour apart
             hot.commitlog.clock = functools.partial(int, 1_000 + t * 3_600_000)
             store.put_batch(
-                [Message(topic="ret", body=b"%d-%d" % (t, i) * 50, queue_id=0) for i in range(10)]
+                [Message(topic="ret", body=b"%d-%d" % (t, i) * 870, queue_id=0) for i in range(10)]
             )
             store.tier_now()
         ff = store.tiering.flat.get("ret", 0)
@@ -280,7 +289,7 @@ def test_cold_retention_expires_consume_queue_and_commitlog_together(tmp_path: P
         assert ff.commitlog.min_offset <= int(first["offset"]) < ff.commitlog.segments[0].commit_offset
         # every remaining message is readable, in order, and the oldest batches are gone
         bodies = [decode_record(raw).body for _, raw in cold_records(store, "ret", 0)]
-        assert bodies[-1] == b"5-9" * 50
+        assert bodies[-1] == b"5-9" * 870
         assert all(not b.startswith(b"0-") for b in bodies)
         # per-topic override: keep everything longer
         run(store, store.tiering.set_reserve_hours("ret", 1000.0))

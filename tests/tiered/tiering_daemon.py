@@ -11,10 +11,11 @@ from typing import Any
 
 from tierd import BlockingMessageStore, Message
 
-from .conftest import cold_config
+from .conftest import MIN_SEGMENT, SMALL_BODY_LIMIT, cold_config
 
 SMALL: dict[str, Any] = {
-    "commitlog_segment_size": 30_000,
+    "max_message_size": SMALL_BODY_LIMIT,
+    "commitlog_segment_size": MIN_SEGMENT,
     "consumequeue_segment_size": 400,
     "group_commit_count": 7,
 }
@@ -32,7 +33,7 @@ def main() -> None:
                 [
                     Message(
                         topic=f"t{(i + j) % 2}",
-                        body=b"%d:%d;" % (seed, i + j) * rng.randint(1, 40),
+                        body=b"%d:%d;" % (seed, i + j) * rng.randint(2, 80),  # rolls every ~200 messages
                         queue_id=(i + j) % 3,
                     )
                     for j in range(n)

@@ -13,13 +13,17 @@ from typing import TYPE_CHECKING, Any
 
 from tierd import BlockingMessageStore, Message
 
-from .conftest import cold_config
+from .conftest import MIN_SEGMENT, SMALL_BODY_LIMIT, cold_config
 
 if TYPE_CHECKING:
     from tierd import TierdConfig
 
-#: 64 KiB flat commitlog segments, 2,000-byte (100-unit) flat consume-queue segments.
-SMALL: dict[str, Any] = {"commitlog_segment_size": 64 * 1024, "consumequeue_segment_size": 2_000}
+#: The smallest flat commitlog segments (~68 KiB), 2,000-byte (100-unit) flat consume-queue segments.
+SMALL: dict[str, Any] = {
+    "max_message_size": SMALL_BODY_LIMIT,
+    "commitlog_segment_size": MIN_SEGMENT,
+    "consumequeue_segment_size": 2_000,
+}
 TOPICS = ("ka", "kb")
 QUEUES = 3
 

@@ -35,6 +35,14 @@ INT32_MIN: Final = -(1 << 31)
 INT32_MAX: Final = (1 << 31) - 1
 INT64_MAX: Final = (1 << 63) - 1
 
+
+def max_record_size(max_body: int) -> int:
+    """The largest record the store accepts when bodies may be ``max_body`` bytes. The one
+    owner of this bound: every file that must be able to hold any record (a hot commitlog file,
+    a cold commitlog segment) and every scan that must recognise one is sized from it."""
+    return max_body + RECORD_OVERHEAD_LIMIT
+
+
 _valid_topics: set[str] = set()
 
 
