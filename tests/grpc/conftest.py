@@ -21,8 +21,10 @@ if TYPE_CHECKING:
     from rocketmq import Message
 
 
-def grpc_config(root: Path, server: dict[str, Any] | None = None, **grpc_keys: Any) -> dict[str, Any]:
-    cfg = service_config(root, server=server)
+def grpc_config(
+    root: Path, server: dict[str, Any] | None = None, tiered: dict[str, Any] | None = None, **grpc_keys: Any
+) -> dict[str, Any]:
+    cfg = service_config(root, server=server, **(tiered or {}))
     cfg["grpc"] = {"enabled": True, "host": "127.0.0.1", "port": 0, **grpc_keys}
     return cfg
 
@@ -30,10 +32,16 @@ def grpc_config(root: Path, server: dict[str, Any] | None = None, **grpc_keys: A
 class GrpcTierd:
     """``tierd serve`` with gRPC on; ``endpoint`` is what a RocketMQ client is given."""
 
-    def __init__(self, root: Path, server: dict[str, Any] | None = None, **grpc_keys: Any) -> None:
+    def __init__(
+        self,
+        root: Path,
+        server: dict[str, Any] | None = None,
+        tiered: dict[str, Any] | None = None,
+        **grpc_keys: Any,
+    ) -> None:
         self.root = root
         self.path = root / "tierd.toml"
-        self.path.write_text(toml(grpc_config(root, server, **grpc_keys)))
+        self.path.write_text(toml(grpc_config(root, server, tiered, **grpc_keys)))
         self.start()
 
     def start(self) -> None:
