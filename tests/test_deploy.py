@@ -16,11 +16,13 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
 import sys
 import tempfile
+import time
 import tomllib
 from functools import cache
 from pathlib import Path
@@ -31,8 +33,10 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from tierd import TierdConfig
+from tierd import BlockingMessageStore, Message, TierdConfig
 from tierd.service.daemon import DRAIN_TIMEOUT, HTTP_STOP_TIMEOUT
+from tierd.service.ops import OPS_ROUTES
+from tierd.testing.s3server import S3Server, create_bucket
 
 from .service.conftest import running, service_config
 
@@ -168,9 +172,13 @@ def test_the_pod_runs_the_image_built_here_with_its_config(directory: str) -> No
     assert cfg.grpc.port != cfg.server.ops_port
     app_env = {e["name"]: e.get("value") for e in pod["containers"][0].get("env", [])}
     assert app_env["ROCKETMQ_ENDPOINTS"] == f"{cfg.grpc.host}:{cfg.grpc.port}"
-    assert sidecar["startupProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
+    # Start-up waits for the store to open (what produce needs), not for the cold tier: a cold
+    # tier that cannot start must not restart-loop the sidecar and hold the app back.
+    assert sidecar["startupProbe"]["httpGet"] == {"path": "/startedz", "port": "metrics"}
     assert sidecar["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
     assert sidecar["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        assert sidecar[probe]["httpGet"]["path"] in OPS_ROUTES  # served where the probes look
     # Everything tierd writes is under the data volume (or /tmp).
     mounts = {m["mountPath"]: m for m in sidecar["volumeMounts"]}
     assert "/tmp" in mounts
@@ -189,6 +197,8 @@ def test_the_pod_runs_the_image_built_here_with_its_config(directory: str) -> No
 def test_security_context_and_resources(directory: str) -> None:
     pod = workload(render(directory))["spec"]["template"]["spec"]
     assert pod["securityContext"]["runAsNonRoot"] is True
+    # A large volume is not re-chowned file by file at every start (minutes on a full PVC).
+    assert pod["securityContext"]["fsGroupChangePolicy"] == "OnRootMismatch"
     assert pod["securityContext"]["runAsUser"] == 10001  # the image's user
     assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
     for container in pod["initContainers"] + pod["containers"]:
@@ -219,7 +229,7 @@ def test_overlays_patch_by_container_name_not_position() -> None:
 
 @pytest.mark.parametrize(
     ("overlay", "cold_hours", "secret_optional"),
-    [("aws", 2160.0, True), ("minio", 720.0, False), ("localstack", 24.0, False)],
+    [("aws", 2160.0, True), ("minio", 720.0, True), ("localstack", 24.0, False)],
 )
 def test_each_overlay_tiers_to_s3_with_its_own_retention(
     overlay: str, cold_hours: float, secret_optional: bool
@@ -258,6 +268,80 @@ def test_statefulset_replicas_never_share_a_bucket_prefix() -> None:
     assert len(prefixes) == 3
     service = next(d for d in docs if d["kind"] == "Service")
     assert sts["spec"]["serviceName"] == service["metadata"]["name"]
+
+
+def _selects(selector: dict[str, Any], labels: dict[str, str]) -> bool:
+    """Whether a label selector (matchLabels only: the manifests use no expressions) selects
+    a pod with ``labels``."""
+    assert set(selector) == {"matchLabels"}, selector
+    return bool(selector["matchLabels"]) and selector["matchLabels"].items() <= labels.items()
+
+
+def test_statefulset_replicas_survive_drains_and_spread_over_nodes_and_zones() -> None:
+    docs = render("statefulset")
+    sts = one(docs, "StatefulSet")
+    labels = sts["spec"]["template"]["metadata"]["labels"]
+    pdb = one(docs, "PodDisruptionBudget")
+    # The budget covers exactly the StatefulSet's pods: its selector is the StatefulSet's.
+    assert pdb["spec"]["selector"] == sts["spec"]["selector"]
+    assert _selects(pdb["spec"]["selector"], labels)
+    # One replica at a time may be evicted (a node drain proceeds, never two brokers at once);
+    # an unready pod counts against the budget, so a drain waits for it rather than adding one.
+    assert pdb["spec"]["maxUnavailable"] == 1
+    assert "minAvailable" not in pdb["spec"]
+    assert pdb["spec"]["unhealthyPodEvictionPolicy"] == "IfHealthyBudget"
+    spread = {c["topologyKey"]: c for c in sts["spec"]["template"]["spec"]["topologySpreadConstraints"]}
+    assert set(spread) == {"kubernetes.io/hostname", "topology.kubernetes.io/zone"}
+    for constraint in spread.values():
+        assert _selects(constraint["labelSelector"], labels)
+        assert constraint["maxSkew"] == 1
+        assert constraint["nodeTaintsPolicy"] == "Honor"  # tainted nodes do not count as empty
+    # Two replicas on one node are one failure away from both down: never, while nodes allow.
+    assert spread["kubernetes.io/hostname"]["whenUnsatisfiable"] == "DoNotSchedule"
+    # Zones are best effort: a zonal volume pins its replica to its zone after the first start.
+    assert spread["topology.kubernetes.io/zone"]["whenUnsatisfiable"] == "ScheduleAnyway"
+    # The single-writer Deployment has no budget: with one replica a budget could only block
+    # every drain forever (or allow the eviction anyway).
+    assert not [d for d in render("base") if d["kind"] == "PodDisruptionBudget"]
+
+
+def test_the_statefulset_service_account_is_ready_for_irsa() -> None:
+    """The StatefulSet tiers to S3 (like the aws overlay): its account carries the IRSA role
+    annotation, a placeholder to replace (docs/deploy.md also covers EKS Pod Identity)."""
+    docs = render("statefulset")
+    account = one(docs, "ServiceAccount")
+    pod = one(docs, "StatefulSet")["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == account["metadata"]["name"]
+    arn = account["metadata"]["annotations"]["eks.amazonaws.com/role-arn"]
+    assert re.fullmatch(r"arn:aws:iam::[0-9]{12}:role/[A-Za-z0-9+=,.@_-]+", arn), arn
+    assert account["automountServiceAccountToken"] is False  # IRSA projects its own token
+    assert mounted_config(docs, tierd_container(pod), "example-app-0").backend.name == "s3"
+
+
+@pytest.mark.parametrize("directory", SIDECAR_PODS)
+def test_the_network_policy_admits_only_prometheus_to_the_ops_port(directory: str) -> None:
+    """What docs/http.md asks for: the ops listener (metrics carry topic names) reachable only by
+    Prometheus; nothing else is admitted (the data and gRPC APIs are on loopback anyway; the
+    kubelet's probes come from the node, which NetworkPolicy always allows)."""
+    docs = render(directory)
+    pod = workload(docs)["spec"]["template"]
+    policy = one(docs, "NetworkPolicy")
+    assert _selects(policy["spec"]["podSelector"], pod["metadata"]["labels"])
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    [rule] = policy["spec"]["ingress"]
+    sidecar = tierd_container(pod["spec"])
+    ops_port = mounted_config(docs, sidecar, "example-app-0").server.ops_port
+    [port] = rule["ports"]
+    assert port["protocol"] == "TCP"
+    assert {p["name"]: p["containerPort"] for p in sidecar["ports"]}[port["port"]] == ops_port
+    [peer] = rule["from"]
+    # Prometheus' pods in its namespace (both selectors in one peer: AND, not OR).
+    assert set(peer) == {"namespaceSelector", "podSelector"}
+    assert peer["namespaceSelector"]["matchLabels"] == {"kubernetes.io/metadata.name": "monitoring"}
+    # Expressions: kustomize merges its common labels into a peer's matchLabels (name=tierd).
+    assert peer["podSelector"] == {
+        "matchExpressions": [{"key": "app.kubernetes.io/name", "operator": "In", "values": ["prometheus"]}]
+    }
 
 
 @pytest.mark.parametrize("kustomization", sorted(K8S.rglob("kustomization.yaml")))
@@ -441,6 +525,8 @@ def test_the_ops_listener_serves_what_the_probes_and_prometheus_ask(tmp_path: Pa
         ops = r.daemon.ops_url
         assert ops is not None
         assert httpx.get(f"{ops}/healthz").json() == {"status": "ok"}
+        assert httpx.get(f"{ops}/startedz").json() == {"status": "ok"}  # `running` waits for open
+        assert httpx.head(f"{ops}/startedz").status_code == 200
         r.wait_ready()
         assert httpx.get(f"{ops}/readyz").json() == {"status": "ready"}
         assert httpx.head(f"{ops}/healthz").status_code == 200
@@ -449,6 +535,71 @@ def test_the_ops_listener_serves_what_the_probes_and_prometheus_ask(tmp_path: Pa
         assert httpx.post(f"{ops}/v1/topics/t/messages", json={"body": ""}).status_code == 404
         assert httpx.get(f"{ops}/openapi.json").status_code == 404
         assert httpx.get(f"{r.url}/metrics").status_code == 401  # the main listener keeps its token
+
+
+def test_a_sidecar_whose_cold_tier_cannot_start_starts_but_is_not_ready(tmp_path: Path) -> None:
+    """Another store owns the bucket prefix: the cold tier cannot start until an operator acts,
+    so /readyz is 503 for good. The startup probe's path still answers 200 — the hot store is
+    open and acknowledges produce — so the kubelet starts the app instead of restarting the
+    sidecar in a loop; liveness holds too. Readiness says why."""
+    shared = {"name": "posix", "url": str(tmp_path / "bucket")}
+    with BlockingMessageStore.open(TierdConfig.from_dict(service_config(tmp_path / "a", shared))) as a:
+        a.put(Message(topic="orders", body=b"A1", queue_id=0))
+        assert a.tier_now().committed == 1
+    ops_server = {"ops_host": "127.0.0.1", "ops_port": 0, "shutdown_grace": 1}
+    cfg = TierdConfig.from_dict(service_config(tmp_path / "b", shared, server=ops_server))
+    with running(cfg, cold_ready=False) as r:
+        ops = r.daemon.ops_url
+        assert ops is not None
+        deadline = time.monotonic() + 60
+        while (ready := httpx.get(f"{ops}/readyz")).status_code != 503:
+            assert time.monotonic() < deadline, f"/readyz stayed {ready.status_code}: {ready.text}"
+            time.sleep(0.05)  # polling interval; the deadline bounds the wait
+        assert ready.json()["detail"]["cold_tier_down"]["error"] == "prefix_owned"
+        probes = {path: httpx.get(f"{ops}{path}").status_code for path in ("/startedz", "/healthz")}
+        assert probes == {"/startedz": 200, "/healthz": 200}
+        put = r.client.post("/v1/topics/orders/messages", json={"body": "QjE=", "queue_id": 0})
+        assert put.status_code == 200, put.text  # what the app needs once started
+
+
+def test_without_s3_credentials_the_sidecar_starts_and_status_says_they_are_missing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, moto_server: S3Server
+) -> None:
+    """The minio overlay's Secret is optional: a pod without it starts, acknowledges produce,
+    and /v1/status says `degraded` naming the missing credentials and how to provide them (not
+    that S3 rejected some). Readiness holds, as for an outage: credentials can still arrive
+    (an IRSA token, a restart with the Secret) and the hot store absorbs the writes meanwhile."""
+    for key in [k for k in os.environ if k.startswith("AWS_") and k != "AWS_CA_BUNDLE"]:
+        monkeypatch.delenv(key)
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")  # no instance role on this machine
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    bucket = create_bucket(moto_server)
+    options = {"endpoint_url": moto_server.endpoint_url, "client_kwargs": {"region_name": "us-east-1"}}
+    backend = {"name": "s3", "url": f"s3://{bucket}/cold", "storage_options": options}
+    ops_server = {"ops_host": "127.0.0.1", "ops_port": 0, "shutdown_grace": 1}
+    cfg = TierdConfig.from_dict(service_config(tmp_path, backend, server=ops_server))
+    with running(cfg, cold_ready=False) as r:
+        ops = r.daemon.ops_url
+        assert ops is not None
+        deadline = time.monotonic() + 60
+        while (status := r.client.get("/v1/status").json())["tiering"]["start_error"] is None:
+            assert time.monotonic() < deadline, status
+            time.sleep(0.05)  # polling interval; the deadline bounds the wait
+        assert status["status"] == "degraded"
+        error = status["tiering"]["start_error"]
+        assert error["error"] == "backend_credentials"
+        assert "no S3 credentials" in error["message"]
+        assert "AWS_ACCESS_KEY_ID" in error["message"]
+        assert "rejected" not in error["message"]  # nothing was sent, so nothing was rejected
+        assert {p: httpx.get(f"{ops}{p}").status_code for p in ("/startedz", "/readyz")} == {
+            "/startedz": 200,
+            "/readyz": 200,
+        }
+        metrics = httpx.get(f"{ops}/metrics").text
+        assert "tierd_cold_tier_ready 0.0" in metrics  # TierdColdTierNotReady fires on it
+        put = r.client.post("/v1/topics/t/messages", json={"body": "aGk=", "queue_id": 0})
+        assert put.status_code == 200, put.text
 
 
 # ---------------------------------------------------------------- shipped profiles and docs

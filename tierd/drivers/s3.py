@@ -75,6 +75,7 @@ from tierd.drivers.segment import DriverRoot, validate_object_prefix, validate_s
 from tierd.errors import (
     BackendError,
     CorruptionError,
+    CredentialsError,
     InvalidArgumentError,
     ObjectExistsError,
     SegmentNotFoundError,
@@ -175,7 +176,18 @@ def map_s3_error(
             bucket=bucket,
             s3_code=code,
         )
-    if code in _CREDENTIAL_CODES or isinstance(err, (NoCredentialsError, PartialCredentialsError)):
+    if isinstance(err, (NoCredentialsError, PartialCredentialsError)):
+        # Found before any request (e.g. an optional Secret that does not exist): say they are
+        # missing, not that S3 rejected them.
+        return CredentialsError(
+            f"no S3 credentials found ({type(err).__name__}) for {op} on s3://{bucket} at {server}: "
+            "set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE, a web identity "
+            "token, a container credentials endpoint) in the environment, or "
+            "backend.storage_options.key / .secret",
+            bucket=bucket,
+            s3_code=type(err).__name__,
+        )
+    if code in _CREDENTIAL_CODES:
         return BackendError(
             f"S3 at {server} rejected the credentials ({code or type(err).__name__}) for {op} on "
             f"s3://{bucket}: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE) in "
