@@ -16,7 +16,7 @@ $(BIN)/python:
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
 # Reinstall whenever the dependency list or the C extension's source changes (it is built then).
-EXT_SRC := tierd/format/_batchdecode.c tierd/local/_batchencode.c tierd/format/_record_layout.h
+EXT_SRC := tierd/format/_records.c tierd/format/_decode.c tierd/format/_encode.c tierd/format/_records.h tierd/format/_record_layout.h
 $(RUN_STAMP): pyproject.toml $(EXT_SRC) | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e '.[s3,grpc]'
 	touch $(RUN_STAMP)

@@ -277,7 +277,7 @@ def test_the_image_decodes_cold_batches_with_the_c_decoder(image: tuple[Podman, 
     """The build stage compiles tierd's C batch decoder (the runtime stage has no compiler):
     the image's tierd must use it, not fall back to the Python decoder."""
     podman, name = image
-    check = "import tierd.format.batch as b, tierd.format._batchdecode as c; print(b.ACCELERATED, c.__file__)"
+    check = "import tierd.format.batch as b, tierd.format._records as c; print(b.ACCELERATED, c.__file__)"
     out = podman.run(
         "run",
         "--rm",

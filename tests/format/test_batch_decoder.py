@@ -1,4 +1,5 @@
-"""The C batch decoder (tierd/format/_batchdecode.c) against the Python one it replaces.
+"""The C batch decoder (tierd/format/_decode.c, in tierd.format._records) against the Python one
+it replaces.
 
 Both decode records ``[a, b)`` of a cold batch into ``MessageExt``s or return None; for every
 batch, well-formed or damaged, they must return the same thing. The Python decoder stays the
@@ -37,10 +38,26 @@ HOSTS = (
 def test_the_c_decoder_is_built_and_bound_in_this_checkout() -> None:
     """``pip install -e .`` builds the extension here (gcc and Python headers are part of the
     setup): a checkout where it silently fell back to Python must fail, not run 4x slower."""
-    from tierd.format import _batchdecode
+    from tierd.format import compiled
 
     assert batch_module.ACCELERATED
-    assert _batchdecode.decode_queue is not None
+    assert compiled.records is not None
+    assert compiled.records.decode_queue is not None
+    assert compiled.records.crc32_is_direct()  # the one CRC hookup: ISA-L's function, found and checked
+
+
+def test_one_c_extension_built_with_warnings_as_errors() -> None:
+    """One extension module under tierd/format, every C source of tierd in it, compiled with
+    -Werror; no C source or stub of the old modules left."""
+    import tomllib
+    from pathlib import Path
+
+    root = Path(__file__).parents[2]
+    mods = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["ext-modules"]
+    assert [m["name"] for m in mods] == ["tierd.format._records"]
+    assert "-Werror" in mods[0]["extra-compile-args"]
+    assert sorted(mods[0]["sources"]) == sorted(str(p.relative_to(root)) for p in root.glob("tierd/**/*.c"))
+    assert sorted(p.name for p in root.glob("tierd/**/*.pyi")) == ["_records.pyi"]
 
 
 @dataclass
@@ -310,8 +327,7 @@ def test_bind_refuses_a_class_it_cannot_fill() -> None:
     """The decoder fills slots by offset: a class whose slots are not exactly MessageExt's
     fields is refused (TypeError, then the Python decoder is used), and a refused bind leaves
     the working binding in place."""
-    from tierd.format import _batchdecode
-    from tierd.format.record import crc32
+    from tierd.format.compiled import records
 
     @dataclass(slots=True)
     class Missing:
@@ -330,7 +346,7 @@ def test_bind_refuses_a_class_it_cannot_fill() -> None:
     dict_cls = type("WithDict", (), {k: None for k in names})
     for cls in (Missing, Extra, extra_cls, dict_cls, int):
         with pytest.raises(TypeError):
-            _batchdecode.bind(cls, crc32, True)
+            records.bind_decoder(cls, True)
     raw, starts, sizes = good_batch(4)
     got = RecordBatch(memoryview(raw), starts, sizes).queue_messages(0, 4, "refcount-topic", QUEUE_ID, FIRST)
     assert got is not None
@@ -350,7 +366,7 @@ def test_the_c_decoder_never_reads_outside_its_buffer(
     """Starts, sizes and offsets the framing check would never let through — negative, past
     the end, overflowing — over garbage or over real records: the C functions answer (False,
     None or messages) and never read outside the buffer (a crash here ends the test run)."""
-    from tierd.format import _batchdecode
+    from tierd.format.compiled import records
 
     if real_records:
         data, starts, sizes = good_batch(3)
@@ -359,15 +375,11 @@ def test_the_c_decoder_never_reads_outside_its_buffer(
     starts = np.array([s for s, _ in ranges], np.int64)
     sizes = np.array([n for _, n in ranges], np.int64)
     topic = "refcount-topic"
-    checked = _batchdecode.check_queue(raw, starts, sizes, topic.encode(), QUEUE_ID, first)
+    checked = records.check_queue(raw, starts, sizes, topic.encode(), QUEUE_ID, first)
     assert checked in (True, False)
-    got = _batchdecode.decode_queue(
-        raw, starts, sizes, 0, len(ranges), topic, topic.encode(), QUEUE_ID, first
-    )
+    got = records.decode_queue(raw, starts, sizes, 0, len(ranges), topic, topic.encode(), QUEUE_ID, first)
     assert got is None or len(got) == len(ranges)
     with pytest.raises(ValueError, match="not inside"):
-        _batchdecode.decode_queue(
-            raw, starts, sizes, 0, len(ranges) + 1, topic, topic.encode(), QUEUE_ID, first
-        )
+        records.decode_queue(raw, starts, sizes, 0, len(ranges) + 1, topic, topic.encode(), QUEUE_ID, first)
     with pytest.raises(TypeError, match="int64"):
-        _batchdecode.check_queue(raw, starts.astype(np.int32), sizes, topic.encode(), QUEUE_ID, first)
+        records.check_queue(raw, starts.astype(np.int32), sizes, topic.encode(), QUEUE_ID, first)

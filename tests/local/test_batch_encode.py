@@ -1,4 +1,5 @@
-"""The C batch encoder (tierd/local/_batchencode.c) against the Python paths it replaces.
+"""The C encoder (tierd/format/_encode.c, in tierd.format._records) against the Python paths it
+replaces.
 
 ``Preparer.prepare`` hands every ``put_batch`` to the C encoder, which checks the messages and
 writes the records into one buffer — any shape: tags, properties, explicit queue ids, several
@@ -24,7 +25,7 @@ from tierd.errors import InvalidPropertiesError
 from tierd.format.host import encode_host
 from tierd.format.key_hash import key_hash, key_hashes
 from tierd.format.properties import MAX_PROPERTIES_LENGTH
-from tierd.format.record import encode_record, place_record
+from tierd.format.record import crc32, encode_record, place_record
 from tierd.local import prepare as prepare_module
 from tierd.local.dispatch import DispatchBatch
 from tierd.local.prepare import EncodedBatch, PreparedBatch, stamp
@@ -43,10 +44,11 @@ STORE_TS = 1_700_000_000_456
 def test_the_c_encoder_is_built_and_bound_in_this_checkout() -> None:
     """``pip install -e .`` builds the extension here: a checkout where it silently fell back to
     Python must fail, not run at half the speed."""
-    from tierd.local import _batchencode
+    from tierd.format.compiled import records
 
     assert prepare_module.ACCELERATED
-    assert _batchencode.encode is not None
+    assert records is not None
+    assert records.encode is not None
 
 
 def encode(p: Preparer, msgs: list[Message]) -> EncodedBatch | None:
@@ -340,9 +342,9 @@ def test_batches_through_the_store_are_byte_identical_across_file_rolls(
 @given(st.text(alphabet=st.characters(exclude_categories=["Cs"]), max_size=40))
 def test_the_c_key_hash_is_the_key_indexs_hash(key: str) -> None:
     """MurmurHash3 in C against ``mmh3`` for every length (the tail cases) and any text."""
-    from tierd.local import _batchencode
+    from tierd.format.compiled import records
 
-    assert _batchencode.key_hash(key.encode()) == key_hash(key)
+    assert records.key_hash(key.encode()) == key_hash(key)
 
 
 def test_dispatch_merges_hashed_batches_with_keyed_ones() -> None:
@@ -447,3 +449,28 @@ def test_place_refuses_a_record_beyond_the_buffer() -> None:
     for place in (prepare_module.place, place_record):
         with pytest.raises(ValueError, match="does not fit"):
             place(bytearray(one[5] - 1), 0, one[1], 0, 0, 0, one[4])
+
+
+def test_the_encoder_and_decoder_share_one_crc_hookup() -> None:
+    """Bound to the Python ``crc32`` instead of ISA-L's C function, the same extension still
+    writes and checks the same CRCs — encoder and decoder alike — and binding again restores the
+    C function for both."""
+    from tierd.format import compiled
+    from tierd.format.batch import RecordBatch
+
+    assert compiled.records is not None
+    msgs = [Message(topic="t", body=bytes([i]) * 300, keys=("k",)) for i in range(4)]
+    try:
+        compiled.records.bind_crc32(crc32, None)
+        assert not compiled.records.crc32_is_direct()
+        enc = check_against_python(msgs)
+        starts = np.concatenate([[0], np.cumsum(enc.sizes)[:-1]]).astype(np.int64)
+        got = RecordBatch(memoryview(enc.records), starts, enc.sizes).queue_messages(
+            0, 4, "t", int(enc.queue_ids[0]), 17 * 0
+        )
+        assert got is not None
+        assert [m.body for m in got] == [m.body for m in msgs]
+    finally:
+        assert compiled.bind_crc32()
+    assert compiled.records.crc32_is_direct()
+    check_against_python(msgs)

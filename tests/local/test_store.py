@@ -764,5 +764,5 @@ def test_a_missing_c_extension_is_said_once_at_open(
         said_once.cache_clear()
     said = [r.getMessage() for r in caplog.records if "C extension" in r.getMessage()]
     assert len(said) == 1, said
-    assert "tierd.local._batchencode" in said[0]
-    assert "_batchdecode" not in said[0]
+    assert "put and put_batch encoder (tierd.format._records)" in said[0]
+    assert "cold-read decoder" not in said[0]

@@ -1,6 +1,6 @@
 /*
- * The commitlog record's layout (FORMATS 1.1), shared by tierd's C modules: the decoder
- * (tierd/format/_batchdecode.c) and the put_batch encoder (tierd/local/_batchencode.c).
+ * The commitlog record's layout (FORMATS 1.1), shared by the units of tierd's C extension
+ * (tierd.format._records): the decoders (_decode.c) and the encoder (_encode.c).
  * The layout is declared once, in tierd/format/layout.py: the block between BEGIN and END
  * below is generated from it (python -m tierd.format.layout), and tests/format/test_layout.py
  * fails when the two disagree.

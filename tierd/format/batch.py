@@ -133,9 +133,9 @@ def _host_column(raw: npt.NDArray[np.uint64]) -> list[str]:
 
 
 def _bind_decoder() -> tuple[Callable[..., bool], Callable[..., list[MessageExt] | None]] | None:
-    """The C decoder (:mod:`tierd.format._batchdecode`) bound to :class:`MessageExt` and the
-    body CRC function, or None where it is not built (no compiler at install time: the
-    extension is optional) or refuses the class.
+    """The C decoder (:mod:`tierd.format.compiled`'s extension, whose body CRC is bound there)
+    bound to :class:`MessageExt`, or None where it is not built (no compiler at install time:
+    the extension is optional) or refuses the class.
 
     It fills the instances' slots directly, without ``__init__``: it checks that every field
     is a writable slot of a plain class and that there is no other slot; the class must not
@@ -145,20 +145,19 @@ def _bind_decoder() -> tuple[Callable[..., bool], Callable[..., list[MessageExt]
     collector's young pass after each batch scanned all 4,096 of them for nothing. The cost:
     a message a caller puts into a cycle by storing a container in one of its fields (for
     instance ``m.topic = [m]``) is freed only when the cycle is broken by hand."""
-    try:
-        from tierd.format._batchdecode import bind, check_queue, decode_queue
-    except ImportError:
-        log.debug("tierd.format._batchdecode is not built: cold batches are decoded in Python")
-        return None
+    from tierd.format.compiled import records
+
+    if records is None:
+        return None  # (compiled says so once)
     if hasattr(MessageExt, "__post_init__"):
         log.warning("MessageExt has a __post_init__: the C batch decoder is not used")
         return None
     try:
-        bind(MessageExt, crc32, True)
+        records.bind_decoder(MessageExt, True)
     except TypeError as e:
         log.warning("the C batch decoder does not fit MessageExt (%s): cold batches are decoded in Python", e)
         return None
-    return check_queue, decode_queue
+    return records.check_queue, records.decode_queue
 
 
 _accel = _bind_decoder()

@@ -18,6 +18,7 @@ import numpy as np
 import numpy.typing as npt
 
 from tierd.errors import InvalidArgumentError, MessageTooLargeError
+from tierd.format.compiled import records
 from tierd.format.cq_unit import tags_code
 from tierd.format.host import encode_host
 from tierd.format.key_hash import key_hash
@@ -96,7 +97,7 @@ class PreparedBatch:
 
 @dataclass(slots=True)
 class EncodedBatch:
-    """A batch already encoded by the C encoder (:mod:`tierd.local._batchencode`): the records
+    """A batch already encoded by the C encoder (:mod:`tierd.format.compiled`): the records
     back to back in one buffer, complete but for their queue offset, physical offset and store
     timestamp, which the commitlog writes under its lock (:func:`stamp`) right before the buffer
     goes to the file. Any shape: several topics and queues (``groups``), tags, properties, born
@@ -113,7 +114,7 @@ class EncodedBatch:
 
 
 class _Encoder(NamedTuple):
-    """The C encoder's calls (see ``_batchencode.pyi``)."""
+    """The C encoder's calls (see ``tierd/format/_records.pyi``)."""
 
     encode: Callable[..., tuple[bytearray, bytes, bytes, bytes, list[GroupKey], bytes, bytes, bytes] | None]
     stamp: Callable[..., int]
@@ -121,21 +122,18 @@ class _Encoder(NamedTuple):
 
 
 def _bind_encoder() -> _Encoder | None:
-    """The C encoder bound to :class:`Message`, the body CRC function, the host encoder and a
-    message's default properties; None where it is not built (the extension is optional: no
-    compiler at install time) or does not fit the class — then the Python passes below do the
-    same work."""
-    try:
-        from tierd.local._batchencode import bind, encode, encode_one, stamp
-    except ImportError:
-        log.debug("tierd.local._batchencode is not built: put_batch encodes in Python")
+    """The C encoder (:mod:`tierd.format.compiled`'s extension, whose body CRC is bound there)
+    bound to :class:`Message`, the host encoder and a message's default properties; None where
+    it is not built (the extension is optional: no compiler at install time) or does not fit
+    the class — then the Python passes below do the same work."""
+    if records is None:
         return None
     try:
-        bind(Message, crc32, encode_host, Message(topic="", body=b"").properties)
+        records.bind_encoder(Message, encode_host, Message(topic="", body=b"").properties)
     except TypeError as e:
-        log.warning("the C batch encoder does not fit Message (%s): put_batch encodes in Python", e)
+        log.warning("the C encoder does not fit Message (%s): put and put_batch encode in Python", e)
         return None
-    return _Encoder(encode, stamp, encode_one)
+    return _Encoder(records.encode, records.stamp, records.encode_one)
 
 
 _encoder = _bind_encoder()
@@ -163,11 +161,7 @@ def stamp(
 def _bind_place() -> Callable[[Any, int, bytes, int, int, int, int], None]:
     """Where a single put's record goes into the commitlog: the C extension's ``place`` (one
     call: the copy and the three placement fields), else :func:`place_record`."""
-    if _encoder is None:
-        return place_record
-    from tierd.local._batchencode import place as c_place
-
-    return c_place
+    return place_record if _encoder is None else records.place
 
 
 #: ``place(buffer, position, record, queue offset, physical offset, store timestamp, position of

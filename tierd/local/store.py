@@ -221,8 +221,8 @@ def note_python_fallbacks() -> None:
     missing = [
         what
         for what, built in (
-            ("put_batch encoder (tierd.local._batchencode)", PREPARE_ACCELERATED),
-            ("cold-read decoder (tierd.format._batchdecode)", BATCH_ACCELERATED),
+            ("put and put_batch encoder (tierd.format._records)", PREPARE_ACCELERATED),
+            ("cold-read decoder (tierd.format._records)", BATCH_ACCELERATED),
         )
         if not built
     ]
@@ -693,7 +693,7 @@ class HotStore:
     def _prune_erased(self) -> None:
         """Forget the marks of deleted topics no commitlog file holds records of any more
         (retention freed everything below the mark): nothing is left for them to hide."""
-        if self.read_only:
+        if True:
             return
         first = self.commitlog.min_offset
         kept = {t: mark for t, mark in self.erased.items() if mark > first}

@@ -3,7 +3,7 @@
 A Spark task spends its time per row, so nothing here builds a Python object per record. Where
 the C extension is built (:data:`COMPILED`), the TOTALSIZE chain, every record's checks and body
 CRC, its fixed fields and the body column are one C pass each (``frame_records``,
-``spark_check`` in ``tierd/format/_batchdecode.c``); a batch that pass does not take whole
+``spark_check`` in ``tierd/format/_decode.c``); a batch that pass does not take whole
 (IPv6 hosts, any damage) is decoded by the Python path below, which names the bad record. That
 path's only per-record Python objects are one memoryview slice and one ``crc32`` call per body
 (the CRC check is not optional). Everything else is numpy over the whole buffer (fixed header fields
@@ -144,7 +144,7 @@ _HEAD_V4: Final = np.dtype(
 #: The same bytes as an opaque item, which numpy gathers with one copy per record.
 _HEAD_BYTES: Final = np.dtype((np.void, HEADER_V4))
 _V6_FLAGS: Final = SYSFLAG_HOSTS_V6
-#: One row of the compiled check's output (``SparkRow`` in ``_batchdecode.c``): the fields the
+#: One row of the compiled check's output (``SparkRow`` in ``_decode.c``): the fields the
 #: columns are built from, native-endian but for the hosts (their stored bytes, as ``_HEAD_V4``
 #: has them). Named as ``_HEAD_V4``'s fields, so the column code takes either.
 _ROW: Final = np.dtype(
@@ -167,7 +167,7 @@ _ROW: Final = np.dtype(
 )
 
 _COMPILED: SparkFunctions | None = spark_functions()
-#: Whether framing, record checks and the body column are done in C (``_batchdecode.c``); else
+#: Whether framing, record checks and the body column are done in C (``_decode.c``); else
 #: in Python, with the same results.
 COMPILED: Final = _COMPILED is not None
 

@@ -1,5 +1,5 @@
 /*
- * tierd.format._batchdecode: the cold read path's decoder, in C.
+ * tierd.format._records, the decoding unit: the cold read path's decoder and the Spark checks.
  *
  * A cold batch is thousands of consecutive records of one queue (FORMATS §1.1) in one buffer.
  * Decoding it in Python costs ~1.4 µs per message, most of it making intermediate objects:
@@ -18,8 +18,7 @@
  *
  * Written for tierd from the record layout; no code of other projects.
  */
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
+#include "_records.h"
 #include <structmember.h> /* T_OBJECT_EX, READONLY (Python 3.11) */
 #include <stdint.h>
 #include <string.h>
@@ -84,7 +83,6 @@ static const char *const FIELD_NAMES[N_FIELDS] = {
 /* What bind() set up. One binding per process: the module is single-phase (m_size -1). */
 static PyTypeObject *message_type = NULL;
 static Py_ssize_t field_offset[N_FIELDS];
-static PyObject *crc_function = NULL;
 static int untrack_messages = 0;
 
 /* ------------------------------------------------------------------ helpers */
@@ -415,14 +413,8 @@ static PyObject *decode_queue(PyObject *module, PyObject *args) {
         if (v[F_BODY] == NULL)
             goto error;
         const uint32_t stored_crc = be_u32(r + POS_BODY_CRC);
-        PyObject *crc = PyObject_CallOneArg(crc_function, v[F_BODY]);
-        if (crc == NULL) {
-            Py_DECREF(v[F_BODY]);
-            goto error;
-        }
-        unsigned long computed = PyLong_AsUnsignedLongMask(crc);
-        Py_DECREF(crc);
-        if (computed == (unsigned long)-1 && PyErr_Occurred()) {
+        uint32_t computed;
+        if (records_crc32(r + HEADER_V4, rec.body_len, v[F_BODY], &computed) < 0) {
             Py_DECREF(v[F_BODY]);
             goto error;
         }
@@ -491,22 +483,18 @@ done:
 /* ------------------------------------------------------------------ bind */
 
 PyDoc_STRVAR(bind_doc,
-             "bind(cls, crc32, untrack, /)\n--\n\n"
-             "Use cls (MessageExt) for the messages and crc32(bytes) -> int for body CRCs. Raises "
+             "bind_decoder(cls, untrack, /)\n--\n\n"
+             "Use cls (MessageExt) for the messages (body CRCs: bind_crc32()). Raises "
              "TypeError unless cls is a plain slotted class whose member slots are exactly the "
              "fields this module fills.");
 
 static PyObject *bind(PyObject *module, PyObject *args) {
-    PyObject *cls_obj, *crc;
+    PyObject *cls_obj;
     int untrack;
     (void)module;
-    if (!PyArg_ParseTuple(args, "O!Op:bind", &PyType_Type, &cls_obj, &crc, &untrack))
+    if (!PyArg_ParseTuple(args, "O!p:bind_decoder", &PyType_Type, &cls_obj, &untrack))
         return NULL;
     PyTypeObject *cls = (PyTypeObject *)cls_obj;
-    if (!PyCallable_Check(crc)) {
-        PyErr_SetString(PyExc_TypeError, "crc32 must be callable");
-        return NULL;
-    }
     /* Filling slots directly is only right for a class whose instances are those slots and
      * nothing else: no __dict__, no variable part, no base with state of its own. */
     if (cls->tp_base != &PyBaseObject_Type || cls->tp_dictoffset != 0 || cls->tp_itemsize != 0 ||
@@ -543,7 +531,6 @@ static PyObject *bind(PyObject *module, PyObject *args) {
     }
     memcpy(field_offset, offsets, sizeof offsets);
     Py_XSETREF(message_type, (PyTypeObject *)Py_NewRef(cls_obj));
-    Py_XSETREF(crc_function, Py_NewRef(crc));
     untrack_messages = untrack;
     Py_RETURN_NONE;
 }
@@ -554,48 +541,12 @@ static PyObject *bind(PyObject *module, PyObject *args) {
  * there, per record, in Python is the TOTALSIZE chain, a CRC call per body and the field checks;
  * frame_records() and spark_check() do those in one C loop each. The body CRC is ISA-L's
  * (the function isal.isal_zlib uses for crc32, found in its extension by tierd.spark.decode and
- * checked against isal_zlib.crc32 before use: bind_crc32()), called with no Python object per
+ * checked against isal_zlib.crc32 before use: bind_crc32() in _records.c), called with no Python object per
  * body. The contract: spark_check() accepts a batch only when every record is one the Python
  * decoder accepts, with the same values; for anything else (IPv6 hosts, any bad record) it
  * says so and the caller decodes the batch in Python, which names the bad record. Every offset
  * is checked against the buffer first, so no input can make this code read outside it.
  */
-
-typedef uint32_t (*crc32_fn)(uint32_t init, const unsigned char *buf, uint64_t len);
-static crc32_fn body_crc32 = NULL;
-
-PyDoc_STRVAR(bind_crc32_doc,
-             "bind_crc32(address, /)\n--\n\n"
-             "Use the C function at address, uint32_t f(uint32_t init, const unsigned char *buf, "
-             "uint64_t len) with zlib's crc32 semantics, for body CRCs (spark_check, crc32).");
-
-static PyObject *bind_crc32(PyObject *module, PyObject *arg) {
-    (void)module;
-    void *p = PyLong_AsVoidPtr(arg);
-    if (p == NULL) {
-        if (!PyErr_Occurred())
-            PyErr_SetString(PyExc_ValueError, "address must not be 0");
-        return NULL;
-    }
-    body_crc32 = (crc32_fn)p;
-    Py_RETURN_NONE;
-}
-
-PyDoc_STRVAR(crc32_doc, "crc32(data, /)\n--\n\nzlib's CRC-32 of data with the bound function.");
-
-static PyObject *crc32_bound(PyObject *module, PyObject *arg) {
-    (void)module;
-    if (body_crc32 == NULL) {
-        PyErr_SetString(PyExc_RuntimeError, "crc32 before bind_crc32()");
-        return NULL;
-    }
-    Py_buffer view;
-    if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0)
-        return NULL;
-    uint32_t crc = body_crc32(0, (const unsigned char *)view.buf, (uint64_t)view.len);
-    PyBuffer_Release(&view);
-    return PyLong_FromUnsignedLong(crc);
-}
 
 PyDoc_STRVAR(frame_records_doc,
              "frame_records(data, starts, min_size, max_size, /)\n--\n\n"
@@ -701,8 +652,8 @@ static PyObject *spark_check(PyObject *module, PyObject *args) {
     if (!PyArg_ParseTuple(args, "OOLLy#LOOO:spark_check", &data_obj, &starts_obj, &end, &flat_base, &topic,
                           &topic_len, &queue_id, &rows_obj, &offsets_obj, &bodies_obj))
         return NULL;
-    if (body_crc32 == NULL) {
-        PyErr_SetString(PyExc_RuntimeError, "spark_check before bind_crc32()");
+    if (records_crc32_direct == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "spark_check before bind_crc32() with a C function");
         return NULL;
     }
     Py_buffer data, starts, rows, offsets, bodies;
@@ -752,7 +703,7 @@ static PyObject *spark_check(PyObject *module, PyObject *args) {
         if (!same_topic(&rec, topic, topic_len) || be_i32(r + POS_QUEUE_ID) != queue_id ||
             be_i64(r + POS_PHYSICAL_OFFSET) != (int64_t)((uint64_t)flat_base + (uint64_t)s))
             break;
-        if ((body_crc32(0, r + HEADER_V4, (uint64_t)body_len) & BODY_CRC_MASK) != be_u32(r + POS_BODY_CRC))
+        if ((records_crc32_direct(0, r + HEADER_V4, (uint64_t)body_len) & BODY_CRC_MASK) != be_u32(r + POS_BODY_CRC))
             break;
         if (!utf8_valid(r + rec.props_start, rec.props_len))
             break;
@@ -788,29 +739,13 @@ done:
     return result;
 }
 
-/* ------------------------------------------------------------------ the module */
+/* ------------------------------------------------------------------ the functions (_records.c) */
 
-static PyMethodDef methods[] = {
-    {"bind", bind, METH_VARARGS, bind_doc},
+PyMethodDef records_decode_methods[] = {
+    {"bind_decoder", bind, METH_VARARGS, bind_doc},
     {"check_queue", check_queue, METH_VARARGS, check_queue_doc},
     {"decode_queue", decode_queue, METH_VARARGS, decode_queue_doc},
-    {"bind_crc32", bind_crc32, METH_O, bind_crc32_doc},
-    {"crc32", crc32_bound, METH_O, crc32_doc},
     {"frame_records", frame_records, METH_VARARGS, frame_records_doc},
     {"spark_check", spark_check, METH_VARARGS, spark_check_doc},
     {NULL, NULL, 0, NULL},
 };
-
-static struct PyModuleDef module_def = {
-    PyModuleDef_HEAD_INIT,
-    "tierd.format._batchdecode",
-    "The cold read path's batch decoder in C (see tierd.format.batch).",
-    -1,
-    methods,
-    NULL,
-    NULL,
-    NULL,
-    NULL,
-};
-
-PyMODINIT_FUNC PyInit__batchdecode(void) { return PyModule_Create(&module_def); }

@@ -1,5 +1,6 @@
 /*
- * tierd.local._batchencode: put_batch's and put's records, checked and encoded in C, for every shape.
+ * tierd.format._records, the encoding unit: put_batch's and put's records, checked and encoded
+ * in C, for every shape (see tierd.local.prepare).
  *
  * encode() takes any batch the Python paths accept - several topics, explicit queue ids or the
  * store's round-robin choice, tags, user properties (UNIQ_KEY, TAGS among them), flags, born
@@ -19,8 +20,7 @@
  *
  * Written for tierd from the record layout (FORMATS 1.1); no code of other projects.
  */
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
+#include "_records.h"
 #include <structmember.h> /* T_OBJECT_EX (Python 3.11) */
 #include <stdint.h>
 #include <string.h>
@@ -29,7 +29,7 @@
 #define Py_T_OBJECT_EX T_OBJECT_EX
 #endif
 
-#include "../format/_record_layout.h"
+#include "_record_layout.h"
 
 
 /* The key index's hash (tierd/format/key_hash.py): MurmurHash3 x86 32-bit, seed 0, of the UTF-8
@@ -97,7 +97,6 @@ static const char *const FIELD_NAMES[N_FIELDS] = {
 /* What bind() set up (one binding per process: the module is single-phase). */
 static Py_ssize_t field_offset[N_FIELDS];
 static PyTypeObject *message_type = NULL;
-static PyObject *crc_function = NULL;
 static PyObject *host_function = NULL;
 static PyObject *empty_properties = NULL; /* Message's default properties mapping */
 
@@ -106,20 +105,19 @@ static inline PyObject *field(PyObject *msg, int k) { /* borrowed; NULL when the
 }
 
 PyDoc_STRVAR(bind_doc,
-             "bind(cls, crc32, encode_host, empty_properties, /)\n--\n\n"
-             "Read messages of exactly class cls (Message) through its slots; crc32(bytes) -> int "
-             "computes body CRCs; encode_host(str) -> bytes encodes a born host; empty_properties is "
-             "the mapping a message without properties carries. TypeError unless each field is an "
-             "object slot of cls.");
+             "bind_encoder(cls, encode_host, empty_properties, /)\n--\n\n"
+             "Read messages of exactly class cls (Message) through its slots; encode_host(str) -> bytes "
+             "encodes a born host; empty_properties is the mapping a message without properties "
+             "carries (body CRCs: bind_crc32()). TypeError unless each field is an object slot of cls.");
 
 static PyObject *bind(PyObject *module, PyObject *args) {
-    PyObject *cls_obj, *crc, *host, *empty;
+    PyObject *cls_obj, *host, *empty;
     (void)module;
-    if (!PyArg_ParseTuple(args, "O!OOO:bind", &PyType_Type, &cls_obj, &crc, &host, &empty))
+    if (!PyArg_ParseTuple(args, "O!OO:bind_encoder", &PyType_Type, &cls_obj, &host, &empty))
         return NULL;
     PyTypeObject *cls = (PyTypeObject *)cls_obj;
-    if (!PyCallable_Check(crc) || !PyCallable_Check(host)) {
-        PyErr_SetString(PyExc_TypeError, "crc32 and encode_host must be callable");
+    if (!PyCallable_Check(host)) {
+        PyErr_SetString(PyExc_TypeError, "encode_host must be callable");
         return NULL;
     }
     Py_ssize_t offsets[N_FIELDS];
@@ -139,7 +137,6 @@ static PyObject *bind(PyObject *module, PyObject *args) {
     }
     memcpy(field_offset, offsets, sizeof offsets);
     Py_XSETREF(message_type, (PyTypeObject *)Py_NewRef(cls_obj));
-    Py_XSETREF(crc_function, Py_NewRef(crc));
     Py_XSETREF(host_function, Py_NewRef(host));
     Py_XSETREF(empty_properties, Py_NewRef(empty));
     Py_RETURN_NONE;
@@ -456,12 +453,8 @@ static int write_one(const Item *it, Out *o, int64_t size, const uint8_t *store_
     unsigned long magic = PyLong_AsUnsignedLongMask(PyTuple_GET_ITEM(entry, 0));
     if (magic == (unsigned long)-1 && PyErr_Occurred())
         return -2;
-    PyObject *crc_obj = PyObject_CallOneArg(crc_function, body);
-    if (crc_obj == NULL)
-        return -2;
-    unsigned long crc = PyLong_AsUnsignedLongMask(crc_obj);
-    Py_DECREF(crc_obj);
-    if (crc == (unsigned long)-1 && PyErr_Occurred())
+    uint32_t crc;
+    if (records_crc32(PyBytes_AS_STRING(body), PyBytes_GET_SIZE(body), body, &crc) < 0)
         return -2;
     const uint8_t *born = it->born ? (const uint8_t *)PyBytes_AS_STRING(it->born) : store_host;
     Py_ssize_t born_len = it->born ? PyBytes_GET_SIZE(it->born) : store_len;
@@ -975,10 +968,10 @@ out:
     return result;
 }
 
-/* ------------------------------------------------------------------ the module */
+/* ------------------------------------------------------------------ the functions (_records.c) */
 
-static PyMethodDef methods[] = {
-    {"bind", bind, METH_VARARGS, bind_doc},
+PyMethodDef records_encode_methods[] = {
+    {"bind_encoder", bind, METH_VARARGS, bind_doc},
     {"encode", encode, METH_VARARGS, encode_doc},
     {"stamp", stamp, METH_VARARGS, stamp_doc},
     {"encode_one", (PyCFunction)(void (*)(void))encode_one, METH_FASTCALL, encode_one_doc},
@@ -986,17 +979,3 @@ static PyMethodDef methods[] = {
     {"key_hash", key_hash, METH_O, key_hash_doc},
     {NULL, NULL, 0, NULL},
 };
-
-static struct PyModuleDef module_def = {
-    PyModuleDef_HEAD_INIT,
-    "tierd.local._batchencode",
-    "The put_batch path's plain-batch encoder in C (see tierd.local.prepare).",
-    -1,
-    methods,
-    NULL,
-    NULL,
-    NULL,
-    NULL,
-};
-
-PyMODINIT_FUNC PyInit__batchencode(void) { return PyModule_Create(&module_def); }
