@@ -693,7 +693,7 @@ class HotStore:
     def _prune_erased(self) -> None:
         """Forget the marks of deleted topics no commitlog file holds records of any more
         (retention freed everything below the mark): nothing is left for them to hide."""
-        if True:
+        if self.read_only:
             return
         first = self.commitlog.min_offset
         kept = {t: mark for t, mark in self.erased.items() if mark > first}
