@@ -480,6 +480,13 @@ class GrpcConfig(_Section):
         description="Seconds a push consumer waits before its Nth retry of a failed message (the "
         "last value repeats); RocketMQ's delay levels from 1 s.",
     )
+    max_connections: int = Field(
+        256,
+        ge=1,
+        description="Client connections served at once (at most an eighth of the open-files limit); "
+        "one more is closed as it opens and the client retries (UNAVAILABLE). Calls in flight, "
+        "long polls included, are bounded at 8 per connection: beyond, RESOURCE_EXHAUSTED.",
+    )
 
     @model_validator(mode="after")
     def _tls_pair(self) -> GrpcConfig:

@@ -19,6 +19,11 @@ log = logging.getLogger("tierd.grpc")
 
 #: Largest request a client may send: the largest message body plus room for its properties.
 REQUEST_OVERHEAD = 1024 * 1024
+#: Calls in flight per allowed connection: a client holds its Telemetry stream and a long poll,
+#: and sends or acks alongside.
+RPCS_PER_CONNECTION = 8
+#: HTTP/2 streams one connection may have open at once (gRPC's usual server default).
+STREAMS_PER_CONNECTION = 100
 
 
 def check_ports(cfg: TierdConfig) -> None:
@@ -52,8 +57,12 @@ def check_exposure(cfg: TierdConfig, authenticated: bool) -> None:
 class GrpcListener:
     """A bound ``grpc.aio`` server; :meth:`start` serves the store, :meth:`stop` ends it."""
 
-    def __init__(self, cfg: TierdConfig, registry: CollectorRegistry | None = None) -> None:
-        """``registry``: where the gRPC metrics go (the daemon's; none: not measured)."""
+    def __init__(
+        self, cfg: TierdConfig, registry: CollectorRegistry | None = None, max_connections: int | None = None
+    ) -> None:
+        """``registry``: where the gRPC metrics go (the daemon's; none: not measured).
+        ``max_connections``: the connection bound (default ``grpc.max_connections``; the daemon
+        passes it capped by the open-files limit)."""
         check_ports(cfg)
         try:
             import grpc
@@ -73,9 +82,19 @@ class GrpcListener:
         interceptors: list[Any] = [MetricsInterceptor(self.metrics)] if self.metrics is not None else []
         if keys:
             interceptors.append(SignatureInterceptor(keys))
+        # Bounded like the HTTP listener (server.max_connections): a connection past the bound is
+        # closed as it opens, a call past the in-flight bound gets RESOURCE_EXHAUSTED, and one
+        # connection opens at most STREAMS_PER_CONNECTION streams (more wait in the client).
+        connections = max_connections if max_connections is not None else cfg.grpc.max_connections
         self.server: Any = grpc.aio.server(
-            options=[("grpc.max_receive_message_length", limit), ("grpc.max_send_message_length", limit)],
+            options=[
+                ("grpc.max_receive_message_length", limit),
+                ("grpc.max_send_message_length", limit),
+                ("grpc.max_allowed_incoming_connections", connections),
+                ("grpc.max_concurrent_streams", STREAMS_PER_CONNECTION),
+            ],
             interceptors=interceptors,
+            maximum_concurrent_rpcs=connections * RPCS_PER_CONNECTION,
         )
         address = (
             f"[{cfg.grpc.host}]:{cfg.grpc.port}"

@@ -69,6 +69,8 @@ COLD_WATCH_INTERVAL = 1.0
 #: a new connection 503 and closes it at once, so accept() never runs out of descriptors.
 CONNECTION_SHARE = 1 / 2
 OPS_CONNECTION_SHARE = 1 / 16
+#: The gRPC listener's share (``grpc.max_connections``; above it a connection is closed as it opens).
+GRPC_CONNECTION_SHARE = 1 / 8
 #: Failures of accept() itself (out of descriptors anyway): one line, then once a minute.
 _ACCEPT_FAILURES = FailureLog(log, "accepting connections")
 
@@ -206,7 +208,13 @@ class Daemon:
             if self.ops_app is not None:
                 ops_sock = bind(self.cfg.server.ops_host or "", self.cfg.server.ops_port, "server.ops_")
             self.grpc = (
-                GrpcListener(self.cfg, self.service.metrics.registry) if self.cfg.grpc.enabled else None
+                GrpcListener(
+                    self.cfg,
+                    self.service.metrics.registry,
+                    connection_bound(self.cfg.grpc.max_connections, GRPC_CONNECTION_SHARE, "gRPC API"),
+                )
+                if self.cfg.grpc.enabled
+                else None
             )
         except BaseException:
             sock.close()
