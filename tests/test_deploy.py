@@ -369,6 +369,8 @@ def exported_metrics(tmp_path_factory: pytest.TempPathFactory) -> set[str]:
         assert c.post("/v1/admin/tier", json={}).json()["committed"] == 1
         c.get("/v1/topics/t/queues/0/messages", params={"policy": "FORCE"})
         c.get("/v1/topics/t/keys/k")
+        committed = c.put("/v1/groups/g/topics/t/queues/0/offset", json={"offset": 0})
+        assert committed.status_code == 200, committed.text  # a group: lag series have samples
         text = c.get("/metrics").text
     names = set()
     for line in text.splitlines():
@@ -393,6 +395,9 @@ def _rules() -> dict[str, Any]:
 def test_alert_rules_cover_what_operators_must_know() -> None:
     alerts = {r["alert"] for g in _rules()["groups"] for r in g["rules"]}
     assert {
+        "TierdDown",
+        "TierdVolumeFilling",
+        "TierdConsumerLag",
         "TierdTieringLag",
         "TierdCommitFailures",
         "TierdWritesRefused",
@@ -414,6 +419,7 @@ def test_rules_and_dashboard_use_only_exported_metrics(exported_metrics: set[str
         assert names, expr
         assert names <= known, (expr, names - known)
     assert "tierd_dispatch_lag_seconds" in exported_metrics  # the check is not vacuous
+    assert {"tierd_hot_disk_used_ratio", "tierd_consumer_group_lag_messages"} <= exported_metrics
 
 
 def test_promtool_accepts_the_rules_and_they_fire(tmp_path: Path) -> None:
@@ -496,6 +502,137 @@ def test_promtool_accepts_the_rules_and_they_fire(tmp_path: Path) -> None:
     assert run.returncode == 0, run.stdout + run.stderr
 
 
+def _promtool_test(tmp_path: Path, series: dict[str, str], expected: list[dict[str, Any]]) -> None:
+    """Run ``promtool test rules`` on the shipped rules: ``series`` (name{labels} → values, one
+    sample a minute) and the alerts expected at each evaluation time."""
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    rules = tmp_path / "rules.yaml"
+    rules.write_text(yaml.safe_dump(_rules()))
+    tests = {
+        "rule_files": [str(rules)],
+        "evaluation_interval": "1m",
+        "tests": [
+            {
+                "interval": "1m",
+                "input_series": [{"series": k, "values": v} for k, v in series.items()],
+                "alert_rule_test": expected,
+            }
+        ],
+    }
+    spec = tmp_path / "rules_test.yaml"
+    spec.write_text(yaml.safe_dump(tests))
+    run = subprocess.run(
+        [_tool("promtool"), "test", "rules", str(spec)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+
+
+def _alert(name: str, at: str, *firing: dict[str, str], **values: str) -> dict[str, Any]:
+    """The expected ``alert_rule_test`` entry: ``name`` at ``at`` fires once per label set in
+    ``firing`` (none: it does not fire), with its annotations rendered for those labels (and the
+    ``$value`` given by pod)."""
+    rule = next(r for g in _rules()["groups"] for r in g["rules"] if r["alert"] == name)
+
+    def render(text: str, labels: dict[str, str]) -> str:
+        def one(m: re.Match[str]) -> str:
+            expr = m.group(1)
+            return values[labels["pod"]] if expr == "$value" else labels[expr.removeprefix("$labels.")]
+
+        return re.sub(r"{{ (.*?) }}", one, text)
+
+    exp = [
+        {
+            "exp_labels": {**rule["labels"], **labels},
+            "exp_annotations": {k: render(v, labels) for k, v in rule["annotations"].items()},
+        }
+        for labels in firing
+    ]
+    return {"eval_time": at, "alertname": name, "exp_alerts": exp}
+
+
+def test_tierd_down_needs_no_job_name_and_fires_when_no_tierd_is_scraped(tmp_path: Path) -> None:
+    """The job is whatever Service the ServiceMonitor found (here `my-app`): TierdDown knows a
+    tierd target by what it served, not by its job. A non-tierd target that is down in the same
+    namespace does not fire it; no tierd at all does (absent)."""
+    pod0 = 'namespace="ns",pod="example-app-0",instance="10.0.0.1:8082",job="my-app"'
+    pod1 = 'namespace="ns",pod="example-app-1",instance="10.0.0.2:8082",job="my-app"'
+    other = 'namespace="ns",pod="example-app-0",instance="10.0.0.1:9000",job="my-app-web"'
+    down = {"namespace": "ns", "pod": "example-app-0"}
+    _promtool_test(
+        tmp_path / "one",
+        {
+            f"up{{{pod0}}}": "1 1 0x30",
+            f"tierd_store_open{{{pod0}}}": "1 1 _x30",  # a down target serves nothing
+            f"up{{{pod1}}}": "1x32",
+            f"tierd_store_open{{{pod1}}}": "1x32",
+            f"up{{{other}}}": "1 1 1x30",
+        },
+        [_alert("TierdDown", "5m"), _alert("TierdDown", "10m", down), _alert("TierdDown", "30m", down)],
+    )
+    # The app's own port down, tierd up: not tierd's alert.
+    _promtool_test(
+        tmp_path / "app",
+        {f"up{{{pod0}}}": "1x20", f"tierd_store_open{{{pod0}}}": "1x20", f"up{{{other}}}": "0x20"},
+        [_alert("TierdDown", "15m")],
+    )
+    # Nothing serves tierd metrics (every tierd down, or none selected by the ServiceMonitor).
+    _promtool_test(
+        tmp_path / "none",
+        {f"up{{{other}}}": "1x20"},
+        [_alert("TierdDown", "3m"), _alert("TierdDown", "10m", {})],
+    )
+
+
+def test_a_filling_volume_alerts_before_writes_are_refused(tmp_path: Path) -> None:
+    """Pod 0's volume jumps to 85 % with writes refused at 90 %: TierdVolumeFilling fires while
+    TierdWritesRefused does not (yet). Pod 1's is at 50-62 % but grows 0.2 %/min: it reaches the
+    limit within 4 hours, so it fires too. Pod 2's sits at 60 %: nothing to say."""
+    pods = {n: f'namespace="ns",pod="example-app-{n}"' for n in range(3)}
+    series = {f"tierd_hot_disk_limit_ratio{{{labels}}}": "0.9x60" for labels in pods.values()}
+    series |= {f"tierd_hot_writes_refused{{{labels}}}": "0x60" for labels in pods.values()}
+    series |= {
+        f"tierd_hot_disk_used_ratio{{{pods[0]}}}": "0.5x30 0.85x30",
+        f"tierd_hot_disk_used_ratio{{{pods[1]}}}": "0.5+0.002x60",
+        f"tierd_hot_disk_used_ratio{{{pods[2]}}}": "0.6x60",
+    }
+    pod = {n: {"namespace": "ns", "pod": f"example-app-{n}"} for n in range(3)}
+    _promtool_test(
+        tmp_path,
+        series,
+        [
+            _alert("TierdVolumeFilling", "25m", pod[1]),
+            _alert("TierdVolumeFilling", "55m", pod[0], pod[1]),
+            _alert("TierdWritesRefused", "55m"),  # not yet: that is the point
+        ],
+    )
+
+
+def test_a_consumer_group_falling_behind_alerts(tmp_path: Path) -> None:
+    """Group g1's lag grows by 100 a minute: it fires once above the threshold and still growing
+    for the rule's `for`. Group g2 is far behind but catching up (lag falling): no alert."""
+    labels = 'namespace="ns",pod="example-app-0"'
+    _promtool_test(
+        tmp_path,
+        {
+            f'tierd_consumer_group_lag_messages{{{labels},group="g1"}}': "0+100x60",
+            f'tierd_consumer_group_lag_messages{{{labels},group="g2"}}': "9000-100x60",
+        },
+        [
+            _alert("TierdConsumerLag", "15m"),
+            _alert(
+                "TierdConsumerLag",
+                "40m",
+                {"namespace": "ns", "pod": "example-app-0", "group": "g1"},
+                **{"example-app-0": "4000"},
+            ),
+        ],
+    )
+
+
 def test_the_service_monitor_scrapes_the_ops_port_of_the_tierd_services() -> None:
     monitor = one(render("monitoring"), "ServiceMonitor")
     for directory in ("base", "statefulset"):
@@ -530,7 +667,13 @@ def test_the_ops_listener_serves_what_the_probes_and_prometheus_ask(tmp_path: Pa
         r.wait_ready()
         assert httpx.get(f"{ops}/readyz").json() == {"status": "ready"}
         assert httpx.head(f"{ops}/healthz").status_code == 200
-        assert "tierd_store_open 1.0" in httpx.get(f"{ops}/metrics").text
+        text = httpx.get(f"{ops}/metrics").text
+        assert "tierd_store_open 1.0" in text
+        # What TierdVolumeFilling compares: the volume's use and the store's own refusal limit.
+        gauges = dict(re.findall(r"^(tierd_hot_disk_\w+_ratio) (\S+)$", text, re.MULTILINE))
+        disk = shutil.disk_usage(cfg.store.dir)
+        assert abs(float(gauges["tierd_hot_disk_used_ratio"]) - disk.used / disk.total) < 0.05
+        assert 0 < float(gauges["tierd_hot_disk_limit_ratio"]) <= cfg.store.disk_max_used_ratio
         assert httpx.get(f"{ops}/v1/topics").status_code == 404
         assert httpx.post(f"{ops}/v1/topics/t/messages", json={"body": ""}).status_code == 404
         assert httpx.get(f"{ops}/openapi.json").status_code == 404

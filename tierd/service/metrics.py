@@ -123,6 +123,7 @@ class StoreCollector(Collector):
             "1 while the hot store refuses writes (disk nearly full and nothing may be deleted).",
             hot.writes_refused,
         )
+        yield from self._disk(store)
         yield _gauge(
             "tierd_hot_commitlog_max_offset_bytes", "Hot commitlog write position.", hot.commitlog_end
         )
@@ -189,6 +190,24 @@ class StoreCollector(Collector):
         yield from self._cache(stats)
         yield from self._storage(store)
         yield from self._index(cold)
+
+    def _disk(self, store: MessageStore) -> Iterator[Metric]:
+        """How full the hot store's volume is, beside the share at which it refuses writes once
+        nothing more may be deleted: an alert compares the two and fires before the refusal. The
+        limit is the store's own (``store.disk_max_used_ratio`` less the headroom it keeps for
+        its metadata), exported so that no alert restates it."""
+        hot = store.hot
+        try:
+            used = hot.disk_usage(hot.dir)
+            limit = hot.disk_limit(hot.disk_total(hot.dir))
+        except OSError:  # the volume went away: the store's own errors say so
+            return
+        yield _gauge("tierd_hot_disk_used_ratio", "Share of the hot store's volume in use (0-1).", used)
+        yield _gauge(
+            "tierd_hot_disk_limit_ratio",
+            "Share of the volume above which writes are refused when nothing more may be deleted.",
+            limit,
+        )
 
     def _capabilities(self, cold: ColdStats) -> Iterator[Metric]:
         yield _gauge(
