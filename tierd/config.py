@@ -29,6 +29,7 @@ from pydantic import (
 )
 
 from tierd.errors import ConfigError
+from tierd.scheduled.timing import DEFAULT_DELAY_LEVELS, parse_delay_levels
 from tierd.local.validation import RECORD_OVERHEAD_LIMIT, max_record_size
 
 if TYPE_CHECKING:
@@ -588,6 +589,75 @@ class TopicConfig(_Section):
     )
 
 
+class ScheduledConfig(_Section):
+    """``[scheduled]`` — delayed and timer messages (docs/scheduled.md): what a producer may ask
+    for, and how the scheduler delivers."""
+
+    enabled: bool = Field(
+        True,
+        description="Run the scheduler (off: scheduled messages are still accepted and kept, and "
+        "delivered once it runs again).",
+    )
+    max_delay: float = Field(
+        3 * 24 * 3600.0,
+        gt=0,
+        description="Longest delay accepted, in seconds from the put; a later delivery time is "
+        "refused (`invalid_delivery_time`).",
+        json_schema_extra=_rmq("timerMaxDelaySec"),
+    )
+    delay_levels: str = Field(
+        DEFAULT_DELAY_LEVELS,
+        description="The delays of levels 1, 2, … (RocketMQ 4's delay levels; units s, m, h, d).",
+        json_schema_extra=_rmq("messageDelayLevel"),
+    )
+    batch: int = Field(
+        256,
+        ge=1,
+        le=4096,
+        description="Messages delivered per store append; the scheduler yields between batches, "
+        "so a backlog of due messages never holds producers up.",
+    )
+    checkpoint_interval: float = Field(
+        1.0,
+        gt=0,
+        description="Most seconds between two progress records; what was delivered since the last "
+        "one is checked against the key index after a crash, never delivered twice.",
+    )
+
+    @field_validator("delay_levels")
+    @classmethod
+    def _levels_parse(cls, value: str) -> str:
+        parse_delay_levels(value)  # raises with the offending token
+        return value
+
+
+class TransactionsConfig(_Section):
+    """``[transactions]`` — transactional messages (docs/transactions.md): when a producer that
+    neither commits nor rolls back is asked, how often, and for how long."""
+
+    transaction_timeout: float = Field(
+        6.0,
+        gt=0,
+        description="Seconds a half message waits for its commit or rollback before the producer "
+        "is first asked (check-back).",
+        json_schema_extra=_rmq("transactionTimeOut"),
+    )
+    check_interval: float = Field(
+        30.0,
+        gt=0,
+        description="Seconds between two check-backs of one transaction (and between the "
+        "checker's rounds).",
+        json_schema_extra=_rmq("transactionCheckInterval"),
+    )
+    check_max: int = Field(
+        15,
+        ge=0,
+        le=10_000,
+        description="Check-backs asked before an unanswered transaction is rolled back.",
+        json_schema_extra=_rmq("transactionCheckMax"),
+    )
+
+
 SECTIONS: dict[str, type[_Section]] = {
     "store": StoreConfig,
     "tiered": TieredConfig,
@@ -596,6 +666,7 @@ SECTIONS: dict[str, type[_Section]] = {
     "grpc": GrpcConfig,
     "log": LogConfig,
     "table": TableConfig,
+    "scheduled": ScheduledConfig,
 }
 #: Sections holding one table per name (``[topics.<name>]``), with the model of each.
 NAMED_SECTIONS: dict[str, type[_Section]] = {"topics": TopicConfig}
@@ -612,6 +683,7 @@ class TierdConfig(_Section):
     grpc: GrpcConfig = Field(default_factory=lambda: GrpcConfig())
     log: LogConfig = Field(default_factory=lambda: LogConfig())
     table: TableConfig = Field(default_factory=lambda: TableConfig())
+    scheduled: ScheduledConfig = Field(default_factory=lambda: ScheduledConfig())
     topics: dict[str, TopicConfig] = Field(default_factory=dict)
 
     @model_validator(mode="after")

@@ -305,3 +305,27 @@ class QueueShrinkError(InvalidArgumentError):
     move message groups to other queues, out of order."""
 
     code = "queue_count_shrink"
+
+
+# --------------------------------------------------------------------------- scheduled messages
+class DeliveryTimeError(InvalidArgumentError):
+    """A scheduled message's delivery time is in the past or beyond the longest delay the store
+    accepts (``scheduled.max_delay``), or its delay level is not one of ``scheduled.delay_levels``
+    (docs/scheduled.md). The detail names the value and the bound."""
+
+    code = "invalid_delivery_time"
+
+
+class UnknownHandleError(NotFoundError):
+    """A recall names a handle this store never gave out (or one whose message retention has
+    already dropped)."""
+
+    code = "unknown_handle"
+
+
+class AlreadyDeliveredError(TierdError, RuntimeError):
+    """A recall came too late: the scheduled message is already in its topic (or being written
+    there). Consumers may have read it; nothing is taken back."""
+
+    code = "already_delivered"
+    http_status = 409

@@ -17,19 +17,40 @@ import contextlib
 import dataclasses
 import logging
 import threading
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
-from tierd.errors import InvalidArgumentError, NotReadyError, ReadOnlyError, StoreClosedError, TierdError
+from tierd.errors import (
+    InvalidArgumentError,
+    InvalidTopicError,
+    NotReadyError,
+    ReadOnlyError,
+    StoreClosedError,
+    TierdError,
+)
+from tierd.format.properties import PROPERTY_UNIQ_KEY
 from tierd.groups import ConsumerGroups, GroupInfo
 from tierd.inventory import QueueInfo, SegmentRow, check_kind, live_segments, queue_infos
 from tierd.local.store import MAX_GET_COUNT, HotStore, PutBatchResult
-from tierd.local.validation import check_key, check_topic
+from tierd.local.validation import check_key, check_queue, check_topic
 from tierd.lockfile import lock_holder
 from tierd.longpoll import ArrivalNotifier
 from tierd.message import GetResult, GetStatus, Message, PutResult, ReadPolicy
 from tierd.offsets import ConsumerOffsets, check_group
 from tierd.router import TierRouter
+from tierd.scheduled.scheduler import Scheduler
+from tierd.scheduled.timing import (
+    PROPERTY_DELAY,
+    PROPERTY_REAL_QID,
+    PROPERTY_REAL_TOPIC,
+    PROPERTY_TIMER_DELIVER_MS,
+    SCHEDULE_TOPIC,
+    SYSTEM_TOPICS,
+    Handle,
+    delivery_time,
+    new_uniq_key,
+)
 from tierd.subscription import TagFilter, parse_tags
 from tierd.tiered.dispatcher import TierReport
 from tierd.tiered.readonly import ReadOnlyTiering, remove_scratch, scratch_config
@@ -114,6 +135,58 @@ class _StoreCore:
         self.arrivals = ArrivalNotifier()
         hot.listen_dispatched(self.arrivals.arrived)
         self._offsets_mirror: asyncio.Task[None] | None = None
+        #: Delivers scheduled messages (docs/scheduled.md); started with the store's upkeep.
+        self.scheduler = Scheduler(self)
+
+    def _scheduled(
+        self, message: Message, deliver_at: int | None, delay_level: int | None
+    ) -> tuple[Message, int, str]:
+        """The record a scheduled put appends to the system topic, its delivery time and its
+        UNIQ_KEY: the message as given, its real topic and queue and its delivery time in
+        properties (RocketMQ's names), a UNIQ_KEY of its own if it came without one (the
+        delivered copy keeps it: the key index finds the copy by it after a crash)."""
+        topic = check_topic(message.topic)
+        if topic in SYSTEM_TOPICS:
+            raise InvalidTopicError(f"topic {topic!r} is the scheduler's own; schedule into a user topic", topic=topic)
+        if message.queue_id is not None:
+            check_queue(message.queue_id, self.config.store.max_queues)
+        sc = self.config.scheduled
+        when = delivery_time(
+            _now_ms(),
+            deliver_at=deliver_at,
+            delay_level=delay_level,
+            levels=self.scheduler.levels,
+            max_delay_ms=int(min(sc.max_delay, self._schedule_retention()) * 1000),
+        )
+        props = dict(message.properties)
+        uniq = props.get(PROPERTY_UNIQ_KEY) or new_uniq_key()
+        props[PROPERTY_UNIQ_KEY] = uniq
+        props[PROPERTY_REAL_TOPIC] = topic
+        props[PROPERTY_TIMER_DELIVER_MS] = str(when)
+        if delay_level is not None:
+            props[PROPERTY_DELAY] = str(delay_level)
+        if message.queue_id is not None:
+            props[PROPERTY_REAL_QID] = str(message.queue_id)
+        stored = dataclasses.replace(message, topic=SCHEDULE_TOPIC, queue_id=0, properties=props)
+        return stored, when, uniq
+
+    def _schedule_retention(self) -> float:
+        """Seconds the system topic keeps a scheduled message: its cold retention with a cold
+        tier (hot files are freed only once tiered), else the store-wide hot retention. A delay
+        longer than that would be freed before delivery, so it bounds the delay accepted."""
+        if self.tiering is None and not self.config.tiered.enabled:
+            return self.config.store.file_reserved_time * 3600
+        entry = self.topic_admin.registry.table.topics.get(SCHEDULE_TOPIC)
+        declared = self.config.topics.get(SCHEDULE_TOPIC)
+        hours = (entry.cold_retention_hours if entry is not None else None) or (
+            declared.cold_retention_hours if declared is not None else None
+        )
+        return (hours or self.config.tiered.file_reserved_time) * 3600
+
+    def _start_scheduler(self) -> None:
+        """On the store's loop: start delivering (a writable store with the scheduler on)."""
+        if not self.hot.read_only and self.config.scheduled.enabled:
+            self.scheduler.start()
 
     @property
     def closed(self) -> bool:
@@ -381,7 +454,9 @@ class _StoreCore:
         return plan
 
     def _start_consumers(self) -> None:
-        """On the store's loop: mirror committed offsets to the bucket (with a cold tier)."""
+        """On the store's loop: mirror committed offsets to the bucket (with a cold tier), and
+        deliver scheduled messages."""
+        self._start_scheduler()
         if self.tiering is not None and self._offsets_mirror is None:
             self._offsets_mirror = asyncio.get_running_loop().create_task(
                 self._mirror_offsets(), name="tierd-offsets-mirror"
@@ -404,8 +479,9 @@ class _StoreCore:
             log.warning("uploading consumer offsets to the bucket failed (%s); retrying later", e)
 
     async def _stop_consumers(self) -> None:
-        """Release long polls, stop the mirror, upload the offsets one last time."""
+        """Release long polls, stop the scheduler and the mirror, upload the offsets one last time."""
         self.arrivals.release()
+        await self.scheduler.stop()
         task, self._offsets_mirror = self._offsets_mirror, None
         if task is not None:
             task.cancel()
@@ -496,6 +572,28 @@ class _StoreCore:
         if self.tiering is not None:
             await self.tiering.wait_ready()
         return await verify(hot, self.tiering, progress, repair=repair)
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleResult:
+    """What a scheduled put answers (docs/scheduled.md)."""
+
+    #: Recalls the message before it is due (``recall``); also on the delivered copy, as the
+    #: ``TIMER_HANDLE`` property.
+    handle: str
+    #: When the message becomes visible in its topic (ms since the epoch).
+    deliver_at: int
+    #: The message's UNIQ_KEY (RocketMQ's client message id), kept by the delivered copy.
+    msg_id: str
+    topic: str
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def _handle(offset: int, deliver_at: int) -> str:
+    return str(Handle(offset, deliver_at))
 
 
 @dataclass(frozen=True, slots=True)
@@ -615,6 +713,25 @@ class MessageStore(_StoreCore):
         if fut is not None:
             await asyncio.wrap_future(fut)
         return res
+
+    async def schedule(
+        self, message: Message, *, deliver_at: int | None = None, delay_level: int | None = None
+    ) -> ScheduleResult:
+        """Put ``message`` now, visible in its topic at ``deliver_at`` (ms since the epoch) or
+        after RocketMQ delay level ``delay_level`` (``scheduled.delay_levels``) — not before.
+        Durable when this returns, like :meth:`put`. DeliveryTimeError for a time in the past,
+        beyond ``scheduled.max_delay`` or a level out of range (docs/scheduled.md)."""
+        stored, when, uniq = self._scheduled(message, deliver_at, delay_level)
+        res = await self.put(stored)
+        self.scheduler.poke()
+        return ScheduleResult(_handle(res.queue_offset, when), when, uniq, message.topic)
+
+    async def recall(self, handle: str) -> bool:
+        """Cancel a scheduled message before it is due (RocketMQ 5.3's RecallMessage): True
+        when this call recalled it, False when it was recalled already. UnknownHandleError,
+        AlreadyDeliveredError (it is in its topic). Durable when this returns."""
+        self._hot()
+        return await self.scheduler.recall(handle)
 
     async def get(
         self,
@@ -775,6 +892,7 @@ class MessageStore(_StoreCore):
     async def close(self, grace: float | None = None) -> None:
         """Close both tiers; pending messages get ``grace`` seconds (default
         ``server.shutdown_grace``) to reach the cold tier, the rest goes at the next start."""
+        await self.scheduler.stop()
         await self.router.fetcher.aclose()
         await self._stop_consumers()
         await self.topic_admin.stop()
@@ -843,18 +961,26 @@ class BlockingMessageStore(_StoreCore):
     ) -> None:
         super().__init__(cfg, hot, tiering)
         self._loop = loop
+        #: Without a cold tier there is no loop: the scheduler gets one of its own.
+        self._own_loop: _LoopThread | None = None
         # No event loop runs reads without a cold tier (see _run): they may wait in place.
         self.router.waits_in_place = loop is None
 
     @classmethod
     def open(cls, cfg: TierdConfig) -> BlockingMessageStore:
         """Open (recovering after a crash). A failure on the way closes what was opened."""
+        store: BlockingMessageStore | None = None
         if not cfg.tiered.enabled:
             hot = HotStore.open(cfg.store)
             try:
                 store = cls(cfg, hot)
                 asyncio.run(store._start_topics())
+                if not hot.read_only and cfg.scheduled.enabled:
+                    store._own_loop = own = _LoopThread()
+                    own.run(_on_loop(store._start_scheduler))
             except BaseException:
+                if store is not None and store._own_loop is not None:
+                    store._own_loop.stop()
                 hot.close()
                 raise
             return store
@@ -922,6 +1048,30 @@ class BlockingMessageStore(_StoreCore):
         if fut is not None:
             fut.result()
         return res
+
+    def schedule(
+        self, message: Message, *, deliver_at: int | None = None, delay_level: int | None = None
+    ) -> ScheduleResult:
+        """See :meth:`MessageStore.schedule`."""
+        stored, when, uniq = self._scheduled(message, deliver_at, delay_level)
+        res = self.put(stored)
+        loop = self._sched_loop
+        if loop is not None:
+            loop.loop.call_soon_threadsafe(self.scheduler.poke)
+        return ScheduleResult(_handle(res.queue_offset, when), when, uniq, message.topic)
+
+    def recall(self, handle: str) -> bool:
+        """See :meth:`MessageStore.recall`."""
+        self._hot()
+        loop = self._sched_loop
+        if loop is None:
+            raise StoreClosedError("the scheduler is not running (scheduled.enabled is false)")
+        return loop.run(self.scheduler.recall(handle))
+
+    @property
+    def _sched_loop(self) -> _LoopThread | None:
+        """The loop the scheduler runs on: the tiering loop, or one of its own without a cold tier."""
+        return self._loop if self._loop is not None else self._own_loop
 
     def get(
         self,
@@ -1064,7 +1214,12 @@ class BlockingMessageStore(_StoreCore):
         """Close both tiers; pending messages get ``grace`` seconds (default
         ``server.shutdown_grace``) to reach the cold tier, the rest goes at the next start."""
         self.arrivals.release()
+        own, self._own_loop = self._own_loop, None
+        if own is not None:
+            own.run(self.scheduler.stop())
+            own.stop()
         if self._loop is not None:
+            self._loop.run(self.scheduler.stop())
             self._loop.run(self.router.fetcher.aclose())
             self._loop.run(self._stop_consumers())
             self._loop.run(self.topic_admin.stop())
@@ -1083,6 +1238,11 @@ class BlockingMessageStore(_StoreCore):
         self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.close()
+
+
+async def _on_loop(fn: Callable[[], None]) -> None:
+    """Call ``fn`` on the running loop (what starts a task there)."""
+    fn()
 
 
 async def _open_async(
@@ -1166,6 +1326,14 @@ class _BucketStore(BlockingMessageStore):
     def put_batch(self, messages: Sequence[Message]) -> PutBatchResult:
         raise self._refuse("produce")
 
+    def schedule(
+        self, message: Message, *, deliver_at: int | None = None, delay_level: int | None = None
+    ) -> ScheduleResult:
+        raise self._refuse("produce")
+
+    def recall(self, handle: str) -> bool:
+        raise self._refuse("recalling a scheduled message")
+
     def commit_offset(self, group: str, topic: str, queue_id: int, offset: int) -> None:
         raise self._refuse("committing a consumer offset")
 
@@ -1226,4 +1394,4 @@ class _LoopThread:
 
 
 # The HTTP layer takes these from here, not from the layers below (docs/design.md, "Seams").
-__all__ = ["MAX_GET_COUNT", "BlockingMessageStore", "MessageStore", "StoreStats", "TierReport"]
+__all__ = ["MAX_GET_COUNT", "BlockingMessageStore", "MessageStore", "ScheduleResult", "StoreStats", "TierReport"]

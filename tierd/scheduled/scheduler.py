@@ -1,0 +1,522 @@
+"""The scheduler: moves each scheduled message into its topic at (not before) its delivery time,
+exactly once, across crashes, restarts, retention and restores (docs/scheduled.md).
+
+Everything it needs to remember lives in the store itself, in three system topics
+(:mod:`tierd.scheduled.timing`), so it is as durable as any acknowledged message, tiers with the
+rest and comes back with a restore from the bucket — there is no side file to lose:
+
+* :data:`SCHEDULE_TOPIC` — the scheduled messages, in put order. Its queue is the durable index:
+  a start scans it (from the progress record's ``low`` mark) into an in-memory heap ordered by
+  delivery time; the running scheduler then tails it. Bodies are read back through the facade's
+  normal read, so a message whose hot copy retention has freed is read from the cold tier.
+* :data:`RECALL_TOPIC` — a tombstone per recalled handle, read whole at start.
+* :data:`PROGRESS_TOPIC` — progress records ``{low, scanned, through}``, at most one per
+  ``scheduled.checkpoint_interval``. One record says: every scheduled message at an offset below
+  ``scanned`` whose delivery time is at or before ``through`` is delivered or recalled, and none
+  below ``low`` is still pending. That stays true for ever once written, so the last record found
+  — even an old one in the bucket after a restore — is a safe place to start from.
+
+Exactly once to the topic: a delivery appends the real message (carrying the scheduled message's
+UNIQ_KEY and a ``TIMER_HANDLE`` property) and waits for it to be durable before the message
+leaves the pending set; the progress record comes later. A crash in between leaves delivered
+messages the last record does not cover; at the next start each scheduled message that was
+already due then is looked up by its UNIQ_KEY in the real topic's key index (both tiers) before
+it is written, and skipped when a copy with its handle is there. The window to check is what
+was due since the last record — seconds of deliveries, not the history.
+
+Producers are never held up: deliveries go out in batches of ``scheduled.batch`` messages (one
+store append each) and the task yields to the event loop between batches.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol
+
+from tierd.errors import AlreadyDeliveredError, NotReadyError, TierdError, UnknownHandleError
+from tierd.format.properties import PROPERTY_KEYS, PROPERTY_TAGS
+from tierd.message import GetStatus, Message, ReadPolicy
+from tierd.repeats import FailureLog
+from tierd.scheduled.timing import (
+    PROGRESS_TOPIC,
+    PROPERTY_REAL_QID,
+    PROPERTY_REAL_TOPIC,
+    PROPERTY_TIMER_HANDLE,
+    RECALL_TOPIC,
+    SCHEDULE_ONLY,
+    SCHEDULE_TOPIC,
+    Handle,
+    parse_delay_levels,
+    scheduled_deliver_at,
+)
+
+if TYPE_CHECKING:
+    from tierd.config import TierdConfig
+    from tierd.format.message_ext import MessageExt
+    from tierd.local.store import HotStore
+    from tierd.longpoll import ArrivalNotifier
+    from tierd.router import TierRouter
+    from tierd.tiered.service import TieringService
+
+log = logging.getLogger(__name__)
+#: Messages read per scan of the system topics (one read call each).
+SCAN_BATCH = 1024
+#: Bodies of messages due within this many ms are kept from the scan (no second read).
+LOOKAHEAD_MS = 2_000
+#: At most this many bodies are kept so (memory stays bounded whatever the backlog).
+MAX_KEPT_BODIES = 20_000
+#: Longest idle wait (s): the scheduler looks again at least this often.
+IDLE_WAIT = 1.0
+#: Pause (s) after a failed delivery, scan or progress write before trying again.
+RETRY_PAUSE = 1.0
+#: Seconds a start waits for the hot store to index what it recovered.
+DISPATCH_WAIT = 30.0
+#: Delivery lateness histogram buckets (s): the metric's ``le`` labels.
+LATENESS_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
+_NEVER = 2**63 - 1
+
+
+class Host(Protocol):
+    """What the scheduler uses of the store facade (no import of :mod:`tierd.store`)."""
+
+    config: TierdConfig
+    hot: HotStore
+    router: TierRouter
+    arrivals: ArrivalNotifier
+    tiering: TieringService | None
+
+
+@dataclass(frozen=True, slots=True)
+class Progress:
+    """One progress record (see the module doc)."""
+
+    low: int = 0
+    scanned: int = 0
+    through: int = -1
+
+    def covers(self, offset: int, deliver_at: int) -> bool:
+        return offset < self.scanned and deliver_at <= self.through
+
+    def encode(self) -> bytes:
+        return json.dumps({"low": self.low, "scanned": self.scanned, "through": self.through}).encode()
+
+    @classmethod
+    def decode(cls, raw: bytes) -> Progress:
+        doc = json.loads(raw)
+        return cls(int(doc["low"]), int(doc["scanned"]), int(doc["through"]))
+
+
+@dataclass(slots=True)
+class SchedulerStats:
+    """Counters behind the metrics (docs/metrics.md); plain increments on the scheduler's loop."""
+
+    delivered: int = 0
+    recalls: int = 0
+    #: Deliveries found already done after a crash (skipped, not written twice).
+    deduplicated: int = 0
+    #: Scheduled messages gone before delivery (retention freed them in both tiers, or damage).
+    lost: int = 0
+    lateness_buckets: list[int] = field(default_factory=lambda: [0] * len(LATENESS_BUCKETS))
+    lateness_count: int = 0
+    lateness_sum: float = 0.0
+
+    def observe_lateness(self, seconds: float) -> None:
+        self.lateness_count += 1
+        self.lateness_sum += seconds
+        for i, bound in enumerate(LATENESS_BUCKETS):
+            if seconds <= bound:
+                self.lateness_buckets[i] += 1
+                break
+
+
+class Scheduler:
+    """Runs on the store's event loop; every method below is called there."""
+
+    def __init__(self, host: Host) -> None:
+        self.host = host
+        cfg = host.config.scheduled
+        self.levels = parse_delay_levels(cfg.delay_levels)
+        self.batch = cfg.batch
+        self.checkpoint_interval = cfg.checkpoint_interval
+        self.stats = SchedulerStats()
+        #: offset -> delivery time of every scanned message not yet delivered or recalled
+        #: (including those being delivered or recalled right now).
+        self.pending: dict[int, int] = {}
+        self._due: list[tuple[int, int]] = []  # (deliver_at, offset), lazily cleaned
+        self._lows: list[int] = []  # offsets, lazily cleaned: the smallest pending one is `low`
+        self._claimed: dict[int, int] = {}  # being delivered or recalled: offset -> deliver_at
+        self._suspect: set[int] = set()  # due before this start: maybe delivered before a crash
+        self._bodies: dict[int, MessageExt] = {}
+        self._recalled: set[int] = set()
+        self._recall_scanned = 0
+        #: Next offset of SCHEDULE_TOPIC to scan.
+        self.scanned = 0
+        self._start_progress = Progress()
+        self._start_end = 0  # SCHEDULE_TOPIC's end offset when this start began
+        self._start_ms = 0
+        self._saved = Progress()
+        self._saved_at = 0.0
+        self._task: asyncio.Task[None] | None = None
+        self._wake: asyncio.Event | None = None
+        #: Set once the start-up scan of the progress and recall topics is done.
+        self.started = asyncio.Event()
+        self._failures = FailureLog(log, "scheduled delivery")
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self) -> None:
+        """Start the scheduler task on the running loop."""
+        if self._task is None:
+            self._wake = asyncio.Event()
+            self._task = asyncio.get_running_loop().create_task(self._run(), name="tierd-scheduler")
+
+    async def stop(self) -> None:
+        """Stop the task and write a last progress record (a clean restart checks nothing)."""
+        task, self._task = self._task, None
+        if task is None:
+            return
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        if self.started.is_set() and not self.host.hot.closed:
+            try:
+                await self._save_progress(force=True)
+            except Exception as e:  # the next start checks a little more; nothing is lost
+                log.warning("scheduler: last progress record not written (%s)", e)
+
+    @property
+    def running(self) -> bool:
+        return self._task is not None and not self._task.done()
+
+    def poke(self) -> None:
+        """Something changed (a scheduled put): look again now rather than at the next timer."""
+        if self._wake is not None:
+            self._wake.set()
+
+    # ------------------------------------------------------------------ reads
+    async def _read(self, topic: str, offset: int, count: int) -> tuple[GetStatus, list[MessageExt], int]:
+        """Messages of ``topic`` queue 0 from ``offset`` through the normal two-tier read."""
+        policy = ReadPolicy(self.host.config.tiered.storage_level)
+        r = await self.host.router.get(topic, 0, offset, count, policy)
+        return r.status, list(r.messages), r.next_offset
+
+    async def _last(self, topic: str) -> MessageExt | None:
+        end = self.host.router.max_offset(topic, 0)
+        if end <= 0:
+            return None
+        status, msgs, _ = await self._read(topic, end - 1, 1)
+        return msgs[0] if status is GetStatus.FOUND and msgs else None
+
+    async def _load(self) -> None:
+        """Start-up: wait for the cold tier and the hot store's index, read the last progress
+        record and every recall tombstone, and position the scan."""
+        t = self.host.tiering
+        if t is not None:
+            await t.wait_ready()
+        await asyncio.to_thread(self.host.hot.require_dispatched, DISPATCH_WAIT, "scheduled delivery")
+        last = await self._last(PROGRESS_TOPIC)
+        progress = Progress()
+        if last is not None:
+            try:
+                progress = Progress.decode(last.body)
+            except (ValueError, KeyError, TypeError) as e:
+                log.error("scheduler: unreadable progress record (%s); scanning every scheduled message", e)
+        await self._scan_recalls()
+        self._start_progress = self._saved = progress
+        self._start_ms = _now()
+        self._start_end = self.host.router.max_offset(SCHEDULE_TOPIC, 0)
+        self.scanned = max(progress.low, self.host.router.min_offset(SCHEDULE_TOPIC, 0))
+        self._saved_at = time.monotonic()
+        self.started.set()
+        log.info(
+            "scheduler: started at offset %d (progress: low %d, scanned %d, through %d)",
+            self.scanned,
+            progress.low,
+            progress.scanned,
+            progress.through,
+        )
+
+    async def _scan_recalls(self) -> None:
+        offset = max(self._recall_scanned, self.host.router.min_offset(RECALL_TOPIC, 0))
+        while True:
+            status, msgs, nxt = await self._read(RECALL_TOPIC, offset, SCAN_BATCH)
+            for m in msgs:
+                try:
+                    self._recalled.add(Handle.parse(m.body.decode()).offset)
+                except (TierdError, UnicodeDecodeError):
+                    continue  # not a tombstone of ours: someone wrote to the system topic
+            if status is not GetStatus.FOUND or nxt <= offset:
+                break
+            offset = nxt
+        self._recall_scanned = offset
+
+    async def _scan(self, limit: int = SCAN_BATCH) -> bool:
+        """Read newly scheduled messages into the heap; True if there may be more to read."""
+        status, msgs, nxt = await self._read(SCHEDULE_TOPIC, self.scanned, limit)
+        if status is GetStatus.OFFSET_TOO_SMALL:
+            low = self.host.router.min_offset(SCHEDULE_TOPIC, 0)
+            self.stats.lost += low - self.scanned
+            log.error(
+                "scheduler: scheduled messages at offsets %d..%d are gone (retention freed them in "
+                "both tiers) before delivery; continuing at %d",
+                self.scanned,
+                low - 1,
+                low,
+            )
+            self.scanned = low
+            return True
+        if status is not GetStatus.FOUND:
+            return False
+        now = _now()
+        for m in msgs:
+            self._add(m, now)
+        self.scanned = max(self.scanned, nxt)
+        return bool(msgs)
+
+    def _add(self, m: MessageExt, now: int) -> None:
+        o = m.queue_offset
+        deliver_at = scheduled_deliver_at(m.properties)
+        if deliver_at is None or PROPERTY_REAL_TOPIC not in m.properties:
+            log.warning("scheduler: %s offset %d is not a scheduled message; skipped", SCHEDULE_TOPIC, o)
+            return
+        if o in self._recalled or o in self.pending or self._start_progress.covers(o, deliver_at):
+            return
+        self.pending[o] = deliver_at
+        heapq.heappush(self._due, (deliver_at, o))
+        heapq.heappush(self._lows, o)
+        if o < self._start_end and deliver_at <= self._start_ms and not self._start_progress.covers(o, deliver_at):
+            self._suspect.add(o)
+        if deliver_at <= now + LOOKAHEAD_MS and len(self._bodies) < MAX_KEPT_BODIES:
+            self._bodies[o] = m
+
+    # ------------------------------------------------------------------ progress
+    def progress(self) -> Progress:
+        """What may be recorded now (see the module doc)."""
+        while self._lows and self._lows[0] not in self.pending:
+            heapq.heappop(self._lows)
+        low = self._lows[0] if self._lows else self.scanned
+        first = self._next_due()
+        if self._claimed:
+            first = min(first, *self._claimed.values())
+        return Progress(low=low, scanned=self.scanned, through=min(first - 1, _NEVER))
+
+    async def _save_progress(self, *, force: bool = False) -> None:
+        if not force and time.monotonic() - self._saved_at < self.checkpoint_interval:
+            return
+        p = self.progress()
+        self._saved_at = time.monotonic()
+        if p == self._saved:
+            return
+        await self._put([Message(topic=PROGRESS_TOPIC, body=p.encode(), queue_id=0)])
+        self._saved = p
+
+    async def _put(self, messages: list[Message]) -> None:
+        res, fut = self.host.hot.put_batch(messages)
+        if fut is not None:
+            await asyncio.wrap_future(fut)
+
+    # ------------------------------------------------------------------ delivery
+    def _next_due(self) -> int:
+        due = self._due
+        while due and (due[0][1] not in self.pending or due[0][1] in self._claimed):
+            heapq.heappop(due)
+        return due[0][0] if due else _NEVER
+
+    def _claim(self, now: int) -> list[tuple[int, int]]:
+        out: list[tuple[int, int]] = []
+        while len(out) < self.batch and self._next_due() <= now:
+            deliver_at, o = heapq.heappop(self._due)
+            self._claimed[o] = deliver_at
+            out.append((deliver_at, o))
+        return out
+
+    def _unclaim(self, claimed: list[tuple[int, int]]) -> None:
+        for deliver_at, o in claimed:
+            if self._claimed.pop(o, None) is not None and o in self.pending:
+                heapq.heappush(self._due, (deliver_at, o))
+
+    def _resolve(self, o: int) -> None:
+        self._claimed.pop(o, None)
+        self.pending.pop(o, None)
+        self._suspect.discard(o)
+        self._bodies.pop(o, None)
+
+    async def _body(self, o: int) -> MessageExt | None:
+        m = self._bodies.pop(o, None)
+        if m is not None:
+            return m
+        status, msgs, _ = await self._read(SCHEDULE_TOPIC, o, 1)
+        if status is GetStatus.FOUND and msgs and msgs[0].queue_offset == o:
+            return msgs[0]
+        if status in (GetStatus.OFFSET_TOO_SMALL, GetStatus.OFFSET_FOUND_NULL) or status is GetStatus.FOUND:
+            return None  # gone for good (retention in both tiers, damage)
+        raise NotReadyError(f"scheduled message {o} could not be read ({status.value}); retrying", offset=o)
+
+    async def _delivered_before(self, m: MessageExt, handle: str) -> bool:
+        """Was ``m`` delivered before the crash this start recovers from? Its copy carries its
+        UNIQ_KEY (indexed) and its handle."""
+        uniq = m.uniq_key
+        topic = m.properties[PROPERTY_REAL_TOPIC]
+        if not uniq:
+            return False
+        found = await self.host.router.query(topic, uniq, 64, 0, _NEVER)
+        return any(c.properties.get(PROPERTY_TIMER_HANDLE) == handle for c in found)
+
+    async def _deliver(self, claimed: list[tuple[int, int]]) -> None:
+        out: list[Message] = []
+        done: list[tuple[int, int]] = []
+        for deliver_at, o in claimed:
+            m = await self._body(o)
+            handle = str(Handle(o, deliver_at))
+            if m is None:
+                self.stats.lost += 1
+                log.error("scheduler: scheduled message %s is gone before delivery (retention or damage)", handle)
+                self._resolve(o)
+                continue
+            if o in self._suspect and await self._delivered_before(m, handle):
+                self.stats.deduplicated += 1
+                self._resolve(o)
+                continue
+            out.append(_real_message(m, handle))
+            done.append((deliver_at, o))
+        if out:
+            await self._put(out)
+        now = _now()
+        for deliver_at, o in done:
+            self._resolve(o)
+            self.stats.delivered += 1
+            self.stats.observe_lateness(max(0, now - deliver_at) / 1000)
+
+    async def _run(self) -> None:
+        assert self._wake is not None
+        while True:
+            try:
+                if not self.started.is_set():
+                    await self._load()
+                await self._round()
+                self._failures.succeeded()
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:
+                if self.host.hot.closed:
+                    return
+                self._failures.failed(e, f"retrying in {RETRY_PAUSE:g} s")
+                await asyncio.sleep(RETRY_PAUSE)
+
+    async def _round(self) -> None:
+        """Scan, deliver what is due, record progress; wait when there is nothing to do."""
+        assert self._wake is not None
+        arrivals = self.host.arrivals
+        key = (SCHEDULE_TOPIC, 0)
+        arrival = arrivals.register(key)
+        try:
+            more = await self._scan()
+            claimed = self._claim(_now())
+            if claimed:
+                try:
+                    await self._deliver(claimed)
+                finally:
+                    self._unclaim(claimed)  # only those not delivered: a failure retries them
+            await self._save_progress()
+            if more or claimed:
+                await asyncio.sleep(0)  # yield: producers and readers share this loop
+                return
+            wait = min(IDLE_WAIT, max(0.0, (self._next_due() - _now()) / 1000))
+            if self.pending or self._saved != self.progress():
+                wait = min(wait, self.checkpoint_interval)
+            waits: list[asyncio.Future[object]] = [asyncio.ensure_future(self._wake.wait())]
+            if not arrivals.released:
+                waits.append(arrival)  # type: ignore[arg-type]
+            try:
+                await asyncio.wait(waits, timeout=wait, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                waits[0].cancel()
+            self._wake.clear()
+        finally:
+            arrivals.unregister(key, arrival)
+
+    # ------------------------------------------------------------------ recall
+    async def recall(self, handle: str) -> bool:
+        """Cancel the scheduled message ``handle`` names. True when this call recalled it, False
+        when it was recalled already; UnknownHandleError for a handle this store never gave out,
+        AlreadyDeliveredError once it is in its topic (or on its way there). Returns once the
+        tombstone is durable."""
+        h = Handle.parse(handle)
+        await asyncio.wait_for(self.started.wait(), self.host.config.tiered.ready_timeout + DISPATCH_WAIT)
+        if h.offset >= self.scanned:
+            await asyncio.to_thread(self.host.hot.require_dispatched, DISPATCH_WAIT, "recall")
+            while h.offset >= self.scanned and await self._scan():
+                pass
+        if h.offset in self._recalled:
+            if await self._matches(h):
+                return False
+            raise _unknown(h)
+        deliver_at = self.pending.get(h.offset)
+        if deliver_at is None or deliver_at != h.deliver_at:
+            if not await self._matches(h):
+                raise _unknown(h)
+            raise AlreadyDeliveredError(
+                f"scheduled message {h} was already delivered (due at {h.deliver_at}); nothing recalled",
+                handle=str(h),
+            )
+        if h.offset in self._claimed:
+            raise AlreadyDeliveredError(
+                f"scheduled message {h} is being delivered now (due at {h.deliver_at}); nothing recalled",
+                handle=str(h),
+            )
+        self._claimed[h.offset] = h.deliver_at  # holds the progress record back until durable
+        try:
+            await self._put([Message(topic=RECALL_TOPIC, body=str(h).encode(), queue_id=0)])
+        except BaseException:
+            self._unclaim([(h.deliver_at, h.offset)])
+            raise
+        self._recalled.add(h.offset)
+        self._resolve(h.offset)
+        self.stats.recalls += 1
+        return True
+
+    async def _matches(self, h: Handle) -> bool:
+        """Does ``h`` name a message of SCHEDULE_TOPIC (offset and delivery time both)?"""
+        try:
+            status, msgs, _ = await self._read(SCHEDULE_TOPIC, h.offset, 1)
+        except TierdError:
+            return False
+        if status is not GetStatus.FOUND or not msgs or msgs[0].queue_offset != h.offset:
+            return False
+        return scheduled_deliver_at(msgs[0].properties) == h.deliver_at
+
+
+def _unknown(h: Handle) -> UnknownHandleError:
+    return UnknownHandleError(
+        f"no scheduled message has handle {h} (a handle of another store, a typo, or retention "
+        "freed it)",
+        handle=str(h),
+    )
+
+
+def _real_message(m: MessageExt, handle: str) -> Message:
+    """The message as its producer put it, for its real topic and queue, plus its handle."""
+    props = m.properties
+    qid = props.get(PROPERTY_REAL_QID)
+    kept = {
+        k: v for k, v in props.items() if k not in SCHEDULE_ONLY and k != PROPERTY_KEYS and k != PROPERTY_TAGS
+    }
+    kept[PROPERTY_TIMER_HANDLE] = handle
+    return Message(
+        topic=props[PROPERTY_REAL_TOPIC],
+        body=m.body,
+        queue_id=int(qid) if qid is not None else None,
+        keys=m.keys,
+        tags=m.tags,
+        properties=kept,
+        flag=m.flag,
+        born_host=m.born_host,
+        born_timestamp=m.born_timestamp,
+    )
+
+
+def _now() -> int:
+    return time.time_ns() // 1_000_000
