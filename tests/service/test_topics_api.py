@@ -266,3 +266,39 @@ def test_config_declared_topics_exist_at_start(tmp_path: Path) -> None:
         assert proc.terminate() == 0
     finally:
         proc.kill()
+
+
+def test_erase_mark_goes_once_retention_freed_the_records(tmp_path: Path) -> None:
+    """A deleted topic's records stay in the shared commitlog until hot retention frees their
+    files; the mark hiding them goes with the last of those files, not never."""
+    data = service_config(tmp_path)
+    data["store"] |= {"commitlog_file_size": 1024 * 1024, "max_message_size": 64 * 1024}
+    data["store"]["file_reserved_time"] = 0.0001  # 0.36 s: files expire as soon as they are cold
+    data["tiered"]["commitlog_segment_size"] = 4 * 1024 * 1024
+    proc = TierdProcess(write_config(tmp_path, data))
+    marks = tmp_path / "hot" / "config" / "erased-topics.json"
+    big = b64(b"x" * 60_000)
+    try:
+        wait_ready(proc.url)
+        with httpx.Client(base_url=proc.url, timeout=60, headers=JSON) as c:
+            for topic in ("doomed", "other"):
+                for _ in range(2):  # 2 x 12 x 60 KB: each topic fills more than a 1 MiB file
+                    batch = {"messages": [{"body": big}] * 12}
+                    r = c.post(f"/v1/topics/{topic}/messages:batch", json=batch)
+                    assert r.status_code == 200, r.text
+                if topic == "doomed":
+                    assert c.post("/v1/admin/tier").status_code == 200
+                    assert c.delete("/v1/topics/doomed", params={"force": "true"}).status_code == 200
+                    assert "doomed" in json.loads(marks.read_text())
+            assert c.post("/v1/admin/tier").status_code == 200
+            deadline = time.monotonic() + 60
+            while "doomed" in json.loads(marks.read_text()):
+                assert time.monotonic() < deadline, "the erase mark outlived the files it hid"
+                assert c.post("/v1/admin/gc").status_code == 200
+                time.sleep(0.2)
+            other = c.get("/v1/topics/other").json()
+            assert other["cold_messages"] == 24  # the other topic keeps every message
+            assert c.get("/v1/topics/doomed").status_code == 404
+        assert proc.terminate() == 0
+    finally:
+        proc.kill()
