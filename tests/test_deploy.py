@@ -762,6 +762,40 @@ def test_docs_stand_alone() -> None:
         assert (REPO / "docs" / name).exists(), name
 
 
+def test_the_upgrade_table_states_the_versions_the_code_writes() -> None:
+    """docs/deploy.md's "Upgrading and rolling back" tells operators which format versions a
+    store holds; the code owns those numbers, so the table is checked against it."""
+    from tierd.local import layout
+    from tierd.offsets import OffsetTable
+    from tierd.tiered import metadata
+    from tierd.tiered.manifest import BrokerManifest, IndexManifest, QueueManifest
+    from tierd.tiered.ownership import OwnerRecord
+    from tierd.topics import TopicTable
+
+    def default(model: Any) -> int:
+        version: int = model.model_fields["format_version"].default
+        return version
+
+    text = (REPO / "docs" / "deploy.md").read_text()
+    section = text.split("## Upgrading and rolling back", 1)[1].split("\n## ", 1)[0]
+    rows = {
+        cells[0]: cells[2:]
+        for line in section.splitlines()
+        if line.startswith("| ") and not line.startswith("| file") and "---" not in line
+        for cells in [[c.strip() for c in line.strip("|").split("|")]]
+    }
+    assert rows["`layout.json`"] == [str(layout.FORMAT_VERSION), str(layout.FORMAT_VERSION)]
+    meta = rows["tiering metadata `tieredStoreMetadata.json`"]
+    assert meta[0] == str(metadata.FORMAT_VERSION)
+    assert meta[1].startswith(", ".join(str(v) for v in range(1, metadata.FORMAT_VERSION + 1)))
+    assert {default(TopicTable), default(OffsetTable)} == {
+        int(v) for v in rows["`topics.json`, `consumer-offsets.json`"]
+    }
+    manifests = {default(m) for m in (QueueManifest, BrokerManifest, IndexManifest)}
+    assert manifests == {int(v) for v in rows["queue, broker and index manifests"]}
+    assert {default(OwnerRecord)} == {int(v) for v in rows["owner records `OWNER.d/*.json`"]}
+
+
 # ---------------------------------------------------------------- make and the image recipe
 
 
