@@ -287,8 +287,8 @@ class Scheduler:
         self.pending[o] = deliver_at
         heapq.heappush(self._due, (deliver_at, o))
         heapq.heappush(self._lows, o)
-        if o < self._start_end and deliver_at <= self._start_ms and not self._start_progress.covers(o, deliver_at):
-            self._suspect.add(o)
+        if o < self._start_end and deliver_at <= self._start_ms:
+            self._suspect.add(o)  # due before this start: a crash may have delivered it already
         if deliver_at <= now + LOOKAHEAD_MS and len(self._bodies) < MAX_KEPT_BODIES:
             self._bodies[o] = m
 
@@ -314,7 +314,7 @@ class Scheduler:
         self._saved = p
 
     async def _put(self, messages: list[Message]) -> None:
-        res, fut = self.host.hot.put_batch(messages)
+        _, fut = self.host.hot.put_batch(messages)
         if fut is not None:
             await asyncio.wrap_future(fut)
 
@@ -373,7 +373,9 @@ class Scheduler:
             handle = str(Handle(o, deliver_at))
             if m is None:
                 self.stats.lost += 1
-                log.error("scheduler: scheduled message %s is gone before delivery (retention or damage)", handle)
+                log.error(
+                    "scheduler: scheduled message %s is gone before delivery (retention, damage)", handle
+                )
                 self._resolve(o)
                 continue
             if o in self._suspect and await self._delivered_before(m, handle):
@@ -491,8 +493,7 @@ class Scheduler:
 
 def _unknown(h: Handle) -> UnknownHandleError:
     return UnknownHandleError(
-        f"no scheduled message has handle {h} (a handle of another store, a typo, or retention "
-        "freed it)",
+        f"no scheduled message has handle {h} (a handle of another store, a typo, or retention freed it)",
         handle=str(h),
     )
 

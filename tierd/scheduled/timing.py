@@ -78,7 +78,8 @@ def delivery_time(
     if (deliver_at is None) == (delay_level is None):
         raise InvalidArgumentError("give a delivery time or a delay level (one of the two)")
     if delay_level is not None:
-        if isinstance(delay_level, bool) or not isinstance(delay_level, int) or not 1 <= delay_level <= len(levels):
+        valid = isinstance(delay_level, int) and not isinstance(delay_level, bool)
+        if not valid or not 1 <= delay_level <= len(levels):
             raise DeliveryTimeError(
                 f"delay level must be an integer in [1, {len(levels)}] (scheduled.delay_levels), "
                 f"got {delay_level!r}",
