@@ -667,6 +667,7 @@ SECTIONS: dict[str, type[_Section]] = {
     "log": LogConfig,
     "table": TableConfig,
     "scheduled": ScheduledConfig,
+    "transactions": TransactionsConfig,
 }
 #: Sections holding one table per name (``[topics.<name>]``), with the model of each.
 NAMED_SECTIONS: dict[str, type[_Section]] = {"topics": TopicConfig}
@@ -684,6 +685,7 @@ class TierdConfig(_Section):
     log: LogConfig = Field(default_factory=lambda: LogConfig())
     table: TableConfig = Field(default_factory=lambda: TableConfig())
     scheduled: ScheduledConfig = Field(default_factory=lambda: ScheduledConfig())
+    transactions: TransactionsConfig = Field(default_factory=lambda: TransactionsConfig())
     topics: dict[str, TopicConfig] = Field(default_factory=dict)
 
     @model_validator(mode="after")

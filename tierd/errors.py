@@ -329,3 +329,21 @@ class AlreadyDeliveredError(TierdError, RuntimeError):
 
     code = "already_delivered"
     http_status = 409
+
+
+# --------------------------------------------------------------------------- transactional messages
+class UnknownTransactionError(NotFoundError):
+    """A commit or rollback names a transaction this store has no half message for: never begun
+    here, a typo, or resolved so long ago that the store no longer remembers it
+    (docs/transactions.md). The detail names the transaction id."""
+
+    code = "unknown_transaction"
+
+
+class TransactionResolvedError(TierdError, RuntimeError):
+    """A commit or rollback of a transaction that is already resolved. ``detail["resolution"]``
+    says how (``COMMIT`` or ``ROLLBACK``): a producer retrying a commit whose answer it lost
+    learns that it did commit, and the message was written once."""
+
+    code = "transaction_resolved"
+    http_status = 409

@@ -61,6 +61,8 @@ from tierd.tiered.roots import backend_for_url
 from tierd.tiered.service import TieringService
 from tierd.topics import TopicAdmin, TopicInfo
 from tierd.topics import restore_table as restore_topic_table
+from tierd.transactions.coordinator import EndResult, HalfResult, PendingTransaction, TransactionCoordinator
+from tierd.transactions.names import Resolution
 from tierd.verify import Progress as VerifyProgress
 from tierd.verify import VerifyReport, verify, verify_store
 
@@ -137,6 +139,8 @@ class _StoreCore:
         self._offsets_mirror: asyncio.Task[None] | None = None
         #: Delivers scheduled messages (docs/scheduled.md); started with the store's upkeep.
         self.scheduler = Scheduler(self)
+        #: Half messages, commits, rollbacks, check-backs (docs/transactions.md).
+        self.transactions = TransactionCoordinator(self)
 
     def _scheduled(
         self, message: Message, deliver_at: int | None, delay_level: int | None
@@ -453,10 +457,16 @@ class _StoreCore:
         await asyncio.to_thread(self.offsets.commit, group, plan)
         return plan
 
+    def _start_transactions(self) -> None:
+        """On the store's loop: load pending transactions and check back (a writable store)."""
+        if not self.hot.read_only:
+            self.transactions.start()
+
     def _start_consumers(self) -> None:
         """On the store's loop: mirror committed offsets to the bucket (with a cold tier), and
         deliver scheduled messages."""
         self._start_scheduler()
+        self._start_transactions()
         if self.tiering is not None and self._offsets_mirror is None:
             self._offsets_mirror = asyncio.get_running_loop().create_task(
                 self._mirror_offsets(), name="tierd-offsets-mirror"
@@ -482,6 +492,7 @@ class _StoreCore:
         """Release long polls, stop the scheduler and the mirror, upload the offsets one last time."""
         self.arrivals.release()
         await self.scheduler.stop()
+        await self.transactions.stop()
         task, self._offsets_mirror = self._offsets_mirror, None
         if task is not None:
             task.cancel()
@@ -733,6 +744,39 @@ class MessageStore(_StoreCore):
         self._hot()
         return await self.scheduler.recall(handle)
 
+    async def put_half(self, message: Message, *, producer_group: str) -> HalfResult:
+        """Send the half message of a transaction (docs/transactions.md): durable when this
+        returns, invisible in ``message.topic`` until :meth:`end_transaction` commits it. A
+        transaction left unresolved is checked back with ``producer_group`` after
+        ``transactions.transaction_timeout`` s, then every ``check_interval`` s, and rolled back
+        after ``check_max`` unanswered checks."""
+        self._hot()
+        return await self.transactions.prepare(message, producer_group)
+
+    async def end_transaction(self, transaction_id: str, resolution: Resolution | str) -> EndResult:
+        """``COMMIT`` (the message becomes visible, exactly once) or ``ROLLBACK`` (it never
+        does); durable when this returns. UnknownTransactionError for an id with nothing pending,
+        TransactionResolvedError (its detail says how) for one already resolved."""
+        self._hot()
+        return await self.transactions.end(transaction_id, resolution)
+
+    async def commit_transaction(self, transaction_id: str) -> EndResult:
+        """:meth:`end_transaction` with ``COMMIT``."""
+        return await self.end_transaction(transaction_id, Resolution.COMMIT)
+
+    async def rollback_transaction(self, transaction_id: str) -> EndResult:
+        """:meth:`end_transaction` with ``ROLLBACK``."""
+        return await self.end_transaction(transaction_id, Resolution.ROLLBACK)
+
+    async def pending_transactions(
+        self, producer_group: str | None = None, *, due: bool = False
+    ) -> list[PendingTransaction]:
+        """Transactions waiting for their producer, oldest first; ``due``: only those a
+        check-back asks about (older than ``transactions.transaction_timeout``)."""
+        self._hot()
+        await self.transactions.wait_started()
+        return self.transactions.pending(producer_group, due=due)
+
     async def get(
         self,
         topic: str,
@@ -978,6 +1022,7 @@ class BlockingMessageStore(_StoreCore):
                 if not hot.read_only and cfg.scheduled.enabled:
                     store._own_loop = own = _LoopThread()
                     own.run(_on_loop(store._start_scheduler))
+                    own.run(_on_loop(store._start_transactions))
             except BaseException:
                 if store is not None and store._own_loop is not None:
                     store._own_loop.stop()
@@ -1067,6 +1112,30 @@ class BlockingMessageStore(_StoreCore):
         if loop is None:
             raise StoreClosedError("the scheduler is not running (scheduled.enabled is false)")
         return loop.run(self.scheduler.recall(handle))
+
+    def _transactions_loop(self) -> _LoopThread:
+        loop = self._sched_loop
+        if loop is None:
+            raise StoreClosedError(
+                "transactions need the store's event loop: open with a cold tier or scheduled.enabled"
+            )
+        return loop
+
+    def put_half(self, message: Message, *, producer_group: str) -> HalfResult:
+        """See :meth:`MessageStore.put_half`."""
+        self._hot()
+        return self._transactions_loop().run(self.transactions.prepare(message, producer_group))
+
+    def end_transaction(self, transaction_id: str, resolution: Resolution | str) -> EndResult:
+        """See :meth:`MessageStore.end_transaction`."""
+        self._hot()
+        return self._transactions_loop().run(self.transactions.end(transaction_id, resolution))
+
+    def commit_transaction(self, transaction_id: str) -> EndResult:
+        return self.end_transaction(transaction_id, Resolution.COMMIT)
+
+    def rollback_transaction(self, transaction_id: str) -> EndResult:
+        return self.end_transaction(transaction_id, Resolution.ROLLBACK)
 
     @property
     def _sched_loop(self) -> _LoopThread | None:
@@ -1333,6 +1402,12 @@ class _BucketStore(BlockingMessageStore):
 
     def recall(self, handle: str) -> bool:
         raise self._refuse("recalling a scheduled message")
+
+    def put_half(self, message: Message, *, producer_group: str) -> HalfResult:
+        raise self._refuse("sending a half message")
+
+    def end_transaction(self, transaction_id: str, resolution: Resolution | str) -> EndResult:
+        raise self._refuse("ending a transaction")
 
     def commit_offset(self, group: str, topic: str, queue_id: int, offset: int) -> None:
         raise self._refuse("committing a consumer offset")
