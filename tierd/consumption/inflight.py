@@ -205,6 +205,12 @@ class AckJournal:
     def __init__(self, store_dir: Path) -> None:
         self.path = store_dir / "consumption" / "acks.log"
         self.lines = 0
+        #: Entries waiting for the next write, and the future their callers await.
+        self._pending: list[tuple[QueueKey, int]] = []
+        self._next: asyncio.Future[None] | None = None
+        self._writer: asyncio.Task[None] | None = None
+        #: One file operation at a time: a rewrite must not replace the file under an append.
+        self._io = asyncio.Lock()
 
     def load(self) -> dict[QueueKey, list[int]]:
         out: dict[QueueKey, list[int]] = {}
@@ -236,6 +242,38 @@ class AckJournal:
             os.close(fd)
         self.lines += len(entries)
 
+    async def write(self, entries: list[tuple[QueueKey, int]]) -> None:
+        """Durable when this returns. Group commit: entries that arrive while a write is being
+        fsynced go out together in the next one, so concurrent acks share an fsync instead of
+        queueing for one each."""
+        if not entries:
+            return
+        if self._next is None:
+            self._next = asyncio.get_running_loop().create_future()
+        done = self._next
+        self._pending.extend(entries)
+        if self._writer is None or self._writer.done():
+            self._writer = asyncio.create_task(self._drain(), name="tierd-ack-journal")
+        await asyncio.shield(done)
+
+    async def _drain(self) -> None:
+        while self._pending:
+            batch, done = self._pending, self._next
+            self._pending, self._next = [], None
+            assert done is not None
+            try:
+                async with self._io:
+                    await asyncio.to_thread(self.append, batch)
+            except Exception as e:  # each waiting ack reports it; none is answered OK
+                done.set_exception(e)
+                done.exception()  # retrieved: no "never retrieved" warning when all gave up
+            else:
+                done.set_result(None)
+
+    async def compact(self, live: list[tuple[QueueKey, int]]) -> None:
+        async with self._io:
+            await asyncio.to_thread(self.rewrite, live)
+
     def rewrite(self, live: list[tuple[QueueKey, int]]) -> None:
         data = "".join(f"{g}\t{t}\t{q}\t{o}\n" for (g, t, q), o in live).encode()
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -253,6 +291,8 @@ class Inflight:
         self._now = time.monotonic
         self.journal = AckJournal(Path(store.config.store.dir))
         self._acked_on_disk = self.journal.load()
+        #: Acks being written to the journal (outside the lock): never redelivered meanwhile.
+        self._acking: set[tuple[QueueKey, int]] = set()
         self._queues: dict[QueueKey, _Queue] = {}
         self._lock = asyncio.Lock()
         #: Redeliveries so far (a metric).
@@ -360,7 +400,7 @@ class Inflight:
             for offset, lease in sorted(q.leases.items()):
                 if len(out) >= batch:
                     return out
-                if lease.visible_at > now:
+                if lease.visible_at > now or ((group, topic, queue_id), offset) in self._acking:
                     continue
                 r = await self.store.get(topic, queue_id, offset, 1)
                 if not r.messages or r.messages[0].queue_offset != offset:
@@ -457,16 +497,30 @@ class Inflight:
                     results.append(e)
                     continue
                 results.append(None)
-                if lease is not None:
+                if lease is not None:  # (also when being acked: OK only once it is durable)
                     todo.append((key, offset))
-            await self._consume(todo)
-            return results
+            self._acking.update(todo)
+        # The fsync happens outside the lock, so concurrent acks share one (group commit) and
+        # receives go on meanwhile; the offsets being acked are not redelivered in between.
+        try:
+            await self.journal.write(todo)
+            async with self._lock:
+                self._apply(todo)
+                await self._after_apply(todo)
+        finally:
+            self._acking.difference_update(todo)
+        return results
 
     async def _consume(self, todo: list[tuple[QueueKey, int]]) -> None:
         """Journal (fsynced) then forget the leases of ``todo``; move the committed prefixes."""
         if not todo:
             return
-        await asyncio.to_thread(self.journal.append, todo)
+        await self.journal.write(todo)
+        self._apply(todo)
+        await self._after_apply(todo)
+
+    def _apply(self, todo: list[tuple[QueueKey, int]]) -> None:
+        """Forget the leases of journaled acks and consume their offsets."""
         for key, offset in todo:
             q = self._queues[key]
             lease = q.leases.pop(offset, None)
@@ -475,6 +529,8 @@ class Inflight:
                 for fut in self._waiting.get((key[0], key[1]), ()):
                     if not fut.done():
                         fut.set_result(None)
+
+    async def _after_apply(self, todo: list[tuple[QueueKey, int]]) -> None:
         for key in {k for k, _ in todo}:
             await self._commit(*key, self._queues[key])
         await self._compact()
@@ -536,8 +592,9 @@ class Inflight:
     async def _compact(self) -> None:
         live = [(key, offset) for key, q in self._queues.items() for a, b in q.done for offset in range(a, b)]
         live += [(key, o) for key, offsets in self._acked_on_disk.items() for o in offsets]
+        live += self._acking  # journaled (or about to be) but not applied yet: keep them
         if self.journal.lines > COMPACT_SLACK + 4 * len(live):
-            await asyncio.to_thread(self.journal.rewrite, live)
+            await self.journal.compact(live)
 
     def in_flight(self) -> dict[str, int]:
         """Leased messages per group (a metric)."""
