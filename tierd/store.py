@@ -151,7 +151,9 @@ class _StoreCore:
         delivered copy keeps it: the key index finds the copy by it after a crash)."""
         topic = check_topic(message.topic)
         if topic in SYSTEM_TOPICS:
-            raise InvalidTopicError(f"topic {topic!r} is the scheduler's own; schedule into a user topic", topic=topic)
+            raise InvalidTopicError(
+                f"topic {topic!r} is the scheduler's own; schedule into a user topic", topic=topic
+            )
         if message.queue_id is not None:
             check_queue(message.queue_id, self.config.store.max_queues)
         sc = self.config.scheduled
@@ -1469,4 +1471,11 @@ class _LoopThread:
 
 
 # The HTTP layer takes these from here, not from the layers below (docs/design.md, "Seams").
-__all__ = ["MAX_GET_COUNT", "BlockingMessageStore", "MessageStore", "ScheduleResult", "StoreStats", "TierReport"]
+__all__ = [
+    "MAX_GET_COUNT",
+    "BlockingMessageStore",
+    "MessageStore",
+    "ScheduleResult",
+    "StoreStats",
+    "TierReport",
+]

@@ -23,7 +23,7 @@ from fastapi.responses import Response
 from pydantic import BaseModel, BeforeValidator, ValidationError
 
 # FastAPI reads route annotations at runtime: this import must stay a real one.
-from tierd.errors import NotReadyError
+from tierd.errors import InvalidArgumentError, NotReadyError
 from tierd.format.message_id import OFFSET_MASK, offset_msg_id_template
 from tierd.local.store import byte_bounded_count
 from tierd.message import ReadPolicy  # noqa: TC001
@@ -62,7 +62,9 @@ from tierd.service.schemas import (
     QueueOffsetOut,
     QueueOut,
     QueuesOut,
+    RecallOut,
     ResetIn,
+    ScheduledOut,
     SegmentOut,
     SegmentsOut,
     SegmentType,
@@ -271,21 +273,43 @@ READ_ERRORS = _errors(400, 422, 502, 503)
 
 @router.post(
     "/v1/topics/{topic}/messages",
-    response_model=PutOut,
+    response_model=PutOut | ScheduledOut,
     tags=["produce"],
     summary="Produce one message",
     responses=WRITE_ERRORS,
     openapi_extra=_request_body(MessageIn),
 )
-async def produce(topic: Topic, request: Request, svc: Svc) -> PutOut:
+async def produce(topic: Topic, request: Request, svc: Svc) -> PutOut | ScheduledOut:
     """Append one message to the hot store; returns once it is acknowledged (after fsync when
     `store.flush = "sync"`). Without `queue_id` the store picks a queue round-robin; with
-    `message_group`, the group's queue (one queue per group: its messages stay in order)."""
+    `message_group`, the group's queue (one queue per group: its messages stay in order). With
+    `deliver_at` or `delay_level` the message is scheduled (docs/scheduled.md): stored now,
+    visible in the topic at that time, and the answer is its handle."""
     message = await _parse(request, MessageIn)
     with svc.writing() as store:
         group = message.message_group
         qid = store.group_queue(topic, group) if group is not None else None
+        if message.deliver_at is not None or message.delay_level is not None:
+            r = await store.schedule(
+                message.to_message(topic, qid), deliver_at=message.deliver_at, delay_level=message.delay_level
+            )
+            return ScheduledOut(handle=r.handle, deliver_at=r.deliver_at, msg_id=r.msg_id, topic=r.topic)
         return PutOut.of(await store.put(message.to_message(topic, qid)))
+
+
+@router.delete(
+    "/v1/scheduled/{handle}",
+    response_model=RecallOut,
+    tags=["produce"],
+    summary="Recall a scheduled message before it is due",
+    responses=_errors(404, 409, 415, 503),
+)
+async def recall(handle: Annotated[str, Path(max_length=64)], svc: Svc) -> RecallOut:
+    """Cancel the scheduled message `handle` names (RocketMQ 5.3 RecallMessage); durable when
+    answered. 404 `unknown_handle` for a handle this store never gave out; 409
+    `already_delivered` once it is in its topic."""
+    with svc.writing() as store:
+        return RecallOut(handle=handle, recalled=await store.recall(handle))
 
 
 @router.post(
@@ -302,6 +326,11 @@ async def produce_batch(topic: Topic, request: Request) -> Response:
     to one queue picked round-robin; messages with a `message_group` to their group's queue."""
     svc: Service = request.app.state.service  # not a dependency: this is the hot path
     batch = await _parse(request, BatchIn)
+    if any(m.deliver_at is not None or m.delay_level is not None for m in batch.messages):
+        raise InvalidArgumentError(
+            "a batch cannot hold scheduled messages (deliver_at, delay_level): produce each one "
+            "with POST /v1/topics/{topic}/messages"
+        )
     with svc.writing() as store:
         n = store.queue_count(topic) if any(m.message_group is not None for m in batch.messages) else 0
         messages = [

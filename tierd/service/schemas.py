@@ -96,6 +96,18 @@ class MessageIn(_Request):
         description="Message group (RocketMQ FIFO group, a sharding key): every message of a group "
         "goes to one queue, in order (docs/topics.md). Not together with `queue_id`.",
     )
+    deliver_at: int | None = Field(
+        None,
+        ge=0,
+        description="Scheduled message (docs/scheduled.md): visible in the topic at this time "
+        "(ms since the epoch), not before; in the future, at most `scheduled.max_delay` ahead "
+        "(else 400 `invalid_delivery_time`). Single produce only.",
+    )
+    delay_level: int | None = Field(
+        None,
+        description="Scheduled message after RocketMQ delay level 1–18 (`scheduled.delay_levels`: "
+        "1s 5s 10s 30s 1m … 2h). Not together with `deliver_at`.",
+    )
 
     @model_validator(mode="after")
     def _one_target(self) -> MessageIn:
@@ -114,6 +126,22 @@ class MessageIn(_Request):
             properties=self.properties,
             flag=self.flag,
         )
+
+
+class ScheduledOut(_Model):
+    """A scheduled message, stored durably: where it will be, when, and how to recall it."""
+
+    handle: str = Field(description="`DELETE /v1/scheduled/{handle}` recalls it before it is due.")
+    deliver_at: int = Field(description="When it becomes visible in its topic (ms since the epoch).")
+    msg_id: str = Field(description="Its UNIQ_KEY (client message id), which the delivered copy keeps.")
+    topic: str
+
+
+class RecallOut(_Model):
+    """What a recall did."""
+
+    handle: str
+    recalled: bool = Field(description="True: this call recalled it; false: it was recalled already.")
 
 
 class BatchIn(_Request):
