@@ -62,6 +62,7 @@ from tierd.tiered.service import TieringService
 from tierd.topics import TopicAdmin, TopicInfo
 from tierd.topics import restore_table as restore_topic_table
 from tierd.transactions.coordinator import EndResult, HalfResult, PendingTransaction, TransactionCoordinator
+from tierd.transactions.names import SYSTEM_TOPICS as TRANSACTION_TOPICS
 from tierd.transactions.names import Resolution
 from tierd.verify import Progress as VerifyProgress
 from tierd.verify import VerifyReport, verify, verify_store
@@ -516,10 +517,11 @@ class _StoreCore:
         return {t: sorted(q) for t, q in sorted(out.items())}
 
     def list_topics(self) -> list[str]:
-        """Every topic: created, declared in the configuration, or holding messages."""
+        """Every topic: created, declared in the configuration, or holding messages — less the
+        transaction system topics, which hold no message a consumer may read."""
         self._hot()
         self._cold_loaded_now()
-        return self.topic_admin.names()
+        return [t for t in self.topic_admin.names() if t not in TRANSACTION_TOPICS]
 
     def describe_topic(self, topic: str) -> TopicInfo:
         """A topic's queue count, retention, sizes and per-queue ranges in both tiers

@@ -47,15 +47,20 @@ from tierd.service.schemas import (
     CommitIn,
     DeletedOut,
     EarliestTimeOut,
+    EndOut,
     ErrorOut,
     GcOut,
     GetOut,
     GroupOffsetsOut,
     GroupOut,
     GroupsOut,
+    HalfIn,
+    HalfOut,
     MessageIn,
     MessageOut,
     OffsetForTimeOut,
+    PendingListOut,
+    PendingOut,
     ProblemOut,
     PutOut,
     QueryOut,
@@ -310,6 +315,97 @@ async def recall(handle: Annotated[str, Path(max_length=64)], svc: Svc) -> Recal
     `already_delivered` once it is in its topic."""
     with svc.writing() as store:
         return RecallOut(handle=handle, recalled=await store.recall(handle))
+
+
+TransactionId = Annotated[
+    str, Path(min_length=1, max_length=128, description="The id the half message's answer gave.")
+]
+
+
+@router.post(
+    "/v1/topics/{topic}/transactions",
+    response_model=HalfOut,
+    tags=["produce"],
+    summary="Send a transaction's half message",
+    responses=WRITE_ERRORS,
+    openapi_extra=_request_body(HalfIn),
+)
+async def put_half(topic: Topic, request: Request, svc: Svc) -> HalfOut:
+    """Store a half message (docs/transactions.md): durable when answered, invisible in `topic`
+    until `POST /v1/transactions/{id}/commit`. Left unresolved, it is listed by
+    `GET /v1/transactions?producer_group=…&due=true` for its producer to answer, and rolled back
+    after `transactions.check_max` check-backs."""
+    body = await _parse(request, HalfIn)
+    with svc.writing() as store:
+        group = body.message_group
+        qid = store.group_queue(topic, group) if group is not None else None
+        r = await store.put_half(body.to_message(topic, qid), producer_group=body.producer_group)
+        return HalfOut(transaction_id=r.transaction_id, msg_id=r.uniq_key, topic=r.topic)
+
+
+async def _end(svc: Service, transaction_id: str, resolution: str) -> EndOut:
+    with svc.writing() as store:
+        r = await store.end_transaction(transaction_id, resolution)
+    put = PutOut.of(r.put) if r.put is not None else None
+    return EndOut(transaction_id=r.transaction_id, resolution=r.resolution.value, message=put)
+
+
+@router.post(
+    "/v1/transactions/{transaction_id}/commit",
+    response_model=EndOut,
+    tags=["produce"],
+    summary="Commit a transaction: its message becomes visible, once",
+    responses=_errors(404, 409, 415, 503, 507),
+)
+async def commit_transaction(transaction_id: TransactionId, svc: Svc) -> EndOut:
+    """Durable when answered. 404 `unknown_transaction`; 409 `transaction_resolved` when it
+    already ended (`detail.resolution` says how: a retried commit learns it did commit)."""
+    return await _end(svc, transaction_id, "COMMIT")
+
+
+@router.post(
+    "/v1/transactions/{transaction_id}/rollback",
+    response_model=EndOut,
+    tags=["produce"],
+    summary="Roll a transaction back: its message is never visible",
+    responses=_errors(404, 409, 415, 503, 507),
+)
+async def rollback_transaction(transaction_id: TransactionId, svc: Svc) -> EndOut:
+    """Durable when answered; errors as for commit."""
+    return await _end(svc, transaction_id, "ROLLBACK")
+
+
+@router.get(
+    "/v1/transactions",
+    response_model=PendingListOut,
+    tags=["produce"],
+    summary="Pending transactions (the check-back poll)",
+    responses=_errors(400, 422, 503),
+)
+async def pending_transactions(
+    svc: Svc,
+    producer_group: Annotated[str | None, Query(pattern=TOPIC_PATTERN)] = None,
+    due: bool = False,
+) -> PendingListOut:
+    """Transactions waiting for a commit or rollback, oldest first. An HTTP producer polls with
+    its `producer_group` and `due=true` (older than `transactions.transaction_timeout`) and
+    answers each with commit or rollback: that is its check-back."""
+    store = svc.store()
+    pending = await store.pending_transactions(producer_group, due=due)
+    return PendingListOut(
+        transactions=[
+            PendingOut(
+                transaction_id=p.transaction_id,
+                producer_group=p.producer_group,
+                topic=p.topic,
+                queue_id=p.queue_id,
+                msg_id=p.uniq_key,
+                stored_at=p.stored_at,
+                checks=p.checks,
+            )
+            for p in pending
+        ]
+    )
 
 
 @router.post(
@@ -895,7 +991,7 @@ def _document_security(app: FastAPI) -> None:
         schema = base()
         # Bodies parsed by _parse are invisible to FastAPI: publish their schemas ourselves.
         components = schema.setdefault("components", {}).setdefault("schemas", {})
-        for model in (BatchIn, MessageIn, CommitIn, ResetIn):
+        for model in (BatchIn, MessageIn, CommitIn, ResetIn, HalfIn):
             js = model.model_json_schema(ref_template="#/components/schemas/{model}")
             components.update(js.pop("$defs", {}))
             components[model.__name__] = js

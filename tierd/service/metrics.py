@@ -124,6 +124,7 @@ class StoreCollector(Collector):
             hot.writes_refused,
         )
         yield from self._disk(store)
+        yield from self._transactions(store)
         yield _gauge(
             "tierd_hot_commitlog_max_offset_bytes", "Hot commitlog write position.", hot.commitlog_end
         )
@@ -417,6 +418,25 @@ class StoreCollector(Collector):
         files.add_metric(["local"], s.local_files)
         files.add_metric(["uploaded"], s.uploaded_files)
         yield files
+
+
+    def _transactions(self, store: MessageStore) -> Iterator[Metric]:
+        """Transactional messages (docs/transactions.md)."""
+        tx = store.transactions
+        st = tx.stats
+        yield _gauge(
+            "tierd_transaction_half_pending",
+            "Half messages waiting for their producer's commit or rollback.",
+            tx.pending_count,
+        )
+        yield _counter("tierd_transaction_checks", "Check-backs asked of producers.", st.checks)
+        yield _counter("tierd_transaction_commits", "Transactions committed (made visible).", st.commits)
+        yield _counter("tierd_transaction_rollbacks", "Transactions rolled back.", st.rollbacks)
+        yield _counter(
+            "tierd_transaction_check_max_rollbacks",
+            "Rollbacks after transactions.check_max unanswered check-backs (also in rollbacks).",
+            st.check_max_rollbacks,
+        )
 
 
 def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:

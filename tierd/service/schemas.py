@@ -617,6 +617,57 @@ class DeletedOut(_Model):
 #: The ``type`` filter of ``/v1/segments`` (CL/CQ are the CLI's short forms).
 SegmentType = Literal["COMMIT_LOG", "CONSUME_QUEUE", "INDEX", "CL", "CQ"]
 
+
+# --------------------------------------------------------------------------- transactions
+class HalfIn(MessageIn):
+    """A transaction's half message (docs/transactions.md): a message plus its producer group."""
+
+    producer_group: str = Field(
+        min_length=1,
+        max_length=255,
+        pattern=TOPIC_PATTERN,
+        description="The producer group check-backs are addressed to (`GET /v1/transactions`).",
+    )
+
+    @model_validator(mode="after")
+    def _not_scheduled(self) -> HalfIn:
+        if self.deliver_at is not None or self.delay_level is not None:
+            raise ValueError("a transactional message cannot be scheduled (deliver_at, delay_level)")
+        return self
+
+
+class HalfOut(_Model):
+    """A half message, stored durably and invisible until committed."""
+
+    transaction_id: str = Field(description="What `POST /v1/transactions/{id}/commit` (or rollback) names.")
+    msg_id: str = Field(description="Its UNIQ_KEY (client message id), which the committed message keeps.")
+    topic: str
+
+
+class EndOut(_Model):
+    """How a transaction ended; a commit says where its message landed."""
+
+    transaction_id: str
+    resolution: Literal["COMMIT", "ROLLBACK"]
+    message: PutOut | None = Field(None, description="The committed message (null for a rollback).")
+
+
+class PendingOut(_Model):
+    """A transaction waiting for its producer's commit or rollback."""
+
+    transaction_id: str
+    producer_group: str
+    topic: str
+    queue_id: int | None
+    msg_id: str = Field(description="Its UNIQ_KEY (client message id).")
+    stored_at: int = Field(description="When the half message was stored (ms since the epoch).")
+    checks: int = Field(description="Check-backs asked so far (`transactions.check_max` then rolls it back).")
+
+
+class PendingListOut(_Model):
+    transactions: list[PendingOut]
+
+
 __all__ = [
     "MAX_BATCH_MESSAGES",
     "MAX_GET",

@@ -44,7 +44,7 @@ from tierd.errors import (
     TransactionResolvedError,
     UnknownTransactionError,
 )
-from tierd.format.properties import PROPERTY_UNIQ_KEY
+from tierd.format.properties import PROPERTY_KEYS, PROPERTY_TAGS, PROPERTY_UNIQ_KEY
 from tierd.local.validation import check_queue, check_topic
 from tierd.message import GetStatus, Message, PutResult, ReadPolicy
 from tierd.offsets import check_group
@@ -431,12 +431,18 @@ class TransactionCoordinator:
     def _real_message(self, h: _Half, m: MessageExt) -> Message:
         """The message as its producer sent it, for its real topic and queue, plus the id of the
         transaction that committed it."""
-        kept = {k: v for k, v in m.properties.items() if k not in HALF_ONLY}
+        kept = {
+            k: v
+            for k, v in m.properties.items()
+            if k not in HALF_ONLY and k != PROPERTY_KEYS and k != PROPERTY_TAGS  # indexed from keys=
+        }
         kept[PROPERTY_TRANSACTION_ID] = h.tid
         return Message(
             topic=h.topic,
             body=m.body,
             queue_id=h.queue_id,
+            keys=m.keys,
+            tags=m.tags,
             properties=kept,
             flag=m.flag,
             born_host=m.born_host,
