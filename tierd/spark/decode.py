@@ -21,7 +21,6 @@ flat offset; the codec's own decoder is asked for the precise reason. Nothing is
 from __future__ import annotations
 
 import concurrent.futures
-import struct
 from typing import TYPE_CHECKING, Final
 
 import numpy as np
@@ -29,6 +28,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tierd.errors import CorruptRecordError
+from tierd.format.columns import Framing, total_size_at
+from tierd.format.columns import frame as _frame
 from tierd.format.compiled import SparkFunctions, spark_functions
 from tierd.format.host import decode_host
 from tierd.format.layout import (
@@ -110,7 +111,6 @@ _I4 = np.dtype(">i4")
 _U4 = np.dtype(">u4")
 _I8 = np.dtype(">i8")
 _U8 = np.dtype(">u8")
-_SIZE = struct.Struct(">i")
 _EMPTY_INDEX = np.zeros(0, np.int64)
 #: A record's header with IPv4 hosts — bytes ``[0, HEADER_V4)``, up to and including BODYLENGTH
 #: — as one numpy item. The fields before BORNHOST are where they are whatever the host widths;
@@ -172,45 +172,10 @@ _COMPILED: SparkFunctions | None = spark_functions()
 COMPILED: Final = _COMPILED is not None
 
 
-class Framing:
-    """Where the records of a buffer start, found by following TOTALSIZE (a chain that cannot
-    be vectorised, hence one tight loop over integers and nothing else)."""
-
-    __slots__ = ("consumed", "starts")
-
-    def __init__(self, starts: npt.NDArray[np.int64], consumed: int) -> None:
-        self.starts = starts
-        #: Bytes covered by complete records; the rest is the head of a record cut by the read.
-        self.consumed = consumed
-
-
 def frame(data: bytes, fail: Callable[[int, str], CorruptRecordError]) -> Framing:
-    """Starts of the complete records at the head of ``data``. A TOTALSIZE that cannot be a
-    record is corruption (``fail(position, reason)``); a record running past the end is left
-    for the caller (read more, or judge it torn)."""
-    lo, hi = MIN_RECORD_SIZE, MAX_RECORD_SIZE
-    n = len(data)
-    if _COMPILED is not None:
-        found = np.empty(n // lo + 1, np.int64)
-        count, consumed, bad, size = _COMPILED.frame_records(data, found, lo, hi)
-        if bad >= 0:
-            raise fail(bad, f"total size {size} is not a record size ({lo}..{hi})")
-        return Framing(found[:count], consumed)
-    unpack = _SIZE.unpack_from
-    last = n - 4
-    pos = 0
-    starts: list[int] = []
-    append = starts.append
-    while pos <= last:  # the loop runs once per record: locals only, one comparison chain
-        (size,) = unpack(data, pos)
-        if not lo <= size <= hi:
-            raise fail(pos, f"total size {size} is not a record size ({lo}..{hi})")
-        end = pos + size
-        if end > n:
-            break
-        append(pos)
-        pos = end
-    return Framing(np.array(starts, np.int64), pos)
+    """Starts of the complete records at the head of ``data`` (:func:`tierd.format.columns.frame`
+    with this reader's bound on TOTALSIZE, :data:`MAX_RECORD_SIZE`)."""
+    return _frame(data, fail, MAX_RECORD_SIZE)
 
 
 def _offsets(lengths: npt.NDArray[np.int64]) -> npt.NDArray[np.int32]:
@@ -836,7 +801,7 @@ def _read_pieces(
             if framing.consumed:
                 ahead = pool.submit(src.read, nxt, src.read_end(nxt, piece, end), records=True)
             else:  # one record longer than the read: read it whole
-                need = _SIZE.unpack_from(data, 0)[0] if len(data) >= 4 else 4
+                need = total_size_at(data, 0) if len(data) >= 4 else 4
                 ahead = pool.submit(src.read, pos, min(end, pos + max(need, len(data) + 1)), records=True)
         if framing.consumed:
             yield decode_records(
@@ -855,10 +820,10 @@ def _read_pieces(
             if r.end is None and nxt >= r.promised_end:
                 return  # an open segment's commit in flight past the manifest's size
             left = read_end - nxt
-            need = _SIZE.unpack_from(data, framing.consumed)[0] if left >= 4 else None
+            said = total_size_at(data, framing.consumed) if left >= 4 else None
             raise fail(
                 framing.consumed,
                 f"record cut off: {left} bytes left before the end of the range at {end}"
-                + (f", total size says {need}" if need is not None else ""),
+                + (f", total size says {said}" if said is not None else ""),
             )
         pos = nxt

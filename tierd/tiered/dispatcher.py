@@ -23,10 +23,9 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import numpy.typing as npt
 
 from tierd.errors import CorruptionError, TierdError
-from tierd.format.layout import field_column
+from tierd.format.columns import store_timestamps
 from tierd.repeats import EXPECTED, FailureLog
 
 if TYPE_CHECKING:
@@ -139,16 +138,6 @@ class RateLimiter:
         self._available -= n
         if self._available < 0:
             await asyncio.sleep(-self._available / self.rate)
-
-
-def store_timestamps(
-    records: bytes | bytearray | memoryview, starts: npt.NDArray[np.int64]
-) -> npt.NDArray[np.int64]:
-    """STORETIMESTAMP of every record (its position depends on the born-host width)."""
-    buf = np.frombuffer(records, np.uint8)
-    sysflag = field_column(buf, starts, "sys_flag")
-    stamps: npt.NDArray[np.int64] = field_column(buf, starts, "store_timestamp", sysflag).astype(np.int64)
-    return stamps
 
 
 class Dispatcher:

@@ -22,8 +22,9 @@ import numpy.typing as npt
 
 from tierd.drivers.segment import DriverRoot, FileType
 from tierd.errors import CorruptionError
+from tierd.format.columns import decode_field, field_span
 from tierd.format.cq_unit import UNIT_SIZE, decode_units, encode_units, tags_code
-from tierd.format.layout import POS_QUEUE_OFFSET, field_column, set_field_column, width
+from tierd.format.layout import field_column, set_field_column
 from tierd.format.properties import decode_properties as _decode_properties
 from tierd.format.record import VALID, scan_record
 from tierd.tiered.flatfile import ChangeHook, FlatAppendFile, ignore_change
@@ -32,8 +33,9 @@ if TYPE_CHECKING:
     from tierd.config import TieredConfig
 
 log = logging.getLogger(__name__)
-#: A segment whose first record's QUEUEOFFSET is committed has at least this many bytes.
-_QUEUE_OFFSET_END = POS_QUEUE_OFFSET + width("queue_offset")
+#: Where a record's QUEUEOFFSET is: a segment whose first record's QUEUEOFFSET is committed has
+#: at least ``_QUEUE_OFFSET_END`` bytes.
+_QUEUE_OFFSET_AT, _QUEUE_OFFSET_END = field_span("queue_offset")
 #: Roll-forward reads the orphan commitlog tail in pieces of this size.
 RECOVERY_READ = 16 * 1024 * 1024
 
@@ -126,8 +128,8 @@ class FlatMessageFile:
         for seg in cl.segments:
             known = cl.first_queue_offset(seg.base_offset)
             if known is None and seg.commit_position >= _QUEUE_OFFSET_END:
-                raw = await seg.read(POS_QUEUE_OFFSET, width("queue_offset"))
-                known = int.from_bytes(raw, "big", signed=True)
+                raw = await seg.read(_QUEUE_OFFSET_AT, _QUEUE_OFFSET_END - _QUEUE_OFFSET_AT)
+                known = decode_field("queue_offset", raw)
                 cl.learn_first_queue_offset(seg.base_offset, known)
             out.append(known)
         return out

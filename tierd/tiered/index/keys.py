@@ -6,20 +6,7 @@ from typing import TYPE_CHECKING, Final, NamedTuple
 
 import numpy as np
 
-from tierd.errors import CorruptionError
-from tierd.format.layout import (
-    MAGIC_V1,
-    MAGIC_V2,
-    MIN_RECORD_SIZE,
-    MIN_TAIL,
-    PROPERTIES_LENGTH_WIDTH,
-    TOPIC_LENGTH_WIDTH,
-    field_column,
-    gather_at,
-    header_length,
-    host_widths,
-    position,
-)
+from tierd.format.columns import gather_ranges, record_spans
 from tierd.format.properties import KEY_SEPARATOR, PROP_NAME_SEP, PROP_SEP, PROPERTY_KEYS, PROPERTY_UNIQ_KEY
 
 if TYPE_CHECKING:
@@ -30,67 +17,10 @@ if TYPE_CHECKING:
 
 __all__ = ["batch_keys"]
 
-_U2: Final = np.dtype(">u2")
-_U4: Final = np.dtype(">u4")
-
-
-def _property_offsets(records: bytes, sizes: I64Array) -> tuple[I64Array, I64Array]:
-    """(start, end) of every record's properties, computed for the whole batch with numpy.
-
-    Only framing is checked (the flat commitlog holds records verified when tiered); a record
-    whose fields do not add up is a :class:`CorruptionError`."""
-    n = len(sizes)
-    buf = np.frombuffer(records, dtype=np.uint8)
-    ends = np.cumsum(sizes, dtype=np.int64)
-    if n == 0 or int(ends[-1]) != len(records) or int(sizes.min()) < MIN_RECORD_SIZE:
-        raise CorruptionError(
-            f"record sizes {sizes.tolist()[:8]}... do not frame a batch of {len(records)} bytes",
-            size=len(records),
-        )
-    starts = ends - sizes
-    last = len(records) - 1
-    magic = field_column(buf, starts, "magic").astype(np.int64)
-    born, store = host_widths(field_column(buf, starts, "sys_flag"))
-    body_start = starts + header_length(born, store)
-    body_len_at = np.minimum(starts + position("body_length", born, store), last - 3)
-    body_len = gather_at(buf, body_len_at, _U4).astype(np.int64)
-    v2 = magic == MAGIC_V2
-    tpos = np.minimum(body_start + body_len, last - 1)
-    topic_len = np.where(v2, gather_at(buf, tpos, _U2).astype(np.int64), buf[tpos].astype(np.int64))
-    tlen_width = np.where(v2, TOPIC_LENGTH_WIDTH[MAGIC_V2], TOPIC_LENGTH_WIDTH[MAGIC_V1])
-    props_start = body_start + body_len + tlen_width + topic_len + PROPERTIES_LENGTH_WIDTH
-    props_len = gather_at(buf, np.clip(props_start - PROPERTIES_LENGTH_WIDTH, 0, last - 1), _U2).astype(
-        np.int64
-    )
-    ok = (
-        ((magic == MAGIC_V1) | v2)
-        & (body_len < 2**31)
-        & (body_start + body_len + MIN_TAIL <= ends)
-        & (props_start + props_len == ends)
-    )
-    if not ok.all():
-        bad = int(np.flatnonzero(~ok)[0])
-        raise CorruptionError(
-            f"record {bad} of the batch (at byte {int(starts[bad])}) has inconsistent field lengths",
-            index=bad,
-        )
-    return props_start, ends
-
-
 _KEYS_ITEM: Final = (PROPERTY_KEYS + PROP_NAME_SEP).encode()
 _UNIQ_ITEM: Final = (PROPERTY_UNIQ_KEY + PROP_NAME_SEP).encode()
 _PROP_SEP: Final = ord(PROP_SEP)
 _KEY_SEP: Final = ord(KEY_SEPARATOR)
-
-
-def _gather(buf: U8Array, starts: I64Array, ends: I64Array) -> tuple[U8Array, I64Array]:
-    """The byte ranges ``[starts, ends)`` of ``buf`` end to end (one fancy index), and where
-    each range starts in the result."""
-    lens = ends - starts
-    at = np.zeros(len(lens) + 1, dtype=np.int64)
-    np.cumsum(lens, out=at[1:])
-    src = np.arange(int(at[-1]), dtype=np.int64) + np.repeat(starts - at[:-1], lens)
-    return buf[src], at
 
 
 def _last_values(props: U8Array, at: I64Array, item: bytes) -> tuple[I64Array, I64Array]:
@@ -162,8 +92,9 @@ def _key_ranges(batch: CommittedBatch) -> _KeyRanges:
     byte compares, the values cut and split with numpy. Works on UTF-8 bytes: splitting on
     0x01/0x02/0x20 bytes is the same as splitting the decoded text, and the hash is of the
     UTF-8 bytes anyway."""
-    starts, ends = _property_offsets(batch.records, np.asarray(batch.sizes, dtype=np.int64))
-    props, at = _gather(np.frombuffer(batch.records, dtype=np.uint8), starts, ends)
+    spans = record_spans(batch.records, np.asarray(batch.sizes, dtype=np.int64))
+    buf = np.frombuffer(batch.records, dtype=np.uint8)
+    props, at = gather_ranges(buf, spans.properties_start, spans.ends)
     k_vs, k_ve = _last_values(props, at, _KEYS_ITEM)
     u_vs, u_ve = _last_values(props, at, _UNIQ_ITEM)
     tok_s, tok_e = _tokens(props, k_vs, k_ve)
