@@ -257,6 +257,23 @@ class NotFoundError(TierdError, LookupError):
     http_status = 404
 
 
+class MessageNotFoundError(NotFoundError):
+    """No stored message has this message id (``tierd message``): neither a record at the hot
+    commitlog position an offset id names, nor a message whose UNIQ_KEY is the id. The detail
+    names the id and, where it tells the operator something, why (an expired position)."""
+
+    code = "message_not_found"
+
+
+class AmbiguousMessageIdError(TierdError, LookupError):
+    """More than one stored message answers to a message id (a producer's retry stored the same
+    UNIQ_KEY twice, or the same id in two topics): the detail lists them as
+    ``topic/queue@offset`` so the operator reads the one meant by position, or narrows by topic."""
+
+    code = "ambiguous_message_id"
+    http_status = 409
+
+
 # --------------------------------------------------------------------------- consumers
 class InvalidSubscriptionError(InvalidArgumentError):
     """A tag subscription expression that does not parse (``tags="paid || refunded"``)."""

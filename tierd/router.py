@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from tierd.errors import InvalidArgumentError, LostMessagesError, TierdError
 from tierd.format.record import decode_record
@@ -98,6 +98,11 @@ class TierRouter:
             self.hot.require_dispatched(READ_YOUR_WRITES_WAIT, what)
         else:
             await asyncio.to_thread(self.hot.require_dispatched, READ_YOUR_WRITES_WAIT, what)
+
+    async def caught_up(self) -> None:
+        """Wait (bounded, as :meth:`_caught_up`) until everything acknowledged is dispatched: a
+        lookup by position or key then sees what producers were just told is stored."""
+        await self._caught_up(None)
 
     def _in_hot(self, topic: str, queue_id: int, offset: int) -> QueueRange | None:
         """The hot queue's readable range if it holds ``offset`` now, else None."""
@@ -297,15 +302,26 @@ class TierRouter:
                 lo += 1
         return max(lo, first)
 
-    async def query(self, topic: str, key: str, max_count: int, begin: int, end: int) -> list[MessageExt]:
+    async def query(
+        self,
+        topic: str,
+        key: str,
+        max_count: int,
+        begin: int,
+        end: int,
+        *,
+        sources: dict[tuple[int, int], Literal["hot", "cold"]] | None = None,
+    ) -> list[MessageExt]:
         """Messages of ``topic`` whose KEYS/UNIQ_KEY contain ``key``, stored in [begin, end], from
         both tiers, de-duplicated, newest first. Index hits (hot and cold alike) are only
-        candidates: each is read back, CRC-checked and kept only if its keys really match."""
+        candidates: each is read back, CRC-checked and kept only if its keys really match.
+        ``sources``: filled with the tier each message was read from, by (queue id, offset)."""
         await self._caught_up(None)
         found: dict[tuple[int, int], MessageExt] = {
             (m.queue_id, m.queue_offset): m
             for m in self.hot.query(topic, key, max_count, begin, end, wait=False)
         }
+        tier: dict[tuple[int, int], Literal["hot", "cold"]] = dict.fromkeys(found, "hot")
         t = self.tiering
         meta = t.flat.topics.get(topic) if t is not None and t.ready.is_set() else None
         if t is not None and meta is not None:
@@ -329,10 +345,13 @@ class TierRouter:
                     continue
                 if (key in msg.keys or msg.uniq_key == key) and begin <= msg.store_timestamp <= end:
                     found.setdefault((msg.queue_id, msg.queue_offset), msg)
+                    tier.setdefault((msg.queue_id, msg.queue_offset), "cold")
         # A total order (queue id last): a paged query (HTTP `next`) continues where it stopped.
         ordered = sorted(
             found.values(), key=lambda m: (m.store_timestamp, m.queue_offset, m.queue_id), reverse=True
         )
+        if sources is not None:
+            sources.update(tier)
         return ordered[:max_count]
 
 

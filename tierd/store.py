@@ -36,6 +36,7 @@ from tierd.local.store import MAX_GET_COUNT, HotStore, PutBatchResult
 from tierd.local.validation import check_key, check_queue, check_topic
 from tierd.lockfile import lock_holder
 from tierd.longpoll import ArrivalNotifier
+from tierd.lookup import FoundMessage, check_message_id, find_message
 from tierd.message import GetResult, GetStatus, Message, PutResult, ReadPolicy
 from tierd.offsets import ConsumerOffsets, check_group
 from tierd.router import TierRouter
@@ -414,6 +415,15 @@ class _StoreCore:
         await self._cold_loaded()
         return await self.router.query(topic, key, max_count, begin, end)
 
+    async def _message(self, msg_id: str, topic: str | None) -> FoundMessage:
+        msg_id = check_message_id(msg_id)
+        if topic is not None:
+            check_topic(topic)
+        self._hot()
+        await self._cold_loaded()
+        topics = [topic] if topic is not None else list(self._topic_queues())
+        return await find_message(self.hot, self.router, msg_id, topics, topic)
+
     # Cheap, synchronous reads shared verbatim by both facades (both tiers).
     def min_offset(self, topic: str, queue_id: int) -> int:
         self._hot()
@@ -508,9 +518,13 @@ class _StoreCore:
 
     def topics(self) -> dict[str, list[int]]:
         """Topic → queue ids, across both tiers (a topic whose hot files expired stays listed)."""
-        hot_topics = self._hot().topics()
+        self._hot()
         self._cold_loaded_now()
-        out = {t: set(q) for t, q in hot_topics.items()}
+        return self._topic_queues()
+
+    def _topic_queues(self) -> dict[str, list[int]]:
+        """:meth:`topics` once the cold tier has loaded (callable on the store's loop)."""
+        out = {t: set(q) for t, q in self.hot.topics().items()}
         if self.tiering is not None:
             for t, q in self.tiering.flat.files:
                 out.setdefault(t, set()).add(q)
@@ -910,6 +924,13 @@ class MessageStore(_StoreCore):
     ) -> list[MessageExt]:
         return await self._query(topic, key, max_count, begin, end)
 
+    async def message(self, msg_id: str, *, topic: str | None = None) -> FoundMessage:
+        """The message ``msg_id`` names, from either tier (:mod:`tierd.lookup`): an offset id
+        (the hot commitlog position a producer was told) or a client id (UNIQ_KEY), each hit
+        verified. ``topic``: search only that topic (else every topic's key index is asked).
+        MessageNotFoundError when none, AmbiguousMessageIdError (listing them) when several."""
+        return await self._message(msg_id, topic)
+
     @staticmethod
     async def restore(
         cfg: TierdConfig, progress: Progress | None = None, *, take_over: bool = True, dry_run: bool = False
@@ -1282,6 +1303,10 @@ class BlockingMessageStore(_StoreCore):
         self, topic: str, key: str, max_count: int = 32, begin: int = 0, end: int = MAX_TIMESTAMP
     ) -> list[MessageExt]:
         return self._run(self._query(topic, key, max_count, begin, end))
+
+    def message(self, msg_id: str, *, topic: str | None = None) -> FoundMessage:
+        """See :meth:`MessageStore.message`."""
+        return self._run_any(self._message(msg_id, topic))
 
     def close(self, grace: float | None = None) -> None:
         """Close both tiers; pending messages get ``grace`` seconds (default

@@ -1,4 +1,4 @@
-"""Data commands: ``produce``, ``consume``, ``query`` — for trying a store out and for
+"""Data commands: ``produce``, ``consume``, ``query``, ``message`` — for trying a store out and for
 operators looking at real messages."""
 
 from __future__ import annotations
@@ -642,3 +642,54 @@ def query(
         return
     emit_table(None, MESSAGE_COLUMNS, _message_rows(hits))
     echo(f"{len(hits)} message(s) with key {key!r}")
+
+
+@app.command("message")
+@handle_errors
+def message_(
+    ctx: typer.Context,
+    msg_id: Annotated[
+        str,
+        typer.Argument(
+            metavar="ID",
+            help="An offset id (what produce prints as msg_id) or a client id (the UNIQ_KEY producers "
+            "and gRPC clients know a message by).",
+        ),
+    ],
+    topic: Annotated[
+        str | None,
+        typer.Option(
+            "--topic", help="Search only this topic (a client id is otherwise looked up in every topic)."
+        ),
+    ] = None,
+    fmt: Annotated[
+        str | None,
+        typer.Option(
+            "--format",
+            help="table (default), body, json (one line), or a format string such as '%t %o %s\\n' "
+            "(the codes of consume, docs/cli.md).",
+        ),
+    ] = None,
+) -> None:
+    """Find one message by its id, in either tier, and print it (formats as `tierd consume`).
+
+    An offset id is read at the hot commitlog position it names; once that position has left the
+    hot tier the id cannot be resolved (the error says so: look the message up by its client id,
+    which both tiers index). Exit 1 when no message, or more than one, has the id.
+
+    Examples: `tierd message 7F00000100002A9F0000000000000000`; `tierd message --topic orders
+    AC110002000078308DB1...`; `tierd message ID --format body > body.bin`.
+    """
+    c = obj(ctx)
+    out = _Output.of(fmt, follow=False, json_doc=c.json)
+    with c.store() as store:
+        found = store.message(msg_id, topic=topic)
+    m = found.message
+    if out.kind == "document":
+        emit_json({"id": msg_id, "matched": found.matched, "tier": found.tier, "message": m.to_json()})
+    elif out.kind == "table":
+        emit_table(None, ["topic", *MESSAGE_COLUMNS], [[m.topic, *row] for row in _message_rows([m])])
+        how = "offset id" if found.matched == "offset" else "client id (UNIQ_KEY)"
+        echo(f"{m.topic}/{m.queue_id}@{m.queue_offset}, found by its {how} in the {found.tier} tier")
+    else:
+        out.messages([m])

@@ -36,6 +36,7 @@ if TYPE_CHECKING:
 
     from tierd.groups import GroupInfo
     from tierd.inventory import QueueInfo, SegmentRow
+    from tierd.lookup import FoundMessage
     from tierd.message import Message
     from tierd.topics import TopicInfo
     from tierd.verify import VerifyReport
@@ -256,6 +257,12 @@ class RemoteStore:
                 break
             params |= nxt
         return out
+
+    def message(self, msg_id: str, *, topic: str | None = None) -> FoundMessage:
+        from tierd.lookup import FoundMessage
+
+        doc = self.api.call("GET", _path("v1", "messages", msg_id), {"topic": topic})
+        return FoundMessage(MessageExt.from_json(doc["message"]), doc["tier"], doc["matched"])
 
     def topics(self) -> dict[str, list[int]]:
         doc = self.api.call("GET", "/v1/topics")

@@ -57,6 +57,7 @@ from tierd.service.schemas import (
     HalfIn,
     HalfOut,
     MessageIn,
+    MessageLookupOut,
     MessageOut,
     OffsetForTimeOut,
     PendingListOut,
@@ -688,6 +689,38 @@ async def query(
         at_last = sum(1 for m in page[:keep] if m.store_timestamp == last)
         nxt = {"end": last, "skip": at_last + (skip if last == end else 0)}
     return {"messages": [MessageOut.of(m) for m in page[:keep]], "next": nxt}
+
+
+@router.get(
+    "/v1/messages/{msg_id:path}",
+    response_model=MessageLookupOut,
+    tags=["consume"],
+    summary="Find a message by its id",
+    responses=_errors(400, 404, 409, 422, 502, 503),
+)
+async def message(
+    msg_id: Annotated[
+        str,
+        Path(
+            description="An offset id (store host + hot commitlog position, hex: what produce "
+            "answers as `msg_id`) or a client id (the message's UNIQ_KEY)."
+        ),
+    ],
+    svc: Svc,
+    topic: Annotated[
+        str | None,
+        Query(
+            pattern=TOPIC_PATTERN,
+            description="Search only this topic (a client id is otherwise looked up in every topic).",
+        ),
+    ] = None,
+) -> dict[str, Any]:
+    """The one message the id names, from either tier, verified (docs/cli.md, `tierd message`):
+    an offset id is read at its hot commitlog position — once that has left the hot tier it
+    cannot be resolved (404 says so; use the client id); a client id is looked up in both tiers'
+    key index. 404 `message_not_found` when none, 409 `ambiguous_message_id` listing them when
+    several (a producer's retry stored the id twice)."""
+    return MessageLookupOut.of(msg_id, await svc.store().message(msg_id, topic=topic))
 
 
 @router.get(

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from tierd.format.message_ext import MessageExt
     from tierd.groups import GroupInfo
     from tierd.inventory import QueueInfo
+    from tierd.lookup import FoundMessage
     from tierd.message import GetResult, PutResult
     from tierd.store import TierReport
     from tierd.topics import TopicInfo
@@ -229,6 +230,27 @@ class GetOut(_Model):
             "min_offset": r.min_offset,
             "max_offset": r.max_offset,
             "source": r.source,
+        }
+
+
+class MessageLookupOut(_Model):
+    """`GET /v1/messages/{id}`: the one message the id names, and how it was found."""
+
+    id: str = Field(description="The id looked up.")
+    matched: Literal["offset", "client"] = Field(
+        description="`offset`: the id is the message's offset id (its hot commitlog position); "
+        "`client`: its client id (UNIQ_KEY)."
+    )
+    tier: Literal["hot", "cold"] = Field(description="The tier the message was read from.")
+    message: MessageOut
+
+    @classmethod
+    def of(cls, msg_id: str, found: FoundMessage) -> dict[str, Any]:
+        return {
+            "id": msg_id,
+            "matched": found.matched,
+            "tier": found.tier,
+            "message": MessageOut.of(found.message),
         }
 
 
