@@ -9,10 +9,21 @@ admin: create, describe, update, delete).
 
 from __future__ import annotations
 
-from tierd.cli import admin, consumers, data, inspect, table, topics
+from tierd.cli import admin, consumers, data, inspect, scheduled, table, topics
 from tierd.cli.app import app, handle_errors
 
-__all__ = ["admin", "app", "consumers", "data", "handle_errors", "inspect", "main", "table", "topics"]
+__all__ = [
+    "admin",
+    "app",
+    "consumers",
+    "data",
+    "handle_errors",
+    "inspect",
+    "main",
+    "scheduled",
+    "table",
+    "topics",
+]
 
 
 def main() -> None:

@@ -20,6 +20,7 @@ import typer
 
 from tierd.cli.app import app, echo, emit_json, emit_table, handle_errors, obj
 from tierd.cli.consumers import parse_time
+from tierd.cli.scheduled import report_scheduled, schedule
 from tierd.errors import InvalidArgumentError, NotFoundError
 from tierd.message import GetResult, GetStatus, Message, ReadPolicy
 
@@ -116,8 +117,15 @@ def produce(
     prop: Annotated[
         list[str] | None, typer.Option("--property", "-p", help="User property KEY=VALUE (repeatable).")
     ] = None,
+    deliver_at: Annotated[
+        int | None,
+        typer.Option("--deliver-at", help="Scheduled: visible at this time (ms since the epoch)."),
+    ] = None,
+    delay_level: Annotated[
+        int | None, typer.Option("--delay-level", help="Scheduled: after RocketMQ delay level 1-18.")
+    ] = None,
 ) -> None:
-    """Append messages to TOPIC and print where they landed.
+    """Append messages to TOPIC and print where they landed (scheduled: its handle).
 
     Examples: `tierd produce orders 'hello' -k o-1 -t paid`;
     `seq 1000 | tierd produce orders` (one message per line of stdin, sent as one batch).
@@ -128,6 +136,12 @@ def produce(
         Message(topic=topic, body=b, queue_id=queue, keys=tuple(key or ()), tags=tag, properties=properties)
         for b in _bodies(body, file, lines)
     ]
+    if deliver_at is not None or delay_level is not None:
+        if len(msgs) != 1:
+            raise typer.BadParameter("a scheduled message is produced one at a time (no --lines)")
+        with c.store(create=True) as store:
+            report_scheduled(schedule(store, msgs[0], deliver_at, delay_level), c.json)
+        return
     with c.store(create=True) as store:
         results = [store.put(msgs[0])] if len(msgs) == 1 else list(store.put_batch(msgs))
     if c.json:
