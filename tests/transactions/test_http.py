@@ -62,9 +62,8 @@ def test_bad_input_gets_a_clear_error(tmp_path: Path) -> None:
             r = c.post(f"/v1/topics/{TOPIC}/transactions", json=body)
             assert r.status_code == status, r.text
             assert "Traceback" not in r.text
-        system = c.post(
-            "/v1/topics/RMQ_SYS_TRANS_HALF_TOPIC/transactions", json={"body": b64(b"x"), "producer_group": "pg"}
-        )
+        sent = {"body": b64(b"x"), "producer_group": "pg"}
+        system = c.post("/v1/topics/RMQ_SYS_TRANS_HALF_TOPIC/transactions", json=sent)
         assert system.status_code == 400, system.text
         assert system.json()["error"] == "invalid_topic"
 
