@@ -84,3 +84,21 @@ def test_produce_scheduled_recall_and_errors(tmp_path: Path) -> None:
         garbage = c.delete("/v1/scheduled/not-a-handle")
         assert garbage.status_code == 404
         assert garbage.json()["error"] == "unknown_handle"
+
+
+def test_metrics_count_pending_recalls_and_lateness(tmp_path: Path) -> None:
+    cfg = TierdConfig.from_dict(service_config(tmp_path))
+    with running(cfg) as d:
+        c = d.client
+        due = now_ms() + 500
+        assert c.post(
+            "/v1/topics/t/messages", json={"body": b64(b"a"), "queue_id": 0, "deliver_at": due}
+        ).is_success
+        far = c.post("/v1/topics/t/messages", json={"body": b64(b"b"), "queue_id": 0, "delay_level": 18})
+        wait_messages(c, "t", 1)
+        assert c.delete(f"/v1/scheduled/{far.json()['handle']}").is_success
+        text = c.get("/metrics").text
+        assert "tierd_scheduled_pending 0.0" in text
+        assert "tierd_scheduled_recalls_total 1.0" in text
+        assert "tierd_scheduled_delivered_total 1.0" in text
+        assert 'tierd_scheduled_lateness_seconds_bucket{le="+Inf"} 1.0' in text

@@ -24,10 +24,11 @@ import time
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from tierd.errors import TierdError
+from tierd.scheduled.scheduler import LATENESS_BUCKETS
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
@@ -124,6 +125,7 @@ class StoreCollector(Collector):
             hot.writes_refused,
         )
         yield from self._disk(store)
+        yield from _scheduled(store)
         yield from self._transactions(store)
         yield _gauge(
             "tierd_hot_commitlog_max_offset_bytes", "Hot commitlog write position.", hot.commitlog_end
@@ -478,3 +480,34 @@ class HttpMetricsMiddleware:
             self.metrics.http_latency.labels(template, method, str(status)).observe(
                 time.perf_counter() - start
             )
+
+
+def _scheduled(store: MessageStore) -> Iterator[Metric]:
+    """Scheduled messages (docs/scheduled.md): pending, delivered, recalled, lost, and how late
+    deliveries were (a histogram: the p99 is ``histogram_quantile(0.99, ...)``)."""
+    sched = store.scheduler
+    st = sched.stats
+    yield _gauge(
+        "tierd_scheduled_pending",
+        "Scheduled messages not yet delivered nor recalled (known to the running scheduler).",
+        len(sched.pending),
+    )
+    yield _counter("tierd_scheduled_delivered", "Scheduled messages delivered to their topic.", st.delivered)
+    yield _counter("tierd_scheduled_recalls", "Scheduled messages recalled before they were due.", st.recalls)
+    yield _counter(
+        "tierd_scheduled_deduplicated",
+        "Deliveries found already done after a crash (skipped, not written twice).",
+        st.deduplicated,
+    )
+    yield _counter("tierd_scheduled_lost", "Scheduled messages gone before delivery.", st.lost)
+    buckets, total = [], 0
+    for bound, n in zip(LATENESS_BUCKETS, st.lateness_buckets, strict=True):
+        total += n
+        buckets.append((str(bound), float(total)))
+    buckets.append(("+Inf", float(st.lateness_count)))
+    yield HistogramMetricFamily(
+        "tierd_scheduled_lateness_seconds",
+        "How long after its delivery time a scheduled message became visible.",
+        buckets=buckets,
+        sum_value=st.lateness_sum,
+    )
