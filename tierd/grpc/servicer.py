@@ -193,8 +193,12 @@ class Servicer(svc_grpc.MessagingServiceServicer):  # type: ignore[misc]
         try:
             _check_not_empty(request)
             batch = []
+            counts: dict[str, int] = {}  # once per topic: a request usually names one
             for m in request.messages:
-                n = await self._queue_count(m.topic.name)
+                topic = m.topic.name
+                n = counts.get(topic)
+                if n is None:
+                    n = counts[topic] = await self._queue_count(topic)
                 group = (
                     m.system_properties.message_group if m.system_properties.HasField("message_group") else ""
                 )
@@ -205,9 +209,10 @@ class Servicer(svc_grpc.MessagingServiceServicer):  # type: ignore[misc]
                 results = [await self.store.put(batch[0])]
             else:
                 results = list(await self.store.put_batch(batch))
+            status = ok()
             entries = [
                 svc.SendResultEntry(
-                    status=ok(),
+                    status=status,
                     message_id=m.system_properties.message_id or r.msg_id,
                     offset=r.queue_offset,
                 )
@@ -262,6 +267,7 @@ class Servicer(svc_grpc.MessagingServiceServicer):  # type: ignore[misc]
         now = timestamp_pb2.Timestamp()
         now.GetCurrentTime()
         yield svc.ReceiveMessageResponse(delivery_timestamp=now)
+        self.store.traffic.consumed(topic, [d.message for d in deliveries])
         for d in deliveries:
             yield svc.ReceiveMessageResponse(message=to_protocol(d.message, d.handle, d.attempt, d.invisible))
 
@@ -378,6 +384,7 @@ class Servicer(svc_grpc.MessagingServiceServicer):  # type: ignore[misc]
             yield svc.PullMessageResponse(status=status_of(e, "PullMessage"))
             return
         found = pb.Status(code=pb.MESSAGE_NOT_FOUND, message="no new message")
+        self.store.traffic.consumed(topic, pulled.messages)
         yield svc.PullMessageResponse(status=ok() if pulled.messages else found)
         for m in pulled.messages:
             yield svc.PullMessageResponse(message=to_protocol(m, "", 1, 0.0))
