@@ -752,7 +752,6 @@ class MessageStore(_StoreCore):
         beyond ``scheduled.max_delay`` or a level out of range (docs/scheduled.md)."""
         stored, when, uniq = self._scheduled(message, deliver_at, delay_level)
         res = await self.put(stored)
-        self.scheduler.poke()
         return ScheduleResult(_handle(res.queue_offset, when), when, uniq, message.topic)
 
     async def recall(self, handle: str) -> bool:
@@ -1125,9 +1124,6 @@ class BlockingMessageStore(_StoreCore):
         """See :meth:`MessageStore.schedule`."""
         stored, when, uniq = self._scheduled(message, deliver_at, delay_level)
         res = self.put(stored)
-        loop = self._sched_loop
-        if loop is not None:
-            loop.loop.call_soon_threadsafe(self.scheduler.poke)
         return ScheduleResult(_handle(res.queue_offset, when), when, uniq, message.topic)
 
     def recall(self, handle: str) -> bool:
