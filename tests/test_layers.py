@@ -39,6 +39,9 @@ FACADE = {
     "tierd.consumption",
     "tierd.consumption.inflight",
     "tierd.topics",
+    "tierd.transactions",
+    "tierd.transactions.coordinator",
+    "tierd.transactions.names",
 }
 ACCESS = ("tierd.service", "tierd.grpc", "tierd.cli", "tierd.spark", "tierd.arrow", "tierd.table")
 # Bucket readers: a Spark job or an Arrow scan in a notebook has the bucket URL and nothing else.
