@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import base64
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from tierd.config import TierdConfig
 
@@ -22,12 +22,12 @@ def b64(data: bytes) -> str:
     return base64.b64encode(data).decode()
 
 
-def wait_messages(client: httpx.Client, topic: str, n: int) -> list[dict[str, object]]:
+def wait_messages(client: httpx.Client, topic: str, n: int) -> list[dict[str, Any]]:
     deadline = time.monotonic() + DEADLINE
     while True:
         r = client.get(f"/v1/topics/{topic}/queues/0/messages", params={"offset": 0, "max_count": 64})
         assert r.status_code == 200, r.text
-        msgs: list[dict[str, object]] = r.json()["messages"]
+        msgs: list[dict[str, Any]] = r.json()["messages"]
         if len(msgs) >= n:
             return msgs
         assert time.monotonic() < deadline, f"{len(msgs)} of {n} delivered"
