@@ -105,3 +105,8 @@ class GetResult:
     min_offset: int
     max_offset: int
     source: str = "hot"
+    #: With ``OFFSET_FOUND_NULL`` at an offset the cold tier lost to damage in the bucket (a
+    #: fenced queue, docs/tiering.md "Damage in the bucket"): the lost queue offsets
+    #: ``(first, end)``, so a consumer learns the whole range (and can decide to skip it, from
+    #: ``end``) instead of meeting it one offset at a time. None otherwise.
+    lost: tuple[int, int] | None = None

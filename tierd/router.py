@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from tierd.local.store import HotStore, QueueRange
     from tierd.subscription import TagFilter
     from tierd.tiered.flatmessage import FlatMessageFile
+    from tierd.tiered.flatstore import QueueDamage
     from tierd.tiered.service import TieringService
 
 log = logging.getLogger(__name__)
@@ -69,6 +70,20 @@ class TierRouter:
         ff = t.flat.get(topic, queue_id)
         return ff if ff is not None and ff.max_offset > ff.min_offset else None
 
+    def damage(self, topic: str, queue_id: int) -> QueueDamage | None:
+        """The queue's cold damage found by the last load (a fenced queue), if any."""
+        t = self.tiering
+        if t is None or not t.ready.is_set():
+            return None
+        d = t.flat.damaged.get((topic, queue_id))
+        return d if d is not None and d.lost else None
+
+    def _unloaded(self, topic: str, queue_id: int) -> QueueDamage | None:
+        """The damage of a queue the cold tier could not load at all: its history
+        ``[first, end)`` is known only from metadata, and no flat file serves any of it."""
+        d = self.damage(topic, queue_id)
+        return d if d is not None and d.meta is not None else None
+
     def bounds(self, topic: str, queue_id: int, *, readable: bool = False) -> tuple[bool, int, int]:
         """(queue known?, min offset, max offset) over both tiers, without waiting. The hot max
         offset counts every offset acknowledged to a producer (read-your-writes); ``readable``:
@@ -76,13 +91,20 @@ class TierRouter:
         hot = self.hot.queue_range if readable else self.hot.acknowledged_range
         cq = hot(topic, queue_id)
         ff = self.cold_file(topic, queue_id)
-        if cq is None and ff is None:
+        # A queue the cold tier could not load keeps its history in the range: without it, the
+        # hot tier alone would answer OFFSET_TOO_SMALL there, and a consumer would follow that
+        # past every lost message as if retention had removed them.
+        unloaded = self._unloaded(topic, queue_id) if ff is None else None
+        if cq is None and ff is None and unloaded is None:
             return False, 0, 0
         los = [cq.min_offset] if cq is not None and cq.max_offset > cq.min_offset else []
         his = [cq.max_offset] if cq is not None else []
         if ff is not None:
             los.append(ff.min_offset)
             his.append(ff.max_offset)
+        if unloaded is not None:
+            los.append(unloaded.first)
+            his.append(unloaded.end)
         hi = max(his)
         return True, (min(los) if los else hi), hi
 
@@ -158,6 +180,13 @@ class TierRouter:
             return GetResult(GetStatus.OFFSET_OVERFLOW_ONE, (), offset, lo, hi, "hot")
         if offset > hi:
             return GetResult(GetStatus.OFFSET_OVERFLOW_BADLY, (), hi, lo, hi, "hot")
+        lost = self._lost_at(topic, queue_id, offset)
+        if (
+            lost is not None
+            and self.cold_file(topic, queue_id) is None
+            and self._in_hot(topic, queue_id, offset) is None
+        ):
+            return self._lost_result(topic, queue_id, offset, lo, hi, lost)
         cold_failed = False
         if self._serve_cold(policy, topic, queue_id, offset):
             ff = self.cold_file(topic, queue_id)
@@ -180,7 +209,7 @@ class TierRouter:
                         e,
                     )
                     # An error status that does not move the consumer past the message.
-                    return GetResult(GetStatus.OFFSET_FOUND_NULL, (), offset, lo, hi, "cold")
+                    return GetResult(GetStatus.OFFSET_FOUND_NULL, (), offset, lo, hi, "cold", lost)
                 self._log_once(
                     logging.WARNING,
                     (topic, queue_id, offset),
@@ -207,6 +236,30 @@ class TierRouter:
                 status = GetStatus.FOUND if both else GetStatus.NO_MATCHED_MESSAGE
                 return GetResult(status, tuple(both), nxt, lo, hi, source)
         return GetResult(r.status, r.messages, r.next_offset, lo, hi, "hot")
+
+    def _lost_at(self, topic: str, queue_id: int, offset: int) -> tuple[int, int] | None:
+        """``(first, end)`` of the queue's range lost to cold damage when it holds ``offset``."""
+        d = self.damage(topic, queue_id)
+        return (d.first, d.end) if d is not None and d.first <= offset < d.end else None
+
+    def _lost_result(
+        self, topic: str, queue_id: int, offset: int, lo: int, hi: int, lost: tuple[int, int]
+    ) -> GetResult:
+        """A read at an offset of a queue the cold tier could not load, which the hot store no
+        longer holds: OFFSET_FOUND_NULL naming the lost range, ``next_offset`` the offset itself
+        (as for any message the store could not deliver: the consumer decides to skip)."""
+        self._log_once(
+            logging.ERROR,
+            (topic, queue_id, lost[0]),
+            "read of %s/%d at %d: queue offsets %d..%d are lost to damage in the bucket (the queue "
+            "could not be loaded; see GET /v1/status, tiering.damaged)",
+            topic,
+            queue_id,
+            offset,
+            lost[0],
+            lost[1] - 1,
+        )
+        return GetResult(GetStatus.OFFSET_FOUND_NULL, (), offset, lo, hi, "cold", lost)
 
     async def _read_cold(
         self, ff: FlatMessageFile, offset: int, max_count: int, tags: TagFilter | None

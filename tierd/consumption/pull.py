@@ -41,6 +41,14 @@ class PulledOffsetError(InvalidArgumentError):
         self.next_offset = next_offset
 
 
+class LostOffsetError(PulledOffsetError):
+    """A pull at an offset lost to damage in the bucket (a fenced cold queue, docs/tiering.md
+    "Damage in the bucket"): names the lost range; ``next_offset`` stays at the offset — never
+    past a message the client did not get — and the client decides to skip (from ``end``)."""
+
+    code = "lost_offset"
+
+
 #: Which end of a queue ``QueryOffset`` answers (the protocol's ``QueryOffsetPolicy``).
 OffsetPolicy = Literal["beginning", "end", "timestamp"]
 
@@ -119,6 +127,16 @@ async def pull(
         raise PulledOffsetError(f"offset must not be negative, got {offset}", 0, offset=offset)
     wait_ms = int(min(max(0.0, wait), store.config.server.long_poll_max_ms / 1000) * 1000)
     r = await store.get(topic, queue_id, offset, batch, tags=tags, wait_ms=wait_ms)
+    if r.lost is not None and not r.messages:
+        first, end = r.lost
+        raise LostOffsetError(
+            f"offset {offset} of {topic}/{queue_id} is lost: queue offsets {first}..{end - 1} were "
+            f"lost to damage in the bucket; continue at {end} to skip them",
+            offset,
+            offset=offset,
+            first=first,
+            end=end,
+        )
     if r.messages or r.status in _CAUGHT_UP or (r.status is GetStatus.NO_MATCHED_LOGIC_QUEUE and offset == 0):
         return Pulled(r.messages, r.next_offset)
     raise PulledOffsetError(

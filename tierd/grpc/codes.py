@@ -9,7 +9,7 @@ from typing import Any
 from rocketmq.grpc_protocol import definition_pb2 as pb
 
 from tierd.consumption.inflight import InvalidReceiptHandleError, TopicNotFoundError
-from tierd.consumption.pull import OffsetNotFoundError, PulledOffsetError
+from tierd.consumption.pull import LostOffsetError, OffsetNotFoundError, PulledOffsetError
 from tierd.errors import (
     ConfigError,
     InvalidArgumentError,
@@ -50,6 +50,7 @@ _CODES: tuple[tuple[type[BaseException], int], ...] = (
     (InvalidSubscriptionError, pb.ILLEGAL_FILTER_EXPRESSION),
     (InvalidGroupError, pb.ILLEGAL_CONSUMER_GROUP),
     (OffsetNotFoundError, pb.OFFSET_NOT_FOUND),
+    (LostOffsetError, pb.MESSAGE_CORRUPTED),
     (PulledOffsetError, pb.ILLEGAL_OFFSET),
     (OffsetOutOfRangeError, pb.ILLEGAL_OFFSET),
     (ConfigError, pb.INTERNAL_SERVER_ERROR),

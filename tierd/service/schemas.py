@@ -209,6 +209,13 @@ class MessageOut(_Model):
         return m.to_json()
 
 
+class LostRangeOut(_Model):
+    """Queue offsets lost to damage in the bucket (docs/tiering.md, "Damage in the bucket")."""
+
+    first: int = Field(description="The first lost queue offset.")
+    end: int = Field(description="One past the last lost queue offset: where the queue reads on.")
+
+
 class GetOut(_Model):
     """Result of a queue read, with RocketMQ's GetMessageStatus semantics."""
 
@@ -220,6 +227,11 @@ class GetOut(_Model):
     min_offset: int = Field(description="Smallest readable offset across both tiers.")
     max_offset: int = Field(description="One past the largest readable offset across both tiers.")
     source: Literal["hot", "cold"] = Field(description="The tier that served the read.")
+    lost: LostRangeOut | None = Field(
+        default=None,
+        description="With `OFFSET_FOUND_NULL` at an offset lost to damage in the bucket: the whole "
+        "lost range (`next_offset` stays at the offset; skipping is the consumer's decision).",
+    )
 
     @classmethod
     def of(cls, r: GetResult) -> dict[str, Any]:
@@ -230,6 +242,7 @@ class GetOut(_Model):
             "min_offset": r.min_offset,
             "max_offset": r.max_offset,
             "source": r.source,
+            "lost": None if r.lost is None else {"first": r.lost[0], "end": r.lost[1]},
         }
 
 

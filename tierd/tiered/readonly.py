@@ -216,8 +216,9 @@ async def plan_bucket(
             if (topic, qid) not in listing:
                 raise
             listed: tuple[ManifestSegment, ...] = ()  # never had a manifest: all from the listing
+            span = (0, 0)
         else:
-            listed = qm.segments
+            listed, span = qm.segments, (qm.min_offset, qm.max_offset)
         on_backend = listing.get((topic, qid), {})
         where = f"{topic}/{qid}"
         cl = _with_unlisted(
@@ -232,9 +233,17 @@ async def plan_bucket(
             on_backend.get("CONSUME_QUEUE", set()),
             where,
         )
-        # Offsets are recomputed by the load; these are the manifest's view.
+        # Offsets are recomputed by the load; these are the manifest's view — what a queue too
+        # damaged to load is known to have lost, and where its new messages must start.
         queues.append(
-            QueueMeta(topic=topic, queue_id=qid, min_offset=0, max_offset=0, commitlog=cl, consumequeue=cq)
+            QueueMeta(
+                topic=topic,
+                queue_id=qid,
+                min_offset=span[0],
+                max_offset=span[1],
+                commitlog=cl,
+                consumequeue=cq,
+            )
         )
         segments += len(cl) + len(cq)
         if progress is not None:
