@@ -5,16 +5,35 @@ store command does."""
 
 from __future__ import annotations
 
+import base64
+import urllib.parse
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from tierd.cli.app import app, echo, emit_json, handle_errors, obj
-from tierd.cli.remote import RemoteStore, _message_json, _path
+from tierd.cli.remote import RemoteStore
 
 if TYPE_CHECKING:
     from tierd.message import Message
     from tierd.store import BlockingMessageStore
+
+
+def _path(*parts: str) -> str:
+    return "".join("/" + urllib.parse.quote(p, safe="") for p in parts)
+
+
+def _message_json(m: Message) -> dict[str, Any]:
+    """The message as `POST /v1/topics/{topic}/messages` takes it (absent fields left out)."""
+    doc: dict[str, Any] = {
+        "body": base64.b64encode(m.body).decode("ascii"),
+        "keys": list(m.keys) or None,
+        "tags": m.tags,
+        "properties": dict(m.properties) or None,
+        "queue_id": m.queue_id,
+        "flag": m.flag or None,
+    }
+    return doc
 
 
 def schedule(
