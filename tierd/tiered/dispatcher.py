@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from tierd.errors import CorruptionError, TierdError
-from tierd.format.columns import store_timestamps
+from tierd.format.columns import store_timestamps as store_timestamps  # (re-exported: tests import it here)
 from tierd.repeats import EXPECTED, FailureLog
 
 if TYPE_CHECKING:
