@@ -381,7 +381,7 @@ def exported_metrics(tmp_path_factory: pytest.TempPathFactory) -> set[str]:
 
 def _metric_names(expr: str) -> set[str]:
     without_strings = re.sub(r'"[^"]*"', '""', expr)
-    return set(re.findall(r"\btierd_[a-z0-9_]+\b", without_strings)) | (
+    return set(re.findall(r"\b(?:tierd|process|python)_[a-z0-9_]+\b", without_strings)) | (
         PROMETHEUS_METRICS & set(re.findall(r"\b[a-z_]+\b", without_strings))
     )
 
@@ -650,6 +650,35 @@ def test_the_grafana_dashboard_is_a_labelled_configmap() -> None:
     dashboard = json.loads(configmap["data"]["tierd.json"])
     assert dashboard["uid"] == "tierd-overview"
     assert len(dashboard["panels"]) >= 10
+
+
+def test_the_dashboard_shows_traffic_per_topic_and_the_process(exported_metrics: set[str]) -> None:
+    """Each per-topic traffic counter and the process's CPU, memory and file descriptors have a
+    panel, and each is exported (the per-topic ones once traffic flowed)."""
+    dashboard = json.loads((K8S / "monitoring" / "grafana-dashboard.json").read_text())
+    shown = {name for p in dashboard["panels"] for t in p["targets"] for name in _metric_names(t["expr"])}
+    wanted = {
+        "tierd_produced_messages_total",
+        "tierd_produced_bytes_total",
+        "tierd_consumed_messages_total",
+        "tierd_consumed_bytes_total",
+        "process_cpu_seconds_total",
+        "process_resident_memory_bytes",
+        "process_open_fds",
+        "process_max_fds",
+    }
+    assert wanted <= shown, wanted - shown
+    assert wanted <= exported_metrics, wanted - exported_metrics
+    ids = [p["id"] for p in dashboard["panels"]]
+    assert len(ids) == len(set(ids)), ids
+    cells = {
+        (x, p["gridPos"]["y"] + dy)
+        for p in dashboard["panels"]
+        for x in range(p["gridPos"]["x"], p["gridPos"]["x"] + p["gridPos"]["w"])
+        for dy in range(p["gridPos"]["h"])
+    }
+    area = sum(p["gridPos"]["w"] * p["gridPos"]["h"] for p in dashboard["panels"])
+    assert len(cells) == area, "panels overlap"
 
 
 def test_the_ops_listener_serves_what_the_probes_and_prometheus_ask(tmp_path: Path) -> None:

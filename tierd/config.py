@@ -384,6 +384,12 @@ class ServerConfig(_Section):
         description="Serve the interactive API page at /docs. It loads its scripts from a CDN, so it "
         "needs internet access in the browser; the OpenAPI document (/openapi.json) is always served.",
     )
+    metrics_max_topics: int = Field(
+        500,
+        ge=0,
+        description="Topics with per-topic traffic series of their own in /metrics (the first seen "
+        'since start); traffic of further topics is summed under `topic="(other)"` (docs/metrics.md).',
+    )
 
     @field_validator("token")
     @classmethod
@@ -500,7 +506,11 @@ class LogConfig(_Section):
     """``[log]`` — logging."""
 
     level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field("INFO", description="Log level.")
-    format: Literal["text", "json"] = Field("text", description="Log line format.")
+    format: Literal["text", "json"] = Field(
+        "text",
+        description="Log line format. `json`: one object per line, with `request_id`, `topic`, "
+        "`queue` and `group` where they apply (docs/metrics.md#logs).",
+    )
 
 
 class TableConfig(_Section):

@@ -6,23 +6,74 @@ whoever emits a record (log collectors parse it, and a traceback stays inside it
 of spilling over 100 lines). Which failures are one line and how repeats are rate-limited is
 :mod:`tierd.repeats`' job (:class:`~tierd.repeats.FailureLog`); its count of held-back failures
 becomes the ``repeats`` field here.
+
+Context fields: a JSON line carries ``request_id``, ``topic``, ``queue`` and ``group`` when the
+code that logs runs on behalf of one (:data:`LOG_FIELDS`). They are bound where they are known —
+the HTTP and gRPC request boundaries (:mod:`tierd.service.context`) — in a
+:class:`~contextvars.ContextVar`, so every record of that request carries them without each log
+call restating them: each asyncio task and each thread has its own, and ``asyncio.to_thread``
+carries them along. A record's own ``extra={"topic": …}`` wins over the bound value. Only these
+fields are ever added: nothing a request carries (its token, its body) reaches a log line this
+way.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
 import logging
 import sys
-from typing import Any, Literal, TextIO
+from contextvars import ContextVar, Token
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, Literal, TextIO
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator, Mapping
 
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+#: The context fields a JSON line may carry, in this order.
+LOG_FIELDS = ("request_id", "topic", "queue", "group")
+
+_EMPTY: Mapping[str, str | int] = MappingProxyType({})
+_fields: ContextVar[Mapping[str, str | int]] = ContextVar("tierd_log_fields", default=_EMPTY)
+
+
+def bind(**fields: str | int | None) -> Token[Mapping[str, str | int]]:
+    """Add ``fields`` (None: left as they are) to every record logged from this task or thread
+    from now on; :func:`unbind` with the token restores what was bound before."""
+    unknown = set(fields) - set(LOG_FIELDS)
+    if unknown:
+        raise ValueError(f"not a log context field: {sorted(unknown)} (fields: {LOG_FIELDS})")
+    merged = dict(_fields.get())
+    merged.update({k: v for k, v in fields.items() if v is not None})
+    return _fields.set(MappingProxyType(merged))
+
+
+def unbind(token: Token[Mapping[str, str | int]]) -> None:
+    _fields.reset(token)
+
+
+@contextlib.contextmanager
+def log_context(**fields: str | int | None) -> Iterator[None]:
+    """:func:`bind` for the duration of a ``with`` block (threads that outlive the work)."""
+    token = bind(**fields)
+    try:
+        yield
+    finally:
+        unbind(token)
+
+
+def log_fields() -> Mapping[str, str | int]:
+    """The fields bound now."""
+    return _fields.get()
 
 
 class JsonFormatter(logging.Formatter):
     """One JSON object per record: ``time`` (UTC, ISO 8601), ``level``, ``logger``, ``message``,
-    ``repeats`` when a :class:`~tierd.repeats.FailureLog` held some back, ``exception`` as one
-    string."""
+    the context fields that apply (:data:`LOG_FIELDS`), ``repeats`` when a
+    :class:`~tierd.repeats.FailureLog` held some back, ``exception`` as one string. Formatting
+    runs in the thread that logs (a plain StreamHandler), so the bound fields are the caller's."""
 
     def format(self, record: logging.LogRecord) -> str:
         out: dict[str, Any] = {
@@ -31,6 +82,13 @@ class JsonFormatter(logging.Formatter):
             "logger": record.name,
             "message": record.getMessage(),
         }
+        bound = _fields.get()
+        for name in LOG_FIELDS:
+            value = getattr(record, name, None)
+            if value is None:
+                value = bound.get(name)
+            if value is not None:
+                out[name] = value
         repeats = getattr(record, "repeats", None)
         if repeats:
             out["repeats"] = repeats

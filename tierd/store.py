@@ -62,6 +62,7 @@ from tierd.tiered.roots import backend_for_url
 from tierd.tiered.service import TieringService
 from tierd.topics import TopicAdmin, TopicInfo
 from tierd.topics import restore_table as restore_topic_table
+from tierd.traffic import TopicTraffic
 from tierd.transactions.coordinator import EndResult, HalfResult, PendingTransaction, TransactionCoordinator
 from tierd.transactions.names import SYSTEM_TOPICS as TRANSACTION_TOPICS
 from tierd.transactions.names import Resolution
@@ -143,6 +144,8 @@ class _StoreCore:
         self.scheduler = Scheduler(self)
         #: Half messages, commits, rollbacks, check-backs (docs/transactions.md).
         self.transactions = TransactionCoordinator(self)
+        #: Per-topic messages and bytes produced and consumed (docs/metrics.md).
+        self.traffic = TopicTraffic(cfg.server.metrics_max_topics)
 
     def _scheduled(
         self, message: Message, deliver_at: int | None, delay_level: int | None
@@ -732,6 +735,11 @@ class MessageStore(_StoreCore):
         return _Opener(cfg, ready_timeout)
 
     async def put(self, message: Message) -> PutResult:
+        res = await self._put(message)
+        self.traffic.produced_one(message)
+        return res
+
+    async def _put(self, message: Message) -> PutResult:
         res, fut = self.hot.put(message)  # the hot store checks it is open
         if fut is not None:
             await asyncio.wrap_future(fut)
@@ -741,6 +749,7 @@ class MessageStore(_StoreCore):
         res, fut = self._hot().put_batch(messages)
         if fut is not None:
             await asyncio.wrap_future(fut)
+        self.traffic.produced_batch(messages)
         return res
 
     async def schedule(
@@ -751,7 +760,8 @@ class MessageStore(_StoreCore):
         Durable when this returns, like :meth:`put`. DeliveryTimeError for a time in the past,
         beyond ``scheduled.max_delay`` or a level out of range (docs/scheduled.md)."""
         stored, when, uniq = self._scheduled(message, deliver_at, delay_level)
-        res = await self.put(stored)
+        res = await self._put(stored)
+        self.traffic.produced_one(message)  # under its own topic, not the scheduler's
         return ScheduleResult(_handle(res.queue_offset, when), when, uniq, message.topic)
 
     async def recall(self, handle: str) -> bool:
@@ -768,7 +778,9 @@ class MessageStore(_StoreCore):
         ``transactions.transaction_timeout`` s, then every ``check_interval`` s, and rolled back
         after ``check_max`` unanswered checks."""
         self._hot()
-        return await self.transactions.prepare(message, producer_group)
+        res = await self.transactions.prepare(message, producer_group)
+        self.traffic.produced_one(message)
+        return res
 
     async def end_transaction(self, transaction_id: str, resolution: Resolution | str) -> EndResult:
         """``COMMIT`` (the message becomes visible, exactly once) or ``ROLLBACK`` (it never
@@ -1107,6 +1119,11 @@ class BlockingMessageStore(_StoreCore):
         return n
 
     def put(self, message: Message) -> PutResult:
+        res = self._put(message)
+        self.traffic.produced_one(message)
+        return res
+
+    def _put(self, message: Message) -> PutResult:
         res, fut = self.hot.put(message)  # the hot store checks it is open
         if fut is not None:
             fut.result()
@@ -1116,6 +1133,7 @@ class BlockingMessageStore(_StoreCore):
         res, fut = self._hot().put_batch(messages)
         if fut is not None:
             fut.result()
+        self.traffic.produced_batch(messages)
         return res
 
     def schedule(
@@ -1123,7 +1141,8 @@ class BlockingMessageStore(_StoreCore):
     ) -> ScheduleResult:
         """See :meth:`MessageStore.schedule`."""
         stored, when, uniq = self._scheduled(message, deliver_at, delay_level)
-        res = self.put(stored)
+        res = self._put(stored)
+        self.traffic.produced_one(message)  # under its own topic, not the scheduler's
         return ScheduleResult(_handle(res.queue_offset, when), when, uniq, message.topic)
 
     def recall(self, handle: str) -> bool:
@@ -1145,7 +1164,9 @@ class BlockingMessageStore(_StoreCore):
     def put_half(self, message: Message, *, producer_group: str) -> HalfResult:
         """See :meth:`MessageStore.put_half`."""
         self._hot()
-        return self._transactions_loop().run(self.transactions.prepare(message, producer_group))
+        res = self._transactions_loop().run(self.transactions.prepare(message, producer_group))
+        self.traffic.produced_one(message)
+        return res
 
     def end_transaction(self, transaction_id: str, resolution: Resolution | str) -> EndResult:
         """See :meth:`MessageStore.end_transaction`."""

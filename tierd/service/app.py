@@ -28,6 +28,7 @@ from tierd.format.message_id import OFFSET_MASK, offset_msg_id_template
 from tierd.local.store import byte_bounded_count
 from tierd.message import ReadPolicy  # noqa: TC001
 from tierd.service.auth import BearerAuthMiddleware, BodyLimitMiddleware
+from tierd.service.context import RequestContextMiddleware, bind_route
 from tierd.service.errors import (
     CatchAllMiddleware,
     DrainingError,
@@ -501,9 +502,9 @@ async def consume(
     store = svc.store()
     wait = 0 if svc.draining else wait_ms
     limit = svc.cfg.server.max_read_bytes
-    return GetOut.of(
-        await store.get(topic, queue, offset, max, policy, tags=tags, wait_ms=wait, max_bytes=limit)
-    )
+    r = await store.get(topic, queue, offset, max, policy, tags=tags, wait_ms=wait, max_bytes=limit)
+    store.traffic.consumed(topic, r.messages)
+    return GetOut.of(r)
 
 
 @router.get(
@@ -1001,7 +1002,7 @@ def create_app(cfg: TierdConfig, store: MessageStore | Callable[[], MessageStore
     svc = Service(cfg, provider)
     app.state.service = svc
     install_error_handlers(app)
-    app.include_router(router)
+    app.include_router(router, dependencies=[Depends(bind_route)])
     # Starlette wraps in reverse order of adding: the last added runs first (outermost).
     app.add_middleware(CatchAllMiddleware)
     app.add_middleware(BodyLimitMiddleware, limit=request_limit(cfg.store.max_message_size))
@@ -1009,6 +1010,7 @@ def create_app(cfg: TierdConfig, store: MessageStore | Callable[[], MessageStore
     app.add_middleware(BearerAuthMiddleware, token=cfg.server.bearer_token())
     app.add_middleware(HostGuardMiddleware, policy=HostPolicy(cfg.server.host, cfg.server.allowed_hosts))
     app.add_middleware(HttpMetricsMiddleware, metrics=svc.metrics)
+    app.add_middleware(RequestContextMiddleware)
     _document_security(app)
     return app
 

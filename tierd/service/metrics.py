@@ -23,12 +23,20 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
-from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    GCCollector,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+    generate_latest,
+)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from tierd.errors import TierdError
 from tierd.scheduled.scheduler import LATENESS_BUCKETS
+from tierd.traffic import OTHER as OTHER_TOPICS
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
@@ -79,6 +87,11 @@ class ServiceMetrics:
             registry=self.registry,
         )
         self.registry.register(StoreCollector(store, draining))
+        # The standard process_*, python_info and python_gc_* series: a private registry does not
+        # get the global one's, and dashboards and alerts expect them (CPU, RSS, open FDs).
+        ProcessCollector(registry=self.registry)
+        PlatformCollector(registry=self.registry)
+        GCCollector(registry=self.registry)
 
     def observe_backend(self, operation: str, seconds: float, nbytes: int, ok: bool) -> None:
         """The :data:`~tierd.drivers.segment.BackendObserver` installed on the cold-tier root."""
@@ -173,6 +186,7 @@ class StoreCollector(Collector):
             reads.add_metric([source], n)
         yield reads
         yield from self._consumers(store)
+        yield from self._traffic(store)
         cold = stats.cold
         yield _gauge("tierd_tiering_enabled", "1 when the cold tier is configured.", cold is not None)
         if cold is None:
@@ -270,6 +284,29 @@ class StoreCollector(Collector):
             f"Per-queue lag series left out beyond {LAG_SERIES_LIMIT} (group totals include them).",
             dropped,
         )
+
+    def _traffic(self, store: MessageStore) -> Iterator[Metric]:
+        """Per topic, counted per message (a 1,024-message batch is 1,024), not per request
+        (:mod:`tierd.traffic` says where and why; its label bound is server.metrics_max_topics)."""
+        bound = f'first {store.traffic.max_topics} topics, the rest as topic="{OTHER_TOPICS}"'
+        families = [
+            CounterMetricFamily(
+                f"tierd_{what}_{unit}",
+                f"{doc} ({bound}).",
+                labels=["topic"],
+            )
+            for what, unit, doc in (
+                ("produced", "messages", "Messages acknowledged to producers"),
+                ("produced", "bytes", "Body bytes of messages acknowledged to producers"),
+                ("consumed", "messages", "Messages handed to consumers (HTTP reads, gRPC receive and pull)"),
+                ("consumed", "bytes", "Body bytes of messages handed to consumers"),
+            )
+        ]
+        for topic, c in store.traffic.snapshot().items():
+            values = (c.produced_messages, c.produced_bytes, c.consumed_messages, c.consumed_bytes)
+            for family, value in zip(families, values, strict=True):
+                family.add_metric([topic], value)
+        yield from families
 
     def _backend(self, stats: StoreStats, cold: ColdStats) -> Iterator[Metric]:
         """Backend health and prefix ownership: the signals alerts belong on (not /readyz)."""
