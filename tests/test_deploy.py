@@ -362,7 +362,9 @@ def exported_metrics(tmp_path_factory: pytest.TempPathFactory) -> set[str]:
     """Every sample name a daemon serves once it has produced, tiered, read cold and failed a
     request (so that labelled families have samples)."""
     root = tmp_path_factory.mktemp("metrics")
-    with running(TierdConfig.from_dict(service_config(root))) as r:
+    raw = service_config(root)
+    raw["topics"] = {"tbl": {"table": "iceberg"}}  # the table writer's families (docs/table.md)
+    with running(TierdConfig.from_dict(raw)) as r:
         c = r.client
         c.post("/v1/topics/t/messages", json={"body": "aGk=", "keys": ["k"], "queue_id": 0})
         r.wait_ready()
@@ -371,7 +373,10 @@ def exported_metrics(tmp_path_factory: pytest.TempPathFactory) -> set[str]:
         c.get("/v1/topics/t/keys/k")
         committed = c.put("/v1/groups/g/topics/t/queues/0/offset", json={"offset": 0})
         assert committed.status_code == 200, committed.text  # a group: lag series have samples
-        text = c.get("/metrics").text
+        deadline = time.monotonic() + 60
+        while "tierd_table_lag_messages{" not in (text := c.get("/metrics").text):
+            assert time.monotonic() < deadline, "the table writer measured no lag within 60 s"
+            time.sleep(0.05)  # polling interval; the deadline bounds the wait
     names = set()
     for line in text.splitlines():
         if line and not line.startswith("#"):
@@ -405,6 +410,8 @@ def test_alert_rules_cover_what_operators_must_know() -> None:
         "TierdBackendErrors",
         "TierdBackendUnsafe",
         "TierdBackendUnreachable",
+        "TierdTableLag",
+        "TierdTableFailing",
     } <= alerts
 
 
@@ -629,6 +636,29 @@ def test_a_consumer_group_falling_behind_alerts(tmp_path: Path) -> None:
                 {"namespace": "ns", "pod": "example-app-0", "group": "g1"},
                 **{"example-app-0": "4000"},
             ),
+        ],
+    )
+
+
+def test_a_table_writer_that_stops_keeping_up_alerts(tmp_path: Path) -> None:
+    """Topic t1's table lag sticks at 500 and its passes keep failing: both alerts fire once the
+    15-minute window holds no 0 and their `for` has passed. Topic t2's writer is busy but
+    healthy (back to 0 at every other scrape, one failed pass now and then): no alert."""
+    labels = 'namespace="ns",pod="example-app-0"'
+    t1 = {"namespace": "ns", "pod": "example-app-0", "topic": "t1"}
+    _promtool_test(
+        tmp_path,
+        {
+            f'tierd_table_lag_messages{{{labels},topic="t1"}}': "0x5 500x60",
+            f'tierd_table_failed_passes{{{labels},topic="t1"}}': "0x5 1+1x60",
+            f'tierd_table_lag_messages{{{labels},topic="t2"}}': " ".join(["300 0"] * 33),
+            f'tierd_table_failed_passes{{{labels},topic="t2"}}': " ".join(["0 0 1"] * 22),
+        },
+        [
+            _alert("TierdTableLag", "20m"),  # the window still holds the 0s: not yet
+            _alert("TierdTableLag", "40m", t1, **{"example-app-0": "500"}),
+            _alert("TierdTableFailing", "20m"),
+            _alert("TierdTableFailing", "40m", t1, **{"example-app-0": "20"}),
         ],
     )
 

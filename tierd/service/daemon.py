@@ -264,9 +264,12 @@ class Daemon:
             watch = asyncio.create_task(_watch_cold_tier(store), name="tierd-cold-watch")
             tables = None
             if any(t.table == "iceberg" for t in self.cfg.topics.values()):  # docs/table.md
-                from tierd.table.loop import table_loop  # the table extra: only when opted in
+                from tierd.table import TableWriter  # the table extra: only when opted in
+                from tierd.table.loop import table_loop
 
-                tables = asyncio.create_task(table_loop(self.cfg), name="tierd-table")
+                writer = TableWriter(self.cfg)
+                self.service.metrics.watch_tables(writer)
+                tables = asyncio.create_task(table_loop(self.cfg, writer), name="tierd-table")
             try:
                 await _first(self._stop.wait(), http)
             finally:

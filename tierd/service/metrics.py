@@ -21,7 +21,7 @@ process-global one — so two stores in one process (tests, embedding) never col
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from prometheus_client import (
     CollectorRegistry,
@@ -39,7 +39,7 @@ from tierd.scheduled.scheduler import LATENESS_BUCKETS
 from tierd.traffic import OTHER as OTHER_TOPICS
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterator
+    from collections.abc import Callable, Iterator, Mapping
 
     from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -104,6 +104,11 @@ class ServiceMetrics:
     def attach(self, store: MessageStore) -> None:
         """Start timing the store's backend calls."""
         store.set_backend_observer(self.observe_backend)
+
+    def watch_tables(self, writer: TableFigures) -> None:
+        """Export the Iceberg table writer's per-topic figures (docs/table.md); the daemon calls
+        this only when a topic opts in, so the base install exports no table families."""
+        self.registry.register(TableCollector(writer))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
@@ -476,6 +481,45 @@ class StoreCollector(Collector):
             "Rollbacks after transactions.check_max unanswered check-backs (also in rollbacks).",
             st.check_max_rollbacks,
         )
+
+
+class TableFigures(Protocol):
+    """What :class:`TableCollector` reads: :class:`tierd.table.TableWriter` (not imported here:
+    it needs the ``table`` extra)."""
+
+    def last_lag(self) -> Mapping[str, int]: ...
+
+    def failed_passes(self) -> Mapping[str, int]: ...
+
+
+class TableCollector(Collector):
+    """The table writer's figures at scrape time: plain dict copies, no catalog or bucket call
+    (the writer measures them as its passes run, every ``table.interval``)."""
+
+    def __init__(self, writer: TableFigures) -> None:
+        self.writer = writer
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        lag = GaugeMetricFamily(
+            "tierd_table_lag_messages",
+            "Per topic with an Iceberg table: messages sealed in the cold tier but not yet in the "
+            "table, at the writer's last look (absent until it read the table's watermark once).",
+            labels=["topic"],
+        )
+        for topic, n in sorted(self.writer.last_lag().items()):
+            lag.add_metric([topic], n)
+        yield lag
+        failed = GaugeMetricFamily(
+            "tierd_table_failed_passes",
+            "Per topic with an Iceberg table: writer passes failed in a row (0 after a success).",
+            labels=["topic"],
+        )
+        for topic, n in sorted(self.writer.failed_passes().items()):
+            failed.add_metric([topic], n)
+        yield failed
 
 
 def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:

@@ -189,6 +189,9 @@ class TableWriter:
         self._catalog = catalog
         self._on_step = on_step
         self._lag: dict[str, int] = {}
+        #: Per topic, the watermark the last pass read or committed: what a failing pass
+        #: measures the lag against (the table may not be reachable to read it again).
+        self._marks: dict[str, Marks] = {}
         self._failures: dict[str, FailureLog] = {}
         backend = config.backend
         self.url = backend.url if "://" in backend.url else str(Path(backend.url).resolve())
@@ -208,9 +211,33 @@ class TableWriter:
         return sorted(n for n, t in self.config.topics.items() if t.table == "iceberg")
 
     def last_lag(self) -> dict[str, int]:
-        """Per topic, the messages sealed but not in the table as the last pass left them
-        (what the ``tierd_table_lag_messages`` gauge shows)."""
+        """Per topic, the messages sealed but not in the table at the writer's last look (what
+        the ``tierd_table_lag_messages`` gauge shows): measured when a pass starts, after each
+        of its commits, and when a pass fails — against the sealed ends read again and the last
+        watermark known — so that passes that keep failing show as a lag that grows, not as
+        the last good pass's figure. A topic is absent until a watermark was read once (before,
+        how far the table is is unknown, and no figure is better than a wrong one)."""
         return dict(self._lag)
+
+    def failed_passes(self) -> dict[str, int]:
+        """Per opted-in topic, the passes that failed in a row since the last one that
+        succeeded (the ``tierd_table_failed_passes`` gauge; 0 once a pass succeeds)."""
+        return {t: self.failure_log(t).failures for t in self.topics()}
+
+    def measure_lag(self, topic: str) -> int | None:
+        """Measure the topic's lag again against the last watermark known, without the table
+        (for a pass that failed: the catalog or warehouse may be what fails). None when no
+        watermark was ever read, or the bucket cannot be read either (the figure stays)."""
+        marks = self._marks.get(topic)
+        if marks is None:
+            return None
+        try:
+            ends = self.sealed_ends(topic)
+        except Exception as e:  # the pass's failure is logged already; this one is its echo
+            log.debug("table %s: lag not measured (%s)", topic, e)
+            return None
+        self._lag[topic] = _lag(ends, marks)
+        return self._lag[topic]
 
     def failure_log(self, topic: str) -> FailureLog:
         """The rate-limited log of the topic's failing passes."""
@@ -328,6 +355,8 @@ class TableWriter:
         marks = read_watermark(main)
         dead_marks = read_watermark(dead) if dead is not None else {}
         ends = self.sealed_ends(topic)
+        self._marks[topic] = dict(marks)
+        self._lag[topic] = _lag(ends, marks)
         result = SyncResult(topic)
         schema = table_schema(tc.body_columns)
         limit = self.config.table.max_rows_per_commit
@@ -341,6 +370,8 @@ class TableWriter:
             main, dead = self._commit(topic, main, dead, pending, marks, new, dead_marks, schema, tc, result)
             marks.clear()
             marks.update(new)
+            self._marks[topic] = dict(marks)
+            self._lag[topic] = _lag(ends, marks)
             pending = []
 
         for key in sorted(ends):
@@ -564,6 +595,7 @@ def run_passes(writer: TableWriter, topics: Iterable[str] | None = None) -> list
             out.append(writer.sync(topic))
         except Exception as e:
             failures.failed(e, "the next pass retries from the table's watermark")
+            writer.measure_lag(topic)
             continue
         failures.succeeded()
         log.debug("table %s: pass took %.2fs", topic, time.monotonic() - started)
