@@ -20,7 +20,13 @@ from typing import TYPE_CHECKING, Literal
 
 from tierd.errors import InvalidArgumentError, LostMessagesError, TierdError
 from tierd.format.record import decode_record
-from tierd.local.store import MAX_GET_BYTES, MAX_GET_COUNT, READ_YOUR_WRITES_WAIT, byte_bounded_count
+from tierd.local.store import (
+    MAX_GET_BYTES,
+    MAX_GET_COUNT,
+    READ_YOUR_WRITES_WAIT,
+    QueryBudget,
+    byte_bounded_count,
+)
 from tierd.local.validation import check_queue, check_topic
 from tierd.message import GetResult, GetStatus, ReadPolicy
 from tierd.tiered.fetcher import ColdFetcher
@@ -58,6 +64,8 @@ class TierRouter:
         #: Reads of a corrupt hot record answered with the cold tier's copy (a metric).
         self.corrupt_served_cold = 0
         self.reads = {"hot": 0, "cold": 0}
+        #: Records key queries read back from the cold tier (hits checked against their record).
+        self.query_cold_reads = 0
         #: Wait for the hot store's dispatch thread in the calling thread instead of a worker
         #: thread: set by the blocking facade without a cold tier, which runs no event loop.
         self.waits_in_place = False
@@ -364,24 +372,33 @@ class TierRouter:
         end: int,
         *,
         sources: dict[tuple[int, int], Literal["hot", "cold"]] | None = None,
+        max_bytes: int | None = None,
+        skip_at_end: int = 0,
     ) -> list[MessageExt]:
         """Messages of ``topic`` whose KEYS/UNIQ_KEY contain ``key``, stored in [begin, end], from
         both tiers, de-duplicated, newest first. Index hits (hot and cold alike) are only
         candidates: each is read back, CRC-checked and kept only if its keys really match.
-        ``sources``: filled with the tier each message was read from, by (queue id, offset)."""
+        ``sources``: filled with the tier each message was read from, by (queue id, offset).
+        ``max_bytes``, ``skip_at_end``: each tier stops reading once its messages exceed the
+        bound (:class:`~tierd.local.store.QueryBudget`): the result then holds every message of
+        the first ``max_bytes`` of the answer (the first always) and the one after them — what a
+        byte-bounded page needs — not ``max_count`` messages."""
         await self._caught_up(None)
+        hot_budget = QueryBudget(max_bytes, end, skip_at_end)
         found: dict[tuple[int, int], MessageExt] = {
             (m.queue_id, m.queue_offset): m
-            for m in self.hot.query(topic, key, max_count, begin, end, wait=False)
+            for m in self.hot.query(topic, key, max_count, begin, end, wait=False, budget=hot_budget)
         }
         tier: dict[tuple[int, int], Literal["hot", "cold"]] = dict.fromkeys(found, "hot")
         t = self.tiering
         meta = t.flat.topics.get(topic) if t is not None and t.ready.is_set() else None
         if t is not None and meta is not None:
+            cold_budget = QueryBudget(max_bytes, end, skip_at_end)
             for hit in await t.index.query(topic, meta.id, key, max_count * 4, begin, end):
                 ff = t.flat.get(topic, hit.queue_id)
                 if ff is None or hit.flat_offset < ff.commitlog.min_offset:
                     continue  # expired meanwhile
+                self.query_cold_reads += 1
                 try:
                     raw = await ff.read_commitlog(hit.flat_offset, hit.size)
                     msg = decode_record(raw, 0, limit=hit.size, check_crc=True)
@@ -397,6 +414,9 @@ class TierRouter:
                 if msg.topic != topic or msg.queue_id != hit.queue_id:
                     continue
                 if (key in msg.keys or msg.uniq_key == key) and begin <= msg.store_timestamp <= end:
+                    if cold_budget.stop_before(msg.store_timestamp):
+                        break
+                    cold_budget.add(msg.size, msg.store_timestamp)
                     found.setdefault((msg.queue_id, msg.queue_offset), msg)
                     tier.setdefault((msg.queue_id, msg.queue_offset), "cold")
         # A total order (queue id last): a paged query (HTTP `next`) continues where it stopped.

@@ -408,15 +408,30 @@ class _StoreCore:
             finally:
                 self.arrivals.unregister(key, arrival)
 
-    async def _query(self, topic: str, key: str, max_count: int, begin: int, end: int) -> list[MessageExt]:
+    async def _query(
+        self,
+        topic: str,
+        key: str,
+        max_count: int,
+        begin: int,
+        end: int,
+        max_bytes: int | None = None,
+        skip_at_end: int = 0,
+    ) -> list[MessageExt]:
         if not isinstance(max_count, int) or max_count < 1:
             raise InvalidArgumentError(f"max_count must be a positive integer, got {max_count!r}")
+        if max_bytes is not None and (not isinstance(max_bytes, int) or max_bytes < 1):
+            raise InvalidArgumentError(f"max_bytes must be a positive integer, got {max_bytes!r}")
+        if not isinstance(skip_at_end, int) or skip_at_end < 0:
+            raise InvalidArgumentError(f"skip_at_end must be a non-negative integer, got {skip_at_end!r}")
         if begin > end:
             raise InvalidArgumentError(f"begin ({begin}) must not be after end ({end})")
         check_key(key)
         self._hot()
         await self._cold_loaded()
-        return await self.router.query(topic, key, max_count, begin, end)
+        return await self.router.query(
+            topic, key, max_count, begin, end, max_bytes=max_bytes, skip_at_end=skip_at_end
+        )
 
     async def _message(self, msg_id: str, topic: str | None) -> FoundMessage:
         msg_id = check_message_id(msg_id)
@@ -931,9 +946,23 @@ class MessageStore(_StoreCore):
         return await verify_store(cfg, progress, repair=repair)
 
     async def query(
-        self, topic: str, key: str, max_count: int = 32, begin: int = 0, end: int = MAX_TIMESTAMP
+        self,
+        topic: str,
+        key: str,
+        max_count: int = 32,
+        begin: int = 0,
+        end: int = MAX_TIMESTAMP,
+        *,
+        max_bytes: int | None = None,
+        skip_at_end: int = 0,
     ) -> list[MessageExt]:
-        return await self._query(topic, key, max_count, begin, end)
+        """Messages of ``topic`` carrying ``key`` stored in ``[begin, end]``, both tiers, newest
+        first (docs/reading.md, "Key queries"). ``max_bytes``: read no further than a page of
+        that many bytes needs — the answer holds the messages of its first ``max_bytes`` (the
+        first always) and the next one, maybe a few more, instead of reading ``max_count`` whole
+        messages; cut it with :func:`~tierd.local.store.byte_bounded_count`. ``skip_at_end``:
+        messages stored exactly at ``end`` that a continued page leaves out, not counted."""
+        return await self._query(topic, key, max_count, begin, end, max_bytes, skip_at_end)
 
     async def message(self, msg_id: str, *, topic: str | None = None) -> FoundMessage:
         """The message ``msg_id`` names, from either tier (:mod:`tierd.lookup`): an offset id
@@ -1317,9 +1346,18 @@ class BlockingMessageStore(_StoreCore):
         raise RuntimeError("a read without a cold tier tried to suspend")
 
     def query(
-        self, topic: str, key: str, max_count: int = 32, begin: int = 0, end: int = MAX_TIMESTAMP
+        self,
+        topic: str,
+        key: str,
+        max_count: int = 32,
+        begin: int = 0,
+        end: int = MAX_TIMESTAMP,
+        *,
+        max_bytes: int | None = None,
+        skip_at_end: int = 0,
     ) -> list[MessageExt]:
-        return self._run(self._query(topic, key, max_count, begin, end))
+        """See :meth:`MessageStore.query`."""
+        return self._run(self._query(topic, key, max_count, begin, end, max_bytes, skip_at_end))
 
     def message(self, msg_id: str, *, topic: str | None = None) -> FoundMessage:
         """See :meth:`MessageStore.message`."""

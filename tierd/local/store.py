@@ -20,6 +20,7 @@ import json
 import logging
 import os
 import shutil
+import struct
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -49,7 +50,8 @@ from tierd.local.consumequeue import ConsumeQueue, flush_queues
 from tierd.local.dispatch import DispatchBatch, ReputService
 from tierd.local.index import IndexService
 from tierd.local.layout import check_layout
-from tierd.local.mapped_file import FileCache, PendingDirSyncs, fsync_dir, open_files_limit
+from tierd.descriptors import open_files_limit
+from tierd.local.mapped_file import FileCache, PendingDirSyncs, fsync_dir
 from tierd.local.prepare import ACCELERATED as PREPARE_ACCELERATED
 from tierd.local.prepare import Preparer
 from tierd.local.quarantine import COPY_LIMIT, Quarantine
@@ -87,6 +89,52 @@ def byte_bounded_count(sizes: list[int], max_bytes: int) -> int:
             return i
         total += size
     return len(sizes)
+
+
+class QueryBudget:
+    """When a key query stops reading messages: once those kept exceed ``max_bytes`` (None: no
+    bound) and number at least two, at the first message stored in another millisecond than the
+    last one kept. Each tier's query reads its hits newest first, so every message a
+    byte-bounded page (:func:`byte_bounded_count` of the merged, sorted result: at most
+    ``max_bytes``, or its first message alone) holds is read, and so is the first one it leaves
+    out — which tells the page that more follow. A page never ends inside a millisecond whose
+    messages were not all read (the merged order breaks ties by queue offset, not by when each
+    tier read them, and the HTTP continuation counts messages by their millisecond). So a tier
+    holds at most ``max_bytes`` + one message (two, when the first alone crosses the bound),
+    plus the rest of the last millisecond's — before, it read ``max_count`` whole messages
+    (1,024 × 4 MiB) before anything trimmed them.
+
+    ``skip_at_end``: that many messages stored exactly at ``end`` are read without counting —
+    a continued page reads again the messages the previous page returned, to leave them out."""
+
+    __slots__ = ("_counted", "_free", "_last", "end", "max_bytes", "used")
+
+    def __init__(self, max_bytes: int | None, end: int, skip_at_end: int = 0) -> None:
+        self.max_bytes = max_bytes
+        self.end = end
+        self._free = skip_at_end
+        self.used = 0
+        self._counted = 0
+        self._last: int | None = None
+
+    def stop_before(self, store_timestamp: int) -> bool:
+        """Whether the query stops before a message stored at ``store_timestamp`` (its own
+        or a later hit's: every later hit is older)."""
+        return (
+            self.max_bytes is not None
+            and self.used > self.max_bytes
+            and self._counted >= 2
+            and store_timestamp != self._last
+        )
+
+    def add(self, size: int, store_timestamp: int) -> None:
+        """Count a message the query keeps."""
+        if store_timestamp == self.end and self._free > 0:
+            self._free -= 1
+        else:
+            self.used += size
+            self._counted += 1
+        self._last = store_timestamp
 
 
 #: How long a read of an acknowledged-but-not-yet-dispatched offset waits for the reput thread.
@@ -271,6 +319,8 @@ class HotStore:
         self.recovery_truncated = False
         #: Reads that met a record failing its checks (CRC, framing, unit mismatch) — a metric.
         self.corrupt_reads = 0
+        #: Records key queries read back (hits checked against their record).
+        self.query_reads = 0
         #: Commitlog offsets of corrupt records already logged (each is logged once).
         self._reported: dict[int, None] = {}
         #: Opened for ``tierd verify`` without --repair (see :meth:`open`).
@@ -1097,11 +1147,20 @@ class HotStore:
         return lo
 
     def query(
-        self, topic: str, key: str, max_count: int, begin: int, end: int, *, wait: bool = True
+        self,
+        topic: str,
+        key: str,
+        max_count: int,
+        begin: int,
+        end: int,
+        *,
+        wait: bool = True,
+        budget: QueryBudget | None = None,
     ) -> list[MessageExt]:
         """Messages of ``topic`` whose KEYS or UNIQ_KEY contain ``key``, newest first. Index hits
         are verified against the record: a hash collision never yields a wrong message.
-        ``wait``: as in :meth:`get`, for the whole index."""
+        ``wait``: as in :meth:`get`, for the whole index. ``budget``: stop reading records where
+        it says (a byte bound, see :class:`QueryBudget`)."""
         self._check_open()
         check_topic(topic)
         check_key(key)
@@ -1115,6 +1174,19 @@ class HotStore:
             if phys in seen or phys < self.commitlog.min_offset or phys < self.erased.get(topic, -1):
                 continue
             seen.add(phys)
+            # The header's store time first (no body decoded): the index keeps whole seconds,
+            # so hits just after ``end`` are common, and the budget's stop needs only the time.
+            # The record read below checks it again.
+            try:
+                stored = self.commitlog.store_timestamp_at(phys)
+            except (struct.error, ValueError, IndexError):
+                stored = None  # not a readable header: the record read decides
+            if stored is not None:
+                if not begin <= stored <= end:
+                    continue
+                if budget is not None and budget.stop_before(stored):
+                    break
+            self.query_reads += 1
             try:
                 msg = self.commitlog.read(phys, check_crc=True)
             except CorruptRecordError:
@@ -1124,6 +1196,10 @@ class HotStore:
                 and (key in msg.keys or msg.uniq_key == key)
                 and begin <= msg.store_timestamp <= end
             ):
+                if budget is not None:
+                    if budget.stop_before(msg.store_timestamp):
+                        break
+                    budget.add(msg.size, msg.store_timestamp)
                 out.append(msg)
                 if len(out) >= max_count:
                     break

@@ -680,10 +680,12 @@ async def query(
     """Messages of `topic` carrying `key`, from both tiers, newest first. Like a queue read, one
     answer stops before the message that would take it past `server.max_read_bytes` (the first
     always comes); `next` then holds the `end` and `skip` that continue after it, else null."""
-    found = await svc.store().query(topic, key, max + skip, begin, end)
+    limit = svc.cfg.server.max_read_bytes
+    # Bounded reading: the store stops where this page ends (plus the message after it).
+    found = await svc.store().query(topic, key, max + skip, begin, end, max_bytes=limit, skip_at_end=skip)
     page = found[skip:] if all(m.store_timestamp == end for m in found[:skip]) else found
     page = page[:max]
-    keep = byte_bounded_count([m.size for m in page], svc.cfg.server.max_read_bytes)
+    keep = byte_bounded_count([m.size for m in page], limit)
     nxt: dict[str, int] | None = None
     if keep < len(page):
         last = page[keep - 1].store_timestamp
