@@ -54,6 +54,7 @@ from tierd.scheduled.timing import (
 )
 from tierd.subscription import TagFilter, parse_tags
 from tierd.tiered.dispatcher import TierReport
+from tierd.tiered.ownership import OwnerRecord, take_over_unreadable_prefix
 from tierd.tiered.readonly import ReadOnlyTiering, remove_scratch, scratch_config
 from tierd.tiered.restore import Progress, RestoreReport
 from tierd.tiered.restore import dry_run as restore_dry_run
@@ -1137,6 +1138,13 @@ class BlockingMessageStore(_StoreCore):
         not say), or None when none does — without opening the store: how the CLI chooses
         between opening the directory and asking the running daemon."""
         return lock_holder(cfg)
+
+    @staticmethod
+    def take_over_unreadable(cfg: TierdConfig, epoch: int) -> OwnerRecord:
+        """Take the bucket prefix over from the UNREADABLE owner record ``epoch`` (the highest one):
+        write the next epoch for this store so it tiers again (docs/tiering.md, "One owner per
+        prefix"). The CLI's ``tierd takeover`` reaches the tiering layer through here."""
+        return asyncio.run(take_over_unreadable_prefix(cfg, epoch))
 
     def tier_now(self) -> TierReport:
         """Commit everything pending to the cold tier now (see :meth:`MessageStore.tier_now`)."""

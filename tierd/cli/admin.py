@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import concurrent.futures
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -24,8 +23,7 @@ from tierd.errors import StoreLockedError
 if TYPE_CHECKING:
     from tierd.cli.app import Context
     from tierd.config import TierdConfig
-    from tierd.store import BlockingMessageStore
-    from tierd.tiered.restore import RestoreReport
+    from tierd.store import BlockingMessageStore, RestoreReport
     from tierd.verify import Progress as VerifyProgress
     from tierd.verify import VerifyReport
 
@@ -323,11 +321,11 @@ def takeover(
     this store (store.dir), so that it tiers again. Stop the store that wrote that record first,
     if one still runs: it is fenced from its next check on. The unreadable record stays (owner
     records are never rewritten). A readable owner is taken over only by `tierd restore`."""
-    from tierd.tiered.ownership import take_over_unreadable_prefix
+    from tierd.store import BlockingMessageStore
 
     c = obj(ctx)
     cfg = c.config()
-    record = asyncio.run(take_over_unreadable_prefix(cfg, unreadable))
+    record = BlockingMessageStore.take_over_unreadable(cfg, unreadable)
     if c.json:
         emit_json(record.as_dict())
     else:

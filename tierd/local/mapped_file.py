@@ -38,11 +38,11 @@ import errno
 import logging
 import mmap
 import os
-import resource
 import threading
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Generic, TypeVar
 
+from tierd.descriptors import open_files_limit
 from tierd.errors import CorruptionError, ResourceExhaustedError, StoreClosedError, StoreFullError
 
 if TYPE_CHECKING:
@@ -171,12 +171,6 @@ class PendingDirSyncs:
             self.restore(set(ordered[done:]))
             raise
         return done
-
-
-def open_files_limit() -> int:
-    """The soft RLIMIT_NOFILE of this process (a large number when unlimited)."""
-    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-    return soft if soft != resource.RLIM_INFINITY else 1 << 30
 
 
 def exhausted(e: OSError, what: str) -> ResourceExhaustedError:

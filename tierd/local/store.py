@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Literal, overload
 
 import numpy as np
 
+from tierd.descriptors import open_files_limit
 from tierd.errors import (
     ConfigError,
     CorruptionError,
@@ -50,7 +51,6 @@ from tierd.local.consumequeue import ConsumeQueue, flush_queues
 from tierd.local.dispatch import DispatchBatch, ReputService
 from tierd.local.index import IndexService
 from tierd.local.layout import check_layout
-from tierd.descriptors import open_files_limit
 from tierd.local.mapped_file import FileCache, PendingDirSyncs, fsync_dir
 from tierd.local.prepare import ACCELERATED as PREPARE_ACCELERATED
 from tierd.local.prepare import Preparer

@@ -36,9 +36,9 @@ from typing import TYPE_CHECKING, Any
 
 import uvicorn
 
+from tierd.descriptors import open_files_limit
 from tierd.errors import ConfigError, TierdError
 from tierd.grpc.server import GrpcListener
-from tierd.local.mapped_file import open_files_limit
 from tierd.repeats import FailureLog
 from tierd.service.app import create_app
 from tierd.service.ops import create_ops_app
