@@ -47,12 +47,12 @@ from tierd.scheduled.timing import (
     PROPERTY_REAL_TOPIC,
     PROPERTY_TIMER_DELIVER_MS,
     SCHEDULE_TOPIC,
-    SYSTEM_TOPICS,
     Handle,
     delivery_time,
     new_uniq_key,
 )
 from tierd.subscription import TagFilter, parse_tags
+from tierd.systopics import is_system_topic
 from tierd.tiered.dispatcher import TierReport
 from tierd.tiered.ownership import OwnerRecord, take_over_unreadable_prefix
 from tierd.tiered.readonly import ReadOnlyTiering, remove_scratch, scratch_config
@@ -65,7 +65,6 @@ from tierd.topics import TopicAdmin, TopicInfo
 from tierd.topics import restore_table as restore_topic_table
 from tierd.traffic import TopicTraffic
 from tierd.transactions.coordinator import EndResult, HalfResult, PendingTransaction, TransactionCoordinator
-from tierd.transactions.names import SYSTEM_TOPICS as TRANSACTION_TOPICS
 from tierd.transactions.names import Resolution
 from tierd.verify import Progress as VerifyProgress
 from tierd.verify import VerifyReport, verify, verify_store
@@ -156,9 +155,9 @@ class _StoreCore:
         properties (RocketMQ's names), a UNIQ_KEY of its own if it came without one (the
         delivered copy keeps it: the key index finds the copy by it after a crash)."""
         topic = check_topic(message.topic)
-        if topic in SYSTEM_TOPICS:
+        if is_system_topic(topic):
             raise InvalidTopicError(
-                f"topic {topic!r} is the scheduler's own; schedule into a user topic", topic=topic
+                f"topic {topic!r} is a system topic; schedule into a user topic", topic=topic
             )
         if message.queue_id is not None:
             check_queue(message.queue_id, self.config.store.max_queues)
@@ -535,11 +534,14 @@ class _StoreCore:
         """End every long poll now and make new reads return at once (the daemon drains)."""
         self.arrivals.release()
 
-    def topics(self) -> dict[str, list[int]]:
-        """Topic → queue ids, across both tiers (a topic whose hot files expired stays listed)."""
+    def topics(self, *, system: bool = False) -> dict[str, list[int]]:
+        """Topic → queue ids, across both tiers (a topic whose hot files expired stays listed).
+        The store's own system topics (:mod:`tierd.systopics`) only with ``system=True``: they
+        hold bookkeeping, not messages a user put."""
         self._hot()
         self._cold_loaded_now()
-        return self._topic_queues()
+        out = self._topic_queues()
+        return out if system else {t: q for t, q in out.items() if not is_system_topic(t)}
 
     def _topic_queues(self) -> dict[str, list[int]]:
         """:meth:`topics` once the cold tier has loaded (callable on the store's loop)."""
@@ -551,10 +553,10 @@ class _StoreCore:
 
     def list_topics(self) -> list[str]:
         """Every topic: created, declared in the configuration, or holding messages — less the
-        transaction system topics, which hold no message a consumer may read."""
+        system topics (:mod:`tierd.systopics`), which hold no message a user put."""
         self._hot()
         self._cold_loaded_now()
-        return [t for t in self.topic_admin.names() if t not in TRANSACTION_TOPICS]
+        return [t for t in self.topic_admin.names() if not is_system_topic(t)]
 
     def describe_topic(self, topic: str) -> TopicInfo:
         """A topic's queue count, retention, sizes and per-queue ranges in both tiers

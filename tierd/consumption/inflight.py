@@ -354,7 +354,7 @@ class Inflight:
         deadline = loop.time() + max(0.0, wait)
         arrivals = self.store.arrivals
         while True:
-            queue_ids = self.store.topics().get(topic, [])
+            queue_ids = self.store.topics(system=True).get(topic, [])
             waiters = [(topic, q) for q in range(max([*queue_ids, -1]) + 1)] or [(topic, 0)]
             futures = [(key, arrivals.register(key)) for key in waiters]
             released: asyncio.Future[None] = loop.create_future()

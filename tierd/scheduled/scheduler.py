@@ -308,7 +308,10 @@ class Scheduler:
             return
         p = self.progress()
         self._saved_at = time.monotonic()
-        if p == self._saved:
+        if p == self._saved or p.scanned == 0:
+            # Nothing scanned yet, so the record would cover no offset: it says no more than no
+            # record at all. Not writing it keeps a store that never scheduled free of system
+            # topics (and an earlier record, which stays true, is not weakened).
             return
         await self._put([Message(topic=PROGRESS_TOPIC, body=p.encode(), queue_id=0)])
         self._saved = p

@@ -35,6 +35,7 @@ from tierd.drivers.paths import cluster_dir, get_hash, segment_path
 from tierd.drivers.segment import FileType
 from tierd.errors import CorruptionError, NotFoundError, SegmentNotFoundError
 from tierd.format.cq_unit import UNIT_SIZE, unit_location
+from tierd.systopics import is_system_topic
 from tierd.tiered.manifest import (
     BrokerManifest,
     ManifestSegment,
@@ -245,6 +246,8 @@ def load_queues(storage: ColdStorage, opts: ReadOptions, c: Constraints) -> list
         bm: BrokerManifest = _parse_manifest(BrokerManifest, raw, f"{opts.url}/{path}")
         wanted: list[tuple[int, str, int, str]] = []
         for t in bm.topics:
+            if is_system_topic(t.name) and (c.topics is None or t.name not in c.topics):
+                continue  # the store's bookkeeping: read only when named (tierd.systopics)
             seen_topics.add(t.name)
             if not c.allows_topic(t.name):
                 continue

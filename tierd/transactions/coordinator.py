@@ -49,6 +49,7 @@ from tierd.local.validation import check_queue, check_topic
 from tierd.message import GetStatus, Message, PutResult, ReadPolicy
 from tierd.offsets import check_group
 from tierd.repeats import FailureLog
+from tierd.systopics import is_system_topic
 from tierd.transactions.names import (
     HALF_ONLY,
     HALF_TOPIC,
@@ -66,7 +67,6 @@ from tierd.transactions.names import (
     PROPERTY_REASON,
     PROPERTY_TRANSACTION_ID,
     PROPERTY_TRANSACTION_PREPARED,
-    SYSTEM_TOPICS,
     Op,
     Reason,
     Resolution,
@@ -247,8 +247,8 @@ class TransactionCoordinator:
         topic until :meth:`end` commits it."""
         group = check_group(producer_group)
         topic = check_topic(message.topic)
-        if topic in SYSTEM_TOPICS:
-            raise InvalidTopicError(f"topic {topic!r} is a transaction system topic", topic=topic)
+        if is_system_topic(topic):
+            raise InvalidTopicError(f"topic {topic!r} is a system topic", topic=topic)
         if message.queue_id is not None:
             check_queue(message.queue_id, self.host.config.store.max_queues)
         props = dict(message.properties)

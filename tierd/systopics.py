@@ -1,0 +1,28 @@
+"""Which topics are the store's own bookkeeping, not user data: the one owner of that rule.
+
+Scheduled messages (:mod:`tierd.scheduled.timing`) and transactions
+(:mod:`tierd.transactions.names`) keep their state in topics named as RocketMQ names them, so a
+RocketMQ-literate operator recognises them. Those packages own the names; this module owns the
+rule that they are *system* topics: every listing and every "all topics" scan (the facade's
+``topics()`` / ``list_topics()``, ``GET /v1/topics``, the Arrow reader and the Spark source)
+leaves them out, so a progress record or a half message never looks like a user's message. A
+read that names one explicitly still gets it — operators inspect them that way.
+
+Dead-letter topics (``%DLQ%<group>``) are not system topics: in RocketMQ they are user-visible
+by design (a consumer group reads its dead letters back), and so they are here.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from tierd.scheduled.timing import SYSTEM_TOPICS as _SCHEDULED
+from tierd.transactions.names import SYSTEM_TOPICS as _TRANSACTIONS
+
+#: Every system topic the store may write.
+SYSTEM_TOPICS: Final = _SCHEDULED | _TRANSACTIONS
+
+
+def is_system_topic(topic: str) -> bool:
+    """Is ``topic`` one of the store's own (left out of listings and "all topics" scans)?"""
+    return topic in SYSTEM_TOPICS
