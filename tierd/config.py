@@ -29,8 +29,8 @@ from pydantic import (
 )
 
 from tierd.errors import ConfigError
+from tierd.format.layout import RECORD_OVERHEAD_LIMIT, max_record_size
 from tierd.scheduled.timing import DEFAULT_DELAY_LEVELS, parse_delay_levels
-from tierd.local.validation import RECORD_OVERHEAD_LIMIT, max_record_size
 
 if TYPE_CHECKING:
     from collections.abc import Mapping

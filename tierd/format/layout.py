@@ -140,6 +140,17 @@ HEADER_FIXED: Final = HEADER_V4 - 2 * HOST_V4
 MIN_RECORD_SIZE: Final = HEADER_V4 + TOPIC_LENGTH_WIDTH[MAGIC_V1] + PROPERTIES_LENGTH_WIDTH
 #: The fewest bytes after a body: an empty topic's length byte and the properties length.
 MIN_TAIL: Final = MIN_RECORD_SIZE - HEADER_V4
+#: A record may exceed the body limit by this much (header, topic, properties): a record-format
+#: fact, so that readers of stored records size their scans without the hot store.
+RECORD_OVERHEAD_LIMIT: Final = 64 * 1024
+
+
+def max_record_size(max_body: int) -> int:
+    """The largest record the store accepts when bodies may be ``max_body`` bytes. The one
+    owner of this bound: every file that must be able to hold any record (a hot commitlog file,
+    a cold commitlog segment) and every scan that must recognise one is sized from it."""
+    return max_body + RECORD_OVERHEAD_LIMIT
+
 
 _T = TypeVar("_T", int, "npt.NDArray[np.int64]")
 

@@ -28,6 +28,7 @@ from tierd.format.layout import (
     HOST_V4,
     PROPERTIES_LENGTH_WIDTH,
     header_length,
+    max_record_size,
     position,
 )
 from tierd.format.properties import MAX_PROPERTIES_LENGTH, PROPERTY_KEYS, PROPERTY_TAGS, PROPERTY_UNIQ_KEY
@@ -35,7 +36,6 @@ from tierd.format.record import crc32, encode_record, place_record, topic_field
 from tierd.local.validation import (
     INT32_MAX,
     INT32_MIN,
-    RECORD_OVERHEAD_LIMIT,
     build_properties,
     check_body,
     check_born_timestamp,
@@ -186,7 +186,7 @@ class Preparer:
         #: Queue counts of topics created with their own (tierd.topics); others: default_queues.
         self.queue_counts: dict[str, int] = {}
         #: The limits the C encoder checks a single put against (see ``encode_one``).
-        self._limits = (max_queues, max_body, max_body + RECORD_OVERHEAD_LIMIT, MAX_PROPERTIES_LENGTH)
+        self._limits = (max_queues, max_body, max_record_size(max_body), MAX_PROPERTIES_LENGTH)
 
     def _topic(self, topic: str) -> tuple[int, bytes]:
         entry = self._topics.get(topic)
@@ -261,10 +261,10 @@ class Preparer:
         born_host = self.store_host if m.born_host is None else encode_host(m.born_host)
         size = header_length(len(born_host), len(self.store_host)) + len(body) + len(topic_part)
         size += PROPERTIES_LENGTH_WIDTH + len(pb)
-        if size > self.max_body + RECORD_OVERHEAD_LIMIT:
+        if size > max_record_size(self.max_body):
             raise MessageTooLargeError(
                 f"message encodes to {size} bytes, over the record limit "
-                f"{self.max_body + RECORD_OVERHEAD_LIMIT}",
+                f"{max_record_size(self.max_body)}",
                 size=size,
             )
         # The placement (queue offset, physical offset, store timestamp) stays 0: place() writes it.
@@ -317,7 +317,7 @@ class Preparer:
             self._next_queue,
             self.max_queues,
             self.max_body,
-            self.max_body + RECORD_OVERHEAD_LIMIT,
+            max_record_size(self.max_body),
             MAX_PROPERTIES_LENGTH,
             self.store_host,
             now_ms,
@@ -428,7 +428,7 @@ class Preparer:
             np.fromiter(map(len, hosts), np.int64, count=len(hosts)) if len(hosts) == n else len(hosts[0])
         )
         sizes += len(self.store_host)
-        limit = max_body + RECORD_OVERHEAD_LIMIT
+        limit = max_record_size(max_body)
         if int(sizes.max()) > limit:
             j = int(np.argmax(sizes))
             raise MessageTooLargeError(
@@ -526,7 +526,7 @@ class Preparer:
             index_keys = list(map((topic + "#").__add__, all_keys))
             index_msgs = list(range(n)) if len(all_keys) == n else np.repeat(np.arange(n), counts).tolist()
         sizes = body_lengths + tail_lengths + header_length(len(self.store_host), len(self.store_host))
-        if int(sizes.max()) > self.max_body + RECORD_OVERHEAD_LIMIT:
+        if int(sizes.max()) > max_record_size(self.max_body):
             return None
         qid = self._next_queue(topic)
         return PreparedBatch(

@@ -44,6 +44,7 @@ from tierd.errors import (
 from tierd.format.batch import ACCELERATED as BATCH_ACCELERATED
 from tierd.format.cq_unit import encode_units
 from tierd.format.host import encode_host
+from tierd.format.layout import max_record_size
 from tierd.format.message_id import offset_msg_id, offset_msg_id_template
 from tierd.local.checkpoint import AbortMarker, Checkpoint, StoreLock
 from tierd.local.commitlog import CommitLog, FlushService, Prefaulter
@@ -56,7 +57,7 @@ from tierd.local.prepare import ACCELERATED as PREPARE_ACCELERATED
 from tierd.local.prepare import Preparer
 from tierd.local.quarantine import COPY_LIMIT, Quarantine
 from tierd.local.recovery import rebuild_units, scan_commitlog
-from tierd.local.validation import RECORD_OVERHEAD_LIMIT, check_key, check_queue, check_topic
+from tierd.local.validation import check_key, check_queue, check_topic
 from tierd.message import GetStatus, Message, PutResult, new_put_result
 from tierd.repeats import FailureLog
 from tierd.subscription import MAX_SCAN_UNITS
@@ -284,10 +285,10 @@ def note_python_fallbacks() -> None:
 
 class HotStore:
     def __init__(self, cfg: StoreConfig) -> None:
-        if cfg.commitlog_file_size < cfg.max_message_size + RECORD_OVERHEAD_LIMIT + 8:
+        if cfg.commitlog_file_size < max_record_size(cfg.max_message_size) + 8:
             raise ConfigError(
                 f"store.commitlog_file_size ({cfg.commitlog_file_size}) must hold the largest record: "
-                f"store.max_message_size + 64 KiB + 8 = {cfg.max_message_size + RECORD_OVERHEAD_LIMIT + 8}",
+                f"store.max_message_size + 64 KiB + 8 = {max_record_size(cfg.max_message_size) + 8}",
                 commitlog_file_size=cfg.commitlog_file_size,
             )
         self.cfg = cfg
@@ -439,7 +440,7 @@ class HotStore:
             check_from,
             check_crc=self.cfg.check_crc_on_recover,
             collect_from=start,
-            max_record=self.cfg.max_message_size + RECORD_OVERHEAD_LIMIT,
+            max_record=max_record_size(self.cfg.max_message_size),
             quarantine=self.quarantine,
             unit_at=self._unit_at,
         )
@@ -578,7 +579,7 @@ class HotStore:
                 self.commitlog,
                 self.quarantine,
                 cq.damaged,
-                self.cfg.max_message_size + RECORD_OVERHEAD_LIMIT,
+                max_record_size(self.cfg.max_message_size),
             )
             first, last = cq.damaged[0], cq.damaged[-1]
             log.error(

@@ -29,18 +29,9 @@ TOPIC_PATTERN: Final = re.compile(r"[A-Za-z0-9_%|-]{1,255}")
 #: Topics the store reserves for itself (RocketMQ system topic conventions).
 RESERVED_TOPIC_PREFIX: Final = "rmq_sys_"
 _FORBIDDEN_PROPERTY_CHARS: Final = re.compile("[\x01\x02]")
-#: A record may exceed the body limit by this much (headers, topic, properties).
-RECORD_OVERHEAD_LIMIT: Final = 64 * 1024
 INT32_MIN: Final = -(1 << 31)
 INT32_MAX: Final = (1 << 31) - 1
 INT64_MAX: Final = (1 << 63) - 1
-
-
-def max_record_size(max_body: int) -> int:
-    """The largest record the store accepts when bodies may be ``max_body`` bytes. The one
-    owner of this bound: every file that must be able to hold any record (a hot commitlog file,
-    a cold commitlog segment) and every scan that must recognise one is sized from it."""
-    return max_body + RECORD_OVERHEAD_LIMIT
 
 
 _valid_topics: set[str] = set()
