@@ -485,9 +485,9 @@ def test_batch_keys_match_decoded_properties(props: list[dict[str, str]], long_t
     expected: list[tuple[bytes, int]] = []
     for i, r in enumerate(recs):
         decoded = decode_properties(r[-len(encode_properties(props[i])) :] if props[i] else b"")
-        ks = [k for k in decoded.get("KEYS", "").split(" ") if k]
-        if decoded.get("UNIQ_KEY"):
-            ks.append(decoded["UNIQ_KEY"])
+        # RocketMQ's IndexService order: the UNIQ_KEY item first, then each KEYS token.
+        ks = [decoded["UNIQ_KEY"]] if decoded.get("UNIQ_KEY") else []
+        ks += [k for k in decoded.get("KEYS", "").split(" ") if k]
         expected += [(f"{topic}#{k}".encode(), i) for k in dict.fromkeys(ks)]
     assert list(zip(keys, owners, strict=True)) == expected
 
@@ -495,7 +495,7 @@ def test_batch_keys_match_decoded_properties(props: list[dict[str, str]], long_t
 def per_record_keys(topic: str, props_of: list[bytes]) -> list[tuple[bytes, int]]:
     """The key cutter batch_keys replaced, one Python step per record, kept as the reference:
     split on 0x02, name up to the first 0x01, the last non-empty value of KEYS and UNIQ_KEY
-    wins, KEYS split on spaces with blanks dropped, UNIQ_KEY appended, repeats once."""
+    wins, UNIQ_KEY first, then KEYS split on spaces with blanks dropped, repeats once."""
     out: list[tuple[bytes, int]] = []
     for i, props in enumerate(props_of):
         keys = uniq = b""
@@ -506,9 +506,8 @@ def per_record_keys(topic: str, props_of: list[bytes]) -> list[tuple[bytes, int]
                     keys = value
                 elif name == b"UNIQ_KEY":
                     uniq = value
-        found = [k for k in keys.split(b" ") if k]
-        if uniq:
-            found.append(uniq)
+        found = [uniq] if uniq else []
+        found += [k for k in keys.split(b" ") if k]
         out += [(topic.encode() + b"#" + k, i) for k in dict.fromkeys(found)]
     return out
 

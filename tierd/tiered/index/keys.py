@@ -83,10 +83,10 @@ class _KeyRanges(NamedTuple):
 
 
 def _key_ranges(batch: CommittedBatch) -> _KeyRanges:
-    """Every key of every record of ``batch``: each KEYS token (split on spaces, blanks
-    dropped), then UNIQ_KEY; a key repeated within a record once (RocketMQ's key set); a
-    property's last non-empty value wins (:func:`~tierd.format.properties.decode_properties`'
-    rule).
+    """Every key of every record of ``batch``: UNIQ_KEY, then each KEYS token (split on
+    spaces, blanks dropped) — RocketMQ's IndexService order, as the hot index writes; a key
+    repeated within a record once (RocketMQ's key set); a property's last non-empty value wins
+    (:func:`~tierd.format.properties.decode_properties`' rule).
 
     Vectorised over the batch: the properties gathered end to end, the two names found with
     byte compares, the values cut and split with numpy. Works on UTF-8 bytes: splitting on
@@ -100,9 +100,9 @@ def _key_ranges(batch: CommittedBatch) -> _KeyRanges:
     tok_s, tok_e = _tokens(props, k_vs, k_ve)
     owners = np.searchsorted(at, tok_s, side="right") - 1
     uniq = np.flatnonzero(u_ve > u_vs)
-    if len(uniq):  # each record's KEYS tokens, then its UNIQ_KEY
+    if len(uniq):  # RocketMQ's IndexService order: each record's UNIQ_KEY, then its KEYS tokens
         owners = np.concatenate([owners, uniq])
-        kind = np.concatenate([np.zeros(len(tok_s), dtype=np.int8), np.ones(len(uniq), dtype=np.int8)])
+        kind = np.concatenate([np.ones(len(tok_s), dtype=np.int8), np.zeros(len(uniq), dtype=np.int8)])
         tok_s = np.concatenate([tok_s, u_vs[uniq]])
         tok_e = np.concatenate([tok_e, u_ve[uniq]])
         order = np.lexsort((tok_s, kind, owners))
