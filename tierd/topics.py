@@ -106,6 +106,23 @@ def refuse_hot_retention(topic: str, hours: object) -> NoReturn:
     )
 
 
+def refuse_table_opt_in(topic: str, value: object) -> NoReturn:
+    """A topic's Iceberg table is configuration, not topic state (docs/table.md, "Why
+    configuration only"): opting in comes with the table's body schema, retention and catalog,
+    which live in ``[topics.<name>]`` and ``[table]``; the daemon starts its table task — and
+    loads the ``table`` extra — from the configuration at start, and ``tierd table sync|lag``
+    read the same file. An admin call would have to be a second owner of that knowledge, and
+    would answer 200 for a table that is not written until a restart. Refused with the way that
+    works, not silently ignored."""
+    raise InvalidArgumentError(
+        f"topic {topic!r}: a table is opted in in the configuration, not by an admin call — add "
+        f'[topics.{topic}] table = "iceberg" (and its body_columns, if any) and restart the '
+        "daemon (docs/table.md)",
+        topic=topic,
+        table=repr(value),
+    )
+
+
 def _kebab(name: str) -> str:
     return name.replace("_", "-")
 

@@ -88,7 +88,7 @@ from tierd.service.schemas import (
     VerifyOut,
 )
 from tierd.subscription import MAX_EXPRESSION_LENGTH
-from tierd.topics import queue_for_group
+from tierd.topics import queue_for_group, refuse_table_opt_in
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
@@ -780,6 +780,8 @@ async def describe_topic(topic: Topic, svc: Svc) -> TopicDetailOut:
 async def update_topic(topic: Topic, request: Request, svc: Svc) -> TopicDetailOut:
     """Grow the queue count (a smaller one: 400 `queue_count_shrink`) and/or set the cold retention."""
     body = await _parse(request, TopicUpdateIn)
+    if body.table is not None:
+        refuse_table_opt_in(topic, body.table)
     info = await svc.store().update_topic(
         topic,
         queues=body.queues,

@@ -317,6 +317,11 @@ class TopicUpdateIn(_Request):
         description="Refused (400 `invalid_argument`): hot retention is store-wide "
         "(`store.file_reserved_time`), the commitlog being shared by every topic (docs/topics.md).",
     )
+    table: str | None = Field(
+        None,
+        description="Refused (400 `invalid_argument`): a topic opts in to its Iceberg table in the "
+        'configuration (`[topics.<name>] table = "iceberg"`, read at start; docs/table.md).',
+    )
 
 
 class TopicQueueOut(_Model):
