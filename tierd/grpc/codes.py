@@ -25,6 +25,8 @@ from tierd.errors import (
     StoreClosedError,
     StoreFullError,
     TierdError,
+    TransactionResolvedError,
+    UnknownTransactionError,
 )
 from tierd.repeats import FailureLog
 
@@ -50,6 +52,8 @@ _CODES: tuple[tuple[type[BaseException], int], ...] = (
     (InvalidSubscriptionError, pb.ILLEGAL_FILTER_EXPRESSION),
     (InvalidGroupError, pb.ILLEGAL_CONSUMER_GROUP),
     (OffsetNotFoundError, pb.OFFSET_NOT_FOUND),
+    (UnknownTransactionError, pb.INVALID_TRANSACTION_ID),
+    (TransactionResolvedError, pb.BAD_REQUEST),
     (LostOffsetError, pb.MESSAGE_CORRUPTED),
     (PulledOffsetError, pb.ILLEGAL_OFFSET),
     (OffsetOutOfRangeError, pb.ILLEGAL_OFFSET),

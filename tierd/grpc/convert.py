@@ -30,7 +30,8 @@ if TYPE_CHECKING:
 
 #: Properties the store or the protocol gives a meaning: never user properties.
 SYSTEM_PROPERTIES = frozenset({PROPERTY_KEYS, PROPERTY_TAGS, PROPERTY_UNIQ_KEY, PROPERTY_MESSAGE_GROUP})
-SUPPORTED_TYPES = frozenset({pb.NORMAL, pb.FIFO, pb.MESSAGE_TYPE_UNSPECIFIED})
+#: TRANSACTION: a half message (the servicer hands it to the transaction coordinator).
+SUPPORTED_TYPES = frozenset({pb.NORMAL, pb.FIFO, pb.TRANSACTION, pb.MESSAGE_TYPE_UNSPECIFIED})
 
 
 def body_of(m: Any) -> bytes:
@@ -49,7 +50,7 @@ def to_message(m: Any, queue_id: int | None) -> Message:
     if sp.message_type not in SUPPORTED_TYPES:
         raise UnsupportedFeatureError(
             f"message type {pb.MessageType.Name(sp.message_type)} is not supported by tierd yet "
-            "(NORMAL and FIFO are)",
+            "(NORMAL, FIFO and TRANSACTION are)",
             message_type=pb.MessageType.Name(sp.message_type),
         )
     if sp.HasField("delivery_timestamp"):

@@ -4,6 +4,7 @@ status in the response (:mod:`tierd.grpc.codes`), so no traceback reaches a clie
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import TYPE_CHECKING, Any
 
@@ -22,16 +23,20 @@ from tierd.consumption.pull import (
     query_offset,
     update_offset,
 )
+from tierd.errors import InvalidArgumentError
 from tierd.grpc.codes import UnsupportedFeatureError, ok, status_of
 from tierd.grpc.convert import to_message, to_protocol
+from tierd.grpc.scheduled import is_scheduled, recall, send_scheduled
 from tierd.offsets import check_group
 from tierd.topics import queue_for_group
+from tierd.transactions.names import HALF_ONLY, Resolution
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
 
     from tierd.config import TierdConfig
     from tierd.store import MessageStore
+    from tierd.transactions.coordinator import PendingTransaction
 
 log = logging.getLogger("tierd.grpc")
 
@@ -45,6 +50,10 @@ DEFAULT_INVISIBLE = 30.0
 #: A receive answers this much before the client's own deadline (its long-polling timeout plus
 #: its request timeout), so an empty result is an answer and not a client-side timeout.
 ANSWER_MARGIN = 0.5
+#: How EndTransaction's resolutions read in tierd.
+_RESOLUTIONS: dict[int, Resolution] = {pb.COMMIT: Resolution.COMMIT, pb.ROLLBACK: Resolution.ROLLBACK}
+#: Ends a Telemetry stream's outgoing queue (the client closed its side).
+_END = object()
 _OFFSET_POLICIES: dict[int, OffsetPolicy] = {
     pb.BEGINNING: "beginning",
     pb.END: "end",
@@ -72,6 +81,16 @@ def _duration(seconds: float) -> Any:
 
 def _seconds(d: Any) -> float:
     return float(d.seconds) + float(d.nanos) / 1e9
+
+
+def _resolution(code: int) -> Resolution:
+    how = _RESOLUTIONS.get(code)
+    if how is None:
+        name = pb.TransactionResolution.Name(code)
+        raise InvalidArgumentError(
+            f"transaction resolution must be COMMIT or ROLLBACK, got {name}", resolution=name
+        )
+    return how
 
 
 class Servicer(svc_grpc.MessagingServiceServicer):  # type: ignore[misc]
@@ -115,7 +134,7 @@ class Servicer(svc_grpc.MessagingServiceServicer):  # type: ignore[misc]
                     id=i,
                     permission=pb.READ_WRITE,
                     broker=broker,
-                    accept_message_types=[pb.NORMAL, pb.FIFO],
+                    accept_message_types=[pb.NORMAL, pb.FIFO, pb.TRANSACTION],
                 )
                 for i in range(n)
             ]
@@ -135,7 +154,7 @@ class Servicer(svc_grpc.MessagingServiceServicer):  # type: ignore[misc]
                 id=-1,
                 permission=pb.READ_WRITE,
                 broker=broker,
-                accept_message_types=[pb.NORMAL, pb.FIFO],
+                accept_message_types=[pb.NORMAL, pb.FIFO, pb.TRANSACTION],
             )
             return svc.QueryAssignmentResponse(status=ok(), assignments=[pb.Assignment(message_queue=queue)])
         except Exception as e:
@@ -150,11 +169,65 @@ class Servicer(svc_grpc.MessagingServiceServicer):  # type: ignore[misc]
 
     async def Telemetry(self, request_iterator: Any, context: Any) -> AsyncIterator[Any]:
         """The settings exchange: every Settings the client sends is answered with the server's
-        (the clients wait for the first before they start)."""
-        async for command in request_iterator:
-            if command.WhichOneof("command") != "settings":
-                continue
-            yield svc.TelemetryCommand(status=ok(), settings=self._settings(command.settings))
+        (the clients wait for the first before they start). A producer's stream also carries the
+        transaction check-backs (docs/grpc.md): a half message of a topic it publishes, left
+        unresolved past ``transactions.transaction_timeout``, is sent to it as a
+        RecoverOrphanedTransactionCommand; its checker answers with EndTransaction. The
+        producer group of a gRPC transaction is its topic, as in RocketMQ 5's proxy, so any
+        producer of the topic -- also one started after the one that sent the half -- is asked."""
+        loop = asyncio.get_running_loop()
+        out: asyncio.Queue[Any] = asyncio.Queue()
+        topics: set[str] = set()
+
+        def on_check(pending: PendingTransaction) -> None:
+            if pending.producer_group in topics:
+                loop.call_soon_threadsafe(out.put_nowait, pending)
+
+        async def read() -> None:
+            try:
+                async for command in request_iterator:
+                    if command.WhichOneof("command") != "settings":
+                        continue  # the client's answers to check-backs come as EndTransaction
+                    client = command.settings
+                    if client.HasField("publishing"):
+                        topics.update(t.name for t in client.publishing.topics)
+                    out.put_nowait(self._settings(client))
+            finally:
+                out.put_nowait(_END)
+
+        unsubscribe = self.store.transactions.subscribe(on_check)
+        reader = loop.create_task(read(), name="tierd-grpc-telemetry")
+        try:
+            while (item := await out.get()) is not _END:
+                if isinstance(item, pb.Settings):
+                    yield svc.TelemetryCommand(status=ok(), settings=item)
+                    continue
+                command = await self._recover_command(item)
+                if command is not None:
+                    yield command
+        finally:
+            unsubscribe()
+            reader.cancel()
+            await asyncio.gather(reader, return_exceptions=True)
+
+    async def _recover_command(self, pending: PendingTransaction) -> Any:
+        """The check-back for ``pending``: its half message as its producer sent it (its real
+        topic, without the store's half-only properties). None when it was resolved meanwhile."""
+        try:
+            half = await self.store.transactions.half(pending.transaction_id)
+            message = to_protocol(half, "", 1, 0.0)
+            message.topic.name = pending.topic
+            for name in HALF_ONLY:
+                if name in message.user_properties:
+                    del message.user_properties[name]
+            message.system_properties.message_type = pb.TRANSACTION
+            command = svc.RecoverOrphanedTransactionCommand(
+                message=message, transaction_id=pending.transaction_id
+            )
+        except Exception as e:  # never ends the stream: the next round asks again
+            status_of(e, "Telemetry")  # one log line, rate-limited
+            return None
+        return svc.TelemetryCommand(recover_orphaned_transaction_command=command)
 
     def _settings(self, client: Any) -> Any:
         settings = pb.Settings()
@@ -192,6 +265,10 @@ class Servicer(svc_grpc.MessagingServiceServicer):  # type: ignore[misc]
     async def SendMessage(self, request: Any, context: Any) -> Any:
         try:
             _check_not_empty(request)
+            if any(is_scheduled(m) for m in request.messages):
+                return await send_scheduled(self.store, request)
+            if any(m.system_properties.message_type == pb.TRANSACTION for m in request.messages):
+                return await self._send_half(request)
             batch = []
             counts: dict[str, int] = {}  # once per topic: a request usually names one
             for m in request.messages:
@@ -226,6 +303,30 @@ class Servicer(svc_grpc.MessagingServiceServicer):  # type: ignore[misc]
                 for m in request.messages
             ]
             return svc.SendMessageResponse(status=status, entries=entries)
+
+    async def _send_half(self, request: Any) -> Any:
+        """A transactional message: stored as a half message (docs/transactions.md), its
+        producer group its topic; the entry carries the transaction id to end it with."""
+        if len(request.messages) != 1:
+            raise InvalidArgumentError(
+                f"a transactional message is sent alone, got a batch of {len(request.messages)}",
+                count=len(request.messages),
+            )
+        m = request.messages[0]
+        topic = m.topic.name
+        await self._queue_count(topic)
+        if m.system_properties.HasField("message_group") and m.system_properties.message_group:
+            raise InvalidArgumentError(
+                "a transactional message cannot have a message group (FIFO)",
+                message_group=m.system_properties.message_group,
+            )
+        res = await self.store.put_half(to_message(m, None), producer_group=topic)
+        entry = svc.SendResultEntry(
+            status=ok(),
+            message_id=m.system_properties.message_id or res.uniq_key,
+            transaction_id=res.transaction_id,
+        )
+        return svc.SendMessageResponse(status=ok(), entries=[entry])
 
     # ------------------------------------------------------------------ consuming
     async def ReceiveMessage(self, request: Any, context: Any) -> AsyncIterator[Any]:
@@ -395,10 +496,25 @@ class Servicer(svc_grpc.MessagingServiceServicer):  # type: ignore[misc]
         return status_of(UnsupportedFeatureError(f"{rpc} is not supported by tierd yet", rpc=rpc), rpc)
 
     async def EndTransaction(self, request: Any, context: Any) -> Any:
-        return svc.EndTransactionResponse(status=self._not_implemented("EndTransaction"))
+        """Commit or roll back (the producer, or its checker answering a check-back): durable
+        before the answer. An unknown id answers INVALID_TRANSACTION_ID, one already resolved
+        BAD_REQUEST saying how it ended."""
+        try:
+            if (
+                request.resolution == pb.TRANSACTION_RESOLUTION_UNSPECIFIED
+                and request.source == pb.SOURCE_SERVER_CHECK
+            ):
+                # A checker that does not know yet (RocketMQ's UNKNOWN): asked again later.
+                return svc.EndTransactionResponse(
+                    status=pb.Status(code=pb.OK, message="left pending: asked again at the next check")
+                )
+            await self.store.end_transaction(request.transaction_id, _resolution(request.resolution))
+            return svc.EndTransactionResponse(status=ok())
+        except Exception as e:
+            return svc.EndTransactionResponse(status=status_of(e, "EndTransaction"))
 
     async def RecallMessage(self, request: Any, context: Any) -> Any:
-        return svc.RecallMessageResponse(status=self._not_implemented("RecallMessage"))
+        return await recall(self.store, request)
 
     async def SyncLiteSubscription(self, request: Any, context: Any) -> Any:
         return svc.SyncLiteSubscriptionResponse(status=self._not_implemented("SyncLiteSubscription"))
