@@ -1218,6 +1218,15 @@ class BlockingMessageStore(_StoreCore):
     def rollback_transaction(self, transaction_id: str) -> EndResult:
         return self.end_transaction(transaction_id, Resolution.ROLLBACK)
 
+    def pending_transactions(
+        self, producer_group: str | None = None, *, due: bool = False
+    ) -> list[PendingTransaction]:
+        """See :meth:`MessageStore.pending_transactions`."""
+        self._hot()
+        c = self.transactions
+        self._transactions_loop().run(c.wait_started())
+        return c.pending(producer_group, due=due)
+
     @property
     def _sched_loop(self) -> _LoopThread | None:
         """The loop the scheduler runs on: the tiering loop, or one of its own without a cold tier."""
@@ -1380,6 +1389,7 @@ class BlockingMessageStore(_StoreCore):
         own, self._own_loop = self._own_loop, None
         if own is not None:
             own.run(self.scheduler.stop())
+            own.run(self.transactions.stop())  # its task must not die pending with the loop
             own.stop()
         if self._loop is not None:
             self._loop.run(self.scheduler.stop())

@@ -88,6 +88,8 @@ SCAN_BATCH = 1024
 DISPATCH_WAIT = 30.0
 #: Pause (s) after a failed start or checker round before trying again.
 RETRY_PAUSE = 1.0
+#: Longest wait (s) at close for the checker to stop, and for its last progress record.
+STOP_WAIT = 10.0
 #: Resolved transactions remembered (to answer a late commit "already committed", not "unknown").
 REMEMBERED = 100_000
 _NEVER = 2**63 - 1
@@ -219,17 +221,23 @@ class TransactionCoordinator:
             self._task = asyncio.get_running_loop().create_task(self._run(), name="tierd-transactions")
 
     async def stop(self) -> None:
-        """Stop the checker and write a last progress record (a clean restart reads less)."""
+        """Stop the checker and write a last progress record (a clean restart reads less).
+        Bounded by :data:`STOP_WAIT` each: a close never hangs here, and never leaves the task
+        pending on a loop about to close."""
         task, self._task = self._task, None
         if task is None:
             return
         task.cancel()
+        done, _ = await asyncio.wait({task}, timeout=STOP_WAIT)
+        if not done:  # stuck in a call that ignores cancellation: close goes on without it
+            log.error("transactions: the checker did not stop within %g s; closing without it", STOP_WAIT)
+            return
         await asyncio.gather(task, return_exceptions=True)
         if self.started.is_set() and not self.host.hot.closed:
             try:
-                await self._save_progress()
+                await asyncio.wait_for(self._save_progress(), STOP_WAIT)
             except Exception as e:  # the next start reads a little more; nothing is lost
-                log.warning("transactions: last progress record not written (%s)", e)
+                log.warning("transactions: last progress record not written (%s)", e or type(e).__name__)
 
     @property
     def pending_count(self) -> int:
