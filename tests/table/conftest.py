@@ -13,7 +13,7 @@ import tierd.arrow
 from tierd import BlockingMessageStore, TierdConfig
 from tierd.table import TableWriter
 
-from ..arrow.conftest import BATCHES, config, fill
+from ..arrow.conftest import BATCHES, SEGMENT, config, fill
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -66,6 +66,9 @@ def writer(tier: Tier, tmp_path: Path) -> TableWriter:
 #: The ``events`` topic: JSON bodies with an ``id`` (long) and a ``name``, and every 10th body
 #: not decodable into them (not JSON, a JSON list, or a string ``id``).
 EVENTS = "events"
+#: Padding of a decodable body: 400 of them fill several of the shared tier's cold segments
+#: (tests/arrow/conftest.py sizes those), so most of ``events`` is sealed.
+EVENT_PAD = SEGMENT["commitlog_segment_size"] // 100
 
 
 def event_body(i: int) -> bytes:
@@ -75,7 +78,7 @@ def event_body(i: int) -> bytes:
         return b"[1, 2]"
     if i % 10 == 9:
         return b'{"id": "%d"}' % i
-    return b'{"id": %d, "name": "n%d", "pad": "%s"}' % (i, i, b"x" * 40)
+    return b'{"id": %d, "name": "n%d", "pad": "%s"}' % (i, i, b"x" * EVENT_PAD)
 
 
 @pytest.fixture(scope="session")
