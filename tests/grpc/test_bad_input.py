@@ -61,8 +61,8 @@ def test_bad_input_gets_the_protocol_codes(tierd: GrpcTierd) -> None:
             system_properties=pb.SystemProperties(message_id="01D", message_type=pb.DELAY),
         )
         r = stub.SendMessage(svc.SendMessageRequest(messages=[delayed]), timeout=30)
-        assert r.status.code == pb.NOT_IMPLEMENTED
-        assert "DELAY" in r.status.message
+        assert r.status.code == pb.ILLEGAL_DELIVERY_TIME  # DELAY without a delivery_timestamp
+        assert "delivery_timestamp" in r.status.message
         # Still serving, and nothing of the refused sends was stored.
         ok = _send(stub, "t", b"fine")
         assert ok.status.code == pb.OK
