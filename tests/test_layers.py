@@ -41,8 +41,9 @@ FACADE = {
     "tierd.topics",
     "tierd.transactions",
     "tierd.transactions.coordinator",
-    "tierd.transactions.names",
 }
+# tierd.transactions.names and tierd.scheduled.timing are leaves (names, the errors): the
+# system-topic rule (tierd.systopics) reads them, and so may a bucket reader.
 ACCESS = ("tierd.service", "tierd.grpc", "tierd.cli", "tierd.spark", "tierd.arrow", "tierd.table")
 # Bucket readers: a Spark job or an Arrow scan in a notebook has the bucket URL and nothing else.
 # The Iceberg table writer too: it reads the bucket through tierd.arrow, never the tiering engine.

@@ -32,8 +32,8 @@ from tierd.errors import (
 from tierd.format.properties import PROPERTY_UNIQ_KEY
 from tierd.groups import ConsumerGroups, GroupInfo
 from tierd.inventory import QueueInfo, SegmentRow, check_kind, live_segments, queue_infos
-from tierd.local.store import MAX_GET_COUNT, HotStore, PutBatchResult
-from tierd.local.validation import check_key, check_queue, check_topic
+from tierd.local.store import MAX_GET_COUNT, HotStore, PutBatchResult, byte_bounded_count
+from tierd.local.validation import TOPIC_MAX_LENGTH, check_key, check_queue, check_topic
 from tierd.lockfile import lock_holder
 from tierd.longpoll import ArrivalNotifier
 from tierd.lookup import FoundMessage, check_message_id, find_message
@@ -1575,9 +1575,12 @@ class _LoopThread:
 # The HTTP layer takes these from here, not from the layers below (docs/design.md, "Seams").
 __all__ = [
     "MAX_GET_COUNT",
+    "TOPIC_MAX_LENGTH",
     "BlockingMessageStore",
     "MessageStore",
+    "RestoreReport",
     "ScheduleResult",
     "StoreStats",
     "TierReport",
+    "byte_bounded_count",
 ]

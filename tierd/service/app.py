@@ -25,7 +25,6 @@ from pydantic import BaseModel, BeforeValidator, ValidationError
 # FastAPI reads route annotations at runtime: this import must stay a real one.
 from tierd.errors import InvalidArgumentError, NotReadyError
 from tierd.format.message_id import OFFSET_MASK, offset_msg_id_template
-from tierd.local.store import byte_bounded_count
 from tierd.message import ReadPolicy  # noqa: TC001
 from tierd.service.auth import BearerAuthMiddleware, BodyLimitMiddleware
 from tierd.service.context import RequestContextMiddleware, bind_route
@@ -87,6 +86,7 @@ from tierd.service.schemas import (
     TopicUpdateIn,
     VerifyOut,
 )
+from tierd.store import byte_bounded_count
 from tierd.subscription import MAX_EXPRESSION_LENGTH
 from tierd.topics import queue_for_group, refuse_table_opt_in
 

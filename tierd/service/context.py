@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING
 
 from starlette.requests import Request  # noqa: TC002 (FastAPI reads the annotation at runtime)
 
-from tierd.local.validation import TOPIC_MAX_LENGTH
 from tierd.logs import bind, unbind
+from tierd.store import TOPIC_MAX_LENGTH
 
 if TYPE_CHECKING:
     from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -28,7 +28,7 @@ REQUEST_ID_HEADER = "X-Request-Id"
 #: W3C trace ids, AWS ``Root=1-…`` ids), bounded.
 REQUEST_ID = re.compile(r"[A-Za-z0-9._:=+/-]{1,128}")
 _HEADER = REQUEST_ID_HEADER.lower().encode()
-#: Longest topic or group name (tierd.local.validation); longer values are cut to it.
+#: Longest topic or group name (the store's limit); longer values are cut to it.
 MAX_FIELD = TOPIC_MAX_LENGTH
 
 
