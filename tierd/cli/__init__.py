@@ -4,12 +4,13 @@
 :mod:`~tierd.cli.data` (produce, consume, query), :mod:`~tierd.cli.inspect` (topics, queues,
 segments), :mod:`~tierd.cli.admin` (serve, tier, verify, gc, restore),
 :mod:`~tierd.cli.consumers` (seek, earliest-time, groups), :mod:`~tierd.cli.topics` (topic
-admin: create, describe, update, delete).
+admin: create, describe, update, delete), :mod:`~tierd.cli.transactions` (pending
+transactions: list, commit, rollback).
 """
 
 from __future__ import annotations
 
-from tierd.cli import admin, consumers, data, inspect, scheduled, table, topics
+from tierd.cli import admin, consumers, data, inspect, scheduled, table, topics, transactions
 from tierd.cli.app import app, handle_errors
 
 __all__ = [
@@ -23,6 +24,7 @@ __all__ = [
     "scheduled",
     "table",
     "topics",
+    "transactions",
 ]
 
 
