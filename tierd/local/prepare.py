@@ -263,8 +263,7 @@ class Preparer:
         size += PROPERTIES_LENGTH_WIDTH + len(pb)
         if size > max_record_size(self.max_body):
             raise MessageTooLargeError(
-                f"message encodes to {size} bytes, over the record limit "
-                f"{max_record_size(self.max_body)}",
+                f"message encodes to {size} bytes, over the record limit {max_record_size(self.max_body)}",
                 size=size,
             )
         # The placement (queue offset, physical offset, store timestamp) stays 0: place() writes it.
