@@ -580,7 +580,6 @@ class TopicConfig(_Section):
         None, gt=0, description="The topic's cold retention (default `tiered.file_reserved_time`)."
     )
 
-
     table: Literal["none", "iceberg"] = Field(
         "none", description="`iceberg`: keep an Iceberg table of the topic's sealed cold messages."
     )
@@ -655,8 +654,7 @@ class TransactionsConfig(_Section):
     check_interval: float = Field(
         30.0,
         gt=0,
-        description="Seconds between two check-backs of one transaction (and between the "
-        "checker's rounds).",
+        description="Seconds between two check-backs of one transaction (and between the checker's rounds).",
         json_schema_extra=_rmq("transactionCheckInterval"),
     )
     check_max: int = Field(

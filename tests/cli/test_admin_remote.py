@@ -16,7 +16,9 @@ if TYPE_CHECKING:
 __all__ = ["daemon"]  # the fixture, shared with test_remote
 
 
-def test_gc_and_verify_go_through_the_running_daemon(daemon: tuple[Path, TierdProcess], tmp_path: Path) -> None:
+def test_gc_and_verify_go_through_the_running_daemon(
+    daemon: tuple[Path, TierdProcess], tmp_path: Path
+) -> None:
     cfg, proc = daemon
     env = {"TIERD_CONFIG": str(cfg), "TIERD_SERVER__TOKEN": TOKEN}
     ok(cli("produce", "orders", "-q", "0", "--lines", stdin="".join(f"m{i}\n" for i in range(50)), env=env))

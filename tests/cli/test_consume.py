@@ -30,7 +30,9 @@ def _env(cfg: Path) -> dict[str, str]:
     return {"TIERD_CONFIG": str(cfg), "TIERD_SERVER__TOKEN": TOKEN}
 
 
-def _produce(env: dict[str, str], topic: str, *bodies: str, extra: tuple[str, ...] = ()) -> list[dict[str, Any]]:
+def _produce(
+    env: dict[str, str], topic: str, *bodies: str, extra: tuple[str, ...] = ()
+) -> list[dict[str, Any]]:
     """One message per call (the topic's round robin spreads them over its queues)."""
     return [json.loads(ok(cli("-o", "json", "produce", topic, b, *extra, env=env)))[0] for b in bodies]
 
@@ -85,7 +87,7 @@ def test_from_time_starts_at_the_first_message_stored_then(daemon: tuple[Path, T
     while time.time() * 1000 <= last_early + 1:
         assert time.monotonic() < deadline
     late = _produce(env, "timed", "l0", "l1")
-    assert len(early) == 3 and len(late) == 2
+    assert (len(early), len(late)) == (3, 2)
     got = json.loads(
         ok(cli("-o", "json", "consume", "timed", "--from-time", str(last_early + 1), "-n", "10", env=env))
     )
@@ -117,7 +119,8 @@ def test_follow_prints_new_messages_until_ctrl_c(daemon: tuple[Path, TierdProces
         env={**clean, **env},
     ) as proc:
         try:
-            assert proc.stdout is not None and proc.stderr is not None
+            assert proc.stdout is not None
+            assert proc.stderr is not None
             seen = bytearray()
             _read_until(proc.stdout.fileno(), b"before\n", seen)  # it runs, and has caught up
             # Produced after it started, on every queue (round robin): each one is printed.
@@ -162,7 +165,7 @@ def test_binary_bodies_are_escaped_on_a_terminal_and_raw_in_a_pipe(daemon: tuple
             assert proc.wait(WAIT) == 0
         finally:
             os.close(main)
-        assert b"\x1b[31m" not in seen and b"\xff" not in seen and b"\x00" not in seen, (fmt, seen)
+        assert not [raw for raw in (b"\x1b[31m", b"\xff", b"\x00") if raw in seen], (fmt, seen)
         assert b"bin\\x1b[31mred\\xff\\x00end" in seen, (fmt, seen)
     # To a pipe the body-only format writes the bytes as stored.
     raw = subprocess.run(

@@ -229,7 +229,7 @@ def test_unexpected_errors_are_a_500_without_a_stack_trace(
     store = svc.daemon.store
     assert store is not None
 
-    def boom() -> dict[str, list[int]]:
+    def boom(*, system: bool = False) -> dict[str, list[int]]:
         raise RuntimeError("secret internals")
 
     store.topics = boom  # type: ignore[method-assign]

@@ -463,7 +463,6 @@ class StoreCollector(Collector):
         files.add_metric(["uploaded"], s.uploaded_files)
         yield files
 
-
     def _transactions(self, store: MessageStore) -> Iterator[Metric]:
         """Transactional messages (docs/transactions.md)."""
         tx = store.transactions
