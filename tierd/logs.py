@@ -9,9 +9,9 @@ becomes the ``repeats`` field here.
 
 Context fields: a JSON line carries ``request_id``, ``topic``, ``queue`` and ``group`` when the
 code that logs runs on behalf of one (:data:`LOG_FIELDS`). They are bound where they are known —
-the HTTP and gRPC request boundaries (:mod:`tierd.service.context`) — in a
-:class:`~contextvars.ContextVar`, so every record of that request carries them without each log
-call restating them: each asyncio task and each thread has its own, and ``asyncio.to_thread``
+the HTTP and gRPC request boundaries (:mod:`tierd.service.context`, :mod:`tierd.grpc.context`)
+— in a :class:`~contextvars.ContextVar`, so every record of that request carries them without
+each log call restating them: each asyncio task and each thread has its own, and ``asyncio.to_thread``
 carries them along. A record's own ``extra={"topic": …}`` wins over the bound value. Only these
 fields are ever added: nothing a request carries (its token, its body) reaches a log line this
 way.
@@ -23,7 +23,9 @@ import contextlib
 import datetime as dt
 import json
 import logging
+import re
 import sys
+import uuid
 from contextvars import ContextVar, Token
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Literal, TextIO
@@ -34,6 +36,11 @@ if TYPE_CHECKING:
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 #: The context fields a JSON line may carry, in this order.
 LOG_FIELDS = ("request_id", "topic", "queue", "group")
+
+#: A caller's request id kept as it is (HTTP ``X-Request-Id``, gRPC ``x-mq-request-id``): what
+#: tracing systems, load balancers and RocketMQ clients send (UUIDs, W3C trace ids, AWS
+#: ``Root=1-…`` ids), bounded. Anything else is replaced, not logged: it must not forge a line.
+REQUEST_ID = re.compile(r"[A-Za-z0-9._:=+/-]{1,128}")
 
 _EMPTY: Mapping[str, str | int] = MappingProxyType({})
 _fields: ContextVar[Mapping[str, str | int]] = ContextVar("tierd_log_fields", default=_EMPTY)
@@ -48,6 +55,13 @@ def bind(**fields: str | int | None) -> Token[Mapping[str, str | int]]:
     merged = dict(_fields.get())
     merged.update({k: v for k, v in fields.items() if v is not None})
     return _fields.set(MappingProxyType(merged))
+
+
+def request_id(asked: str | None) -> str:
+    """``asked`` when well-formed (:data:`REQUEST_ID`), else a new id (32 hex digits)."""
+    if asked is not None and REQUEST_ID.fullmatch(asked):
+        return asked
+    return uuid.uuid4().hex
 
 
 def unbind(token: Token[Mapping[str, str | int]]) -> None:

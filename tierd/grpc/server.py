@@ -68,6 +68,7 @@ class GrpcListener:
             import grpc
 
             from tierd.grpc.auth import SignatureInterceptor, load_credentials
+            from tierd.grpc.context import LogContextInterceptor
             from tierd.grpc.metrics import GrpcMetrics, MetricsInterceptor
         except ImportError as e:
             raise ConfigError(
@@ -78,8 +79,11 @@ class GrpcListener:
         self.cfg = cfg
         limit = cfg.store.max_message_size + REQUEST_OVERHEAD
         self.metrics = GrpcMetrics(registry) if registry is not None else None
-        # Metrics outermost: a call refused for its credentials is counted too.
-        interceptors: list[Any] = [MetricsInterceptor(self.metrics)] if self.metrics is not None else []
+        # Log context outermost: every line a call logs carries its request id (a refusal of
+        # its credentials too). Metrics next: a call refused for its credentials is counted too.
+        interceptors: list[Any] = [LogContextInterceptor()]
+        if self.metrics is not None:
+            interceptors.append(MetricsInterceptor(self.metrics))
         if keys:
             interceptors.append(SignatureInterceptor(keys))
         # Bounded like the HTTP listener (server.max_connections): a connection past the bound is

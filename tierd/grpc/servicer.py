@@ -25,6 +25,7 @@ from tierd.consumption.pull import (
 )
 from tierd.errors import InvalidArgumentError
 from tierd.grpc.codes import UnsupportedFeatureError, ok, status_of
+from tierd.grpc.context import bind_names
 from tierd.grpc.convert import to_message, to_protocol
 from tierd.grpc.scheduled import is_scheduled, recall, send_scheduled
 from tierd.offsets import check_group
@@ -122,6 +123,7 @@ class Servicer(svc_grpc.MessagingServiceServicer):  # type: ignore[misc]
 
     # ------------------------------------------------------------------ routing and session
     async def QueryRoute(self, request: Any, context: Any) -> Any:
+        bind_names(topic=request.topic.name)
         try:
             topic = request.topic.name
             n = await self._queue_count(topic)
@@ -143,6 +145,7 @@ class Servicer(svc_grpc.MessagingServiceServicer):  # type: ignore[misc]
             return svc.QueryRouteResponse(status=status_of(e, "QueryRoute"))
 
     async def QueryAssignment(self, request: Any, context: Any) -> Any:
+        bind_names(topic=request.topic.name, group=request.group.name)
         try:
             await self._queue_count(request.topic.name)
             broker = pb.Broker(
@@ -161,6 +164,7 @@ class Servicer(svc_grpc.MessagingServiceServicer):  # type: ignore[misc]
             return svc.QueryAssignmentResponse(status=status_of(e, "QueryAssignment"))
 
     async def Heartbeat(self, request: Any, context: Any) -> Any:
+        bind_names(group=request.group.name)
         return svc.HeartbeatResponse(status=ok())
 
     async def NotifyClientTermination(self, request: Any, context: Any) -> Any:
@@ -189,6 +193,12 @@ class Servicer(svc_grpc.MessagingServiceServicer):  # type: ignore[misc]
                     if command.WhichOneof("command") != "settings":
                         continue  # the client's answers to check-backs come as EndTransaction
                     client = command.settings
+                    # Per command: what a line logged while handling it concerns.
+                    publishes = {t.name for t in client.publishing.topics}
+                    bind_names(
+                        topic=next(iter(publishes)) if len(publishes) == 1 else None,
+                        group=client.subscription.group.name if client.HasField("subscription") else None,
+                    )
                     if client.HasField("publishing"):
                         topics.update(t.name for t in client.publishing.topics)
                     out.put_nowait(self._settings(client))
@@ -213,6 +223,7 @@ class Servicer(svc_grpc.MessagingServiceServicer):  # type: ignore[misc]
     async def _recover_command(self, pending: PendingTransaction) -> Any:
         """The check-back for ``pending``: its half message as its producer sent it (its real
         topic, without the store's half-only properties). None when it was resolved meanwhile."""
+        bind_names(topic=pending.topic)
         try:
             half = await self.store.transactions.half(pending.transaction_id)
             message = to_protocol(half, "", 1, 0.0)
@@ -263,6 +274,8 @@ class Servicer(svc_grpc.MessagingServiceServicer):  # type: ignore[misc]
 
     # ------------------------------------------------------------------ producing
     async def SendMessage(self, request: Any, context: Any) -> Any:
+        topics = {m.topic.name for m in request.messages}
+        bind_names(topic=next(iter(topics)) if len(topics) == 1 else None)  # a batch names one, usually
         try:
             _check_not_empty(request)
             if any(is_scheduled(m) for m in request.messages):
@@ -330,6 +343,8 @@ class Servicer(svc_grpc.MessagingServiceServicer):  # type: ignore[misc]
 
     # ------------------------------------------------------------------ consuming
     async def ReceiveMessage(self, request: Any, context: Any) -> AsyncIterator[Any]:
+        mq = request.message_queue
+        bind_names(topic=mq.topic.name, group=request.group.name, queue=mq.id)
         try:
             topic = request.message_queue.topic.name
             await self._queue_count(topic)
@@ -373,6 +388,7 @@ class Servicer(svc_grpc.MessagingServiceServicer):  # type: ignore[misc]
             yield svc.ReceiveMessageResponse(message=to_protocol(d.message, d.handle, d.attempt, d.invisible))
 
     async def AckMessage(self, request: Any, context: Any) -> Any:
+        bind_names(topic=request.topic.name, group=request.group.name)
         try:
             results = await self.inflight.ack(
                 request.group.name, request.topic.name, [e.receipt_handle for e in request.entries]
@@ -397,6 +413,7 @@ class Servicer(svc_grpc.MessagingServiceServicer):  # type: ignore[misc]
         return svc.AckMessageResponse(status=top, entries=entries)
 
     async def ChangeInvisibleDuration(self, request: Any, context: Any) -> Any:
+        bind_names(topic=request.topic.name, group=request.group.name)
         try:
             handle = await self.inflight.change_invisible(
                 request.group.name,
@@ -411,6 +428,7 @@ class Servicer(svc_grpc.MessagingServiceServicer):  # type: ignore[misc]
     async def ForwardMessageToDeadLetterQueue(self, request: Any, context: Any) -> Any:
         """A push consumer whose own retries are spent (FIFO) hands the message back: it moves
         to ``%DLQ%<group>`` and is acked in its topic."""
+        bind_names(topic=request.topic.name, group=request.group.name)
         try:
             await self.inflight.forward_to_dead_letter(
                 request.group.name, request.topic.name, request.receipt_handle, request.delivery_attempt
@@ -425,6 +443,7 @@ class Servicer(svc_grpc.MessagingServiceServicer):  # type: ignore[misc]
     async def _queue_of(self, mq: Any) -> tuple[str, int]:
         """The (topic, queue id) a request names, both checked."""
         topic = mq.topic.name
+        bind_names(topic=topic, queue=mq.id)
         check_queue_of(topic, mq.id, await self._queue_count(topic))
         return topic, mq.id
 
@@ -440,6 +459,7 @@ class Servicer(svc_grpc.MessagingServiceServicer):  # type: ignore[misc]
             return svc.QueryOffsetResponse(status=status_of(e, "QueryOffset"))
 
     async def GetOffset(self, request: Any, context: Any) -> Any:
+        bind_names(group=request.group.name)
         try:
             topic, queue_id = await self._queue_of(request.message_queue)
             offset = get_offset(self.store, request.group.name, topic, queue_id)
@@ -448,6 +468,7 @@ class Servicer(svc_grpc.MessagingServiceServicer):  # type: ignore[misc]
             return svc.GetOffsetResponse(status=status_of(e, "GetOffset"))
 
     async def UpdateOffset(self, request: Any, context: Any) -> Any:
+        bind_names(group=request.group.name)
         try:
             topic, queue_id = await self._queue_of(request.message_queue)
             await update_offset(self.store, request.group.name, topic, queue_id, request.offset)
@@ -458,6 +479,7 @@ class Servicer(svc_grpc.MessagingServiceServicer):  # type: ignore[misc]
     async def PullMessage(self, request: Any, context: Any) -> AsyncIterator[Any]:
         """The proxy's stream: a status, the messages, then ``next_offset`` (also after an
         unreadable offset, so the client can continue)."""
+        bind_names(group=request.group.name)
         try:
             check_group(request.group.name)
             topic, queue_id = await self._queue_of(request.message_queue)
@@ -499,6 +521,7 @@ class Servicer(svc_grpc.MessagingServiceServicer):  # type: ignore[misc]
         """Commit or roll back (the producer, or its checker answering a check-back): durable
         before the answer. An unknown id answers INVALID_TRANSACTION_ID, one already resolved
         BAD_REQUEST saying how it ended."""
+        bind_names(topic=request.topic.name)
         try:
             if (
                 request.resolution == pb.TRANSACTION_RESOLUTION_UNSPECIFIED

@@ -11,32 +11,20 @@ every route: middleware runs before routing and cannot see path parameters.
 
 from __future__ import annotations
 
-import re
-import uuid
 from typing import TYPE_CHECKING
 
 from starlette.requests import Request  # noqa: TC002 (FastAPI reads the annotation at runtime)
 
-from tierd.logs import bind, unbind
+from tierd.logs import bind, request_id, unbind
 from tierd.store import TOPIC_MAX_LENGTH
 
 if TYPE_CHECKING:
     from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 REQUEST_ID_HEADER = "X-Request-Id"
-#: A caller's request id kept as it is: what tracing systems and load balancers send (UUIDs,
-#: W3C trace ids, AWS ``Root=1-…`` ids), bounded.
-REQUEST_ID = re.compile(r"[A-Za-z0-9._:=+/-]{1,128}")
 _HEADER = REQUEST_ID_HEADER.lower().encode()
 #: Longest topic or group name (the store's limit); longer values are cut to it.
 MAX_FIELD = TOPIC_MAX_LENGTH
-
-
-def request_id(asked: str | None) -> str:
-    """``asked`` when well-formed, else a new id (32 hex digits)."""
-    if asked is not None and REQUEST_ID.fullmatch(asked):
-        return asked
-    return uuid.uuid4().hex
 
 
 class RequestContextMiddleware:
