@@ -254,10 +254,19 @@ class Scheduler:
         self._recall_scanned = offset
 
     async def _scan(self, limit: int = SCAN_BATCH) -> bool:
-        """Read newly scheduled messages into the heap; True if there may be more to read."""
+        """Read newly scheduled messages into the heap; True if there may be more to read.
+
+        A message enters the pending set only as the cursor (:attr:`scanned`) passes it, and
+        the cursor only moves forward, so each one enters at most once. The delivery loop and
+        a recall both scan, and their reads may overlap: whichever comes back second holds
+        offsets the first already took (and may since have delivered, and dropped from the
+        pending set), so those are skipped here rather than put back to be delivered twice.
+        No await lies between the cursor check and the cursor's move."""
         status, msgs, nxt = await self._read(SCHEDULE_TOPIC, self.scanned, limit)
         if status is GetStatus.OFFSET_TOO_SMALL:
             low = self.host.router.min_offset(SCHEDULE_TOPIC, 0)
+            if low <= self.scanned:
+                return True  # another scan already moved past what retention freed
             self.stats.lost += low - self.scanned
             log.error(
                 "scheduler: scheduled messages at offsets %d..%d are gone (retention freed them in "
@@ -272,7 +281,8 @@ class Scheduler:
             return False
         now = _now()
         for m in msgs:
-            self._add(m, now)
+            if m.queue_offset >= self.scanned:
+                self._add(m, now)
         self.scanned = max(self.scanned, nxt)
         return bool(msgs)
 
