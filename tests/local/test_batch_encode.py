@@ -452,25 +452,35 @@ def test_place_refuses_a_record_beyond_the_buffer() -> None:
 
 
 def test_the_encoder_and_decoder_share_one_crc_hookup() -> None:
-    """Bound to the Python ``crc32`` instead of ISA-L's C function, the same extension still
-    writes and checks the same CRCs — encoder and decoder alike — and binding again restores the
-    C function for both."""
+    """Both compute body CRCs through the one bound Python callable — isal's public
+    ``isal_zlib.crc32`` — with the same values as the Python encoder: rebound to a counting
+    wrapper, the encoder and the decoder each call it once per body."""
+    from isal import isal_zlib
+
     from tierd.format import compiled
     from tierd.format.batch import RecordBatch
 
     assert compiled.records is not None
+    assert compiled.records.crc32_function() is isal_zlib.crc32
     msgs = [Message(topic="t", body=bytes([i]) * 300, keys=("k",)) for i in range(4)]
+    seen: list[bytes] = []
+
+    def counting(data: bytes | bytearray | memoryview) -> int:
+        seen.append(bytes(data))
+        return crc32(data)
+
     try:
-        compiled.records.bind_crc32(crc32, None)
-        assert not compiled.records.crc32_is_direct()
+        compiled.records.bind_crc32(counting)
         enc = check_against_python(msgs)
+        assert seen == [m.body for m in msgs]  # the encoder: one call per body
         starts = np.concatenate([[0], np.cumsum(enc.sizes)[:-1]]).astype(np.int64)
         got = RecordBatch(memoryview(enc.records), starts, enc.sizes).queue_messages(
             0, 4, "t", int(enc.queue_ids[0]), 17 * 0
         )
         assert got is not None
         assert [m.body for m in got] == [m.body for m in msgs]
+        assert seen == [m.body for m in msgs] * 2  # and the decoder
     finally:
-        assert compiled.bind_crc32()
-    assert compiled.records.crc32_is_direct()
+        compiled.bind_crc32()
+    assert compiled.records.crc32_function() is isal_zlib.crc32
     check_against_python(msgs)

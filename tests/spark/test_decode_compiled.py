@@ -5,8 +5,6 @@ the Python decoder names the bad record exactly as it always did."""
 
 from __future__ import annotations
 
-import ctypes
-import logging
 import random
 from typing import TYPE_CHECKING, Any
 
@@ -23,6 +21,7 @@ from tierd.format.record import (
     POS_MAGIC,
     POS_PHYSICAL_OFFSET,
     POS_QUEUE_ID,
+    decode_record,
     encode_record,
     topic_field,
 )
@@ -121,7 +120,7 @@ def _check(data: bytes, topic: str = "orders") -> int:
 
 
 def test_the_compiled_decoding_is_built_and_bound_in_this_checkout() -> None:
-    """``make install`` builds the extension; its Spark functions find ISA-L's CRC-32."""
+    """``make install`` builds the extension; its Spark functions are offered whenever it is."""
     assert decode.COMPILED
 
 
@@ -254,33 +253,35 @@ def test_the_check_never_reads_outside_its_buffer() -> None:
         ext.spark_check(data, good, len(data), FLAT_BASE, b"orders", QUEUE_ID, rows[:2], offsets, bodies)
 
 
-def test_without_isals_crc_function_or_with_a_wrong_one_decoding_stays_in_python(
-    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
-) -> None:
-    class NoSymbol:
-        def __init__(self, path: str) -> None:
-            pass
+def test_the_spark_check_computes_body_crcs_through_isals_public_crc32() -> None:
+    """spark_check calls the bound Python CRC (isal's public ``isal_zlib.crc32``; no C function
+    found in isal's shared object) once per body: a wrong one makes it refuse the first record,
+    one that raises makes it raise, and bound back the piece passes."""
+    from isal import isal_zlib
 
-        def __getattr__(self, name: str) -> Any:
-            raise AttributeError(name)
+    from tierd.format import compiled
 
-    zero = ctypes.CFUNCTYPE(ctypes.c_uint32, ctypes.c_uint32, ctypes.c_void_p, ctypes.c_uint64)(
-        lambda init, buf, n: 0
-    )
+    assert compiled.records is not None
+    assert compiled.records.crc32_function() is isal_zlib.crc32
+    data = _piece(10, seed=4)
+    bodies: list[bytes] = []
 
-    class Wrong:
-        def __init__(self, path: str) -> None:
-            self.crc32_gzip_refl = zero
+    def counting(body: bytes | bytearray | memoryview) -> int:
+        bodies.append(bytes(body))
+        return int(isal_zlib.crc32(body))
+
+    def failing(body: bytes | bytearray | memoryview) -> int:
+        raise OSError(len(body))
 
     try:
-        monkeypatch.setattr(ctypes, "CDLL", NoSymbol)
-        assert spark_functions() is None
-        monkeypatch.setattr(ctypes, "CDLL", Wrong)
-        with caplog.at_level(logging.WARNING, "tierd.format.compiled"):
-            assert spark_functions() is None
-        assert "does not match isal_zlib.crc32" in caplog.text
+        compiled.records.bind_crc32(counting)
+        assert _check(data) == -1
+        assert bodies == [decode_record(data, int(s)).body for s in frame(data, _fail).starts]
+        compiled.records.bind_crc32(lambda body: 0)
+        assert _check(data) == 0
+        compiled.records.bind_crc32(failing)
+        with pytest.raises(OSError, match=str(len(bodies[0]))):
+            _check(data)
     finally:
-        monkeypatch.undo()
-        assert spark_functions() is not None  # ISA-L's function bound again
-    data = _piece(10, seed=4)
+        compiled.bind_crc32()
     assert _check(data) == -1

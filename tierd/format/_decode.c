@@ -539,10 +539,9 @@ static PyObject *bind(PyObject *module, PyObject *args) {
 /*
  * tierd.spark.decode turns a 16 MiB piece of a commitlog segment into Arrow columns. What costs
  * there, per record, in Python is the TOTALSIZE chain, a CRC call per body and the field checks;
- * frame_records() and spark_check() do those in one C loop each. The body CRC is ISA-L's
- * (the function isal.isal_zlib uses for crc32, found in its extension by tierd.spark.decode and
- * checked against isal_zlib.crc32 before use: bind_crc32() in _records.c), called with no Python object per
- * body. The contract: spark_check() accepts a batch only when every record is one the Python
+ * frame_records() and spark_check() do those in C. The body CRC is the bound hookup's
+ * (isal.isal_zlib.crc32 through its public Python API: bind_crc32() in _records.c), one call per
+ * body with a memoryview of it, in a second pass with the GIL held. The contract: spark_check() accepts a batch only when every record is one the Python
  * decoder accepts, with the same values; for anything else (IPv6 hosts, any bad record) it
  * says so and the caller decodes the batch in Python, which names the bad record. Every offset
  * is checked against the buffer first, so no input can make this code read outside it.
@@ -652,10 +651,6 @@ static PyObject *spark_check(PyObject *module, PyObject *args) {
     if (!PyArg_ParseTuple(args, "OOLLy#LOOO:spark_check", &data_obj, &starts_obj, &end, &flat_base, &topic,
                           &topic_len, &queue_id, &rows_obj, &offsets_obj, &bodies_obj))
         return NULL;
-    if (records_crc32_direct == NULL) {
-        PyErr_SetString(PyExc_RuntimeError, "spark_check before bind_crc32() with a C function");
-        return NULL;
-    }
     Py_buffer data, starts, rows, offsets, bodies;
     int held = 0;
     PyObject *result = NULL;
@@ -703,8 +698,6 @@ static PyObject *spark_check(PyObject *module, PyObject *args) {
         if (!same_topic(&rec, topic, topic_len) || be_i32(r + POS_QUEUE_ID) != queue_id ||
             be_i64(r + POS_PHYSICAL_OFFSET) != (int64_t)((uint64_t)flat_base + (uint64_t)s))
             break;
-        if ((records_crc32_direct(0, r + HEADER_V4, (uint64_t)body_len) & BODY_CRC_MASK) != be_u32(r + POS_BODY_CRC))
-            break;
         if (!utf8_valid(r + rec.props_start, rec.props_len))
             break;
         if (body_len > room - used)
@@ -723,6 +716,18 @@ static PyObject *spark_check(PyObject *module, PyObject *args) {
         row->reconsume_times = be_i32(r + POS_RECONSUME_TIMES);
     }
     Py_END_ALLOW_THREADS
+    /* The body CRCs of the records that passed everything else, in order, with the GIL (a Python
+     * call each): the first mismatch is the first record that is not such a record. */
+    for (Py_ssize_t j = 0; j < i; j++) {
+        uint32_t crc;
+        const uint8_t *r = base + st[j]; /* framed above: header and body inside the buffer */
+        if (records_crc32(r + HEADER_V4, (Py_ssize_t)off[j + 1] - off[j], NULL, &crc) < 0)
+            goto done;
+        if ((crc & BODY_CRC_MASK) != be_u32(r + POS_BODY_CRC)) {
+            i = j;
+            break;
+        }
+    }
 checked:
     result = PyLong_FromSsize_t(i == count ? -1 : i);
 done:

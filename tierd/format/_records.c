@@ -11,18 +11,23 @@
 #include "_records.h"
 
 PyObject *records_crc32_function = NULL;
-records_crc32_fn records_crc32_direct = NULL;
 
 int records_crc32(const void *p, Py_ssize_t len, PyObject *obj, uint32_t *out) {
-    if (records_crc32_direct != NULL) {
-        *out = records_crc32_direct(0, (const unsigned char *)p, (uint64_t)len);
-        return 0;
-    }
     if (records_crc32_function == NULL) {
         PyErr_SetString(PyExc_RuntimeError, "a body CRC before bind_crc32()");
         return -1;
     }
+    /* Without an object, a read-only view of the bytes (no copy). The callable is isal_zlib.crc32
+     * (or zlib.crc32): neither keeps its argument, so the view does not outlive the call. */
+    PyObject *view = NULL;
+    if (obj == NULL) {
+        view = PyMemoryView_FromMemory((char *)p, len, PyBUF_READ);
+        if (view == NULL)
+            return -1;
+        obj = view;
+    }
     PyObject *got = PyObject_CallOneArg(records_crc32_function, obj);
+    Py_XDECREF(view);
     if (got == NULL)
         return -1;
     unsigned long v = PyLong_AsUnsignedLongMask(got);
@@ -34,33 +39,17 @@ int records_crc32(const void *p, Py_ssize_t len, PyObject *obj, uint32_t *out) {
 }
 
 PyDoc_STRVAR(bind_crc32_doc,
-             "bind_crc32(crc32, address, /)\n--\n\n"
-             "Compute every body CRC with crc32(bytes) -> int (zlib's CRC-32), or, when address is "
-             "not None, with the C function at address, uint32_t f(uint32_t init, const unsigned "
-             "char *buf, uint64_t len), which must give the same values (the caller checks it with "
-             "crc32() below).");
+             "bind_crc32(crc32, /)\n--\n\n"
+             "Compute every body CRC with crc32(bytes-like) -> int, zlib's CRC-32 through a public "
+             "Python API (tierd.format.record.crc32: isal.isal_zlib.crc32).");
 
-static PyObject *bind_crc32(PyObject *module, PyObject *args) {
-    PyObject *fn, *address;
+static PyObject *bind_crc32(PyObject *module, PyObject *fn) {
     (void)module;
-    if (!PyArg_ParseTuple(args, "OO:bind_crc32", &fn, &address))
-        return NULL;
     if (!PyCallable_Check(fn)) {
         PyErr_SetString(PyExc_TypeError, "crc32 must be callable");
         return NULL;
     }
-    records_crc32_fn direct = NULL;
-    if (address != Py_None) {
-        void *p = PyLong_AsVoidPtr(address);
-        if (p == NULL) {
-            if (!PyErr_Occurred())
-                PyErr_SetString(PyExc_ValueError, "address must not be 0");
-            return NULL;
-        }
-        direct = (records_crc32_fn)p;
-    }
     Py_XSETREF(records_crc32_function, Py_NewRef(fn));
-    records_crc32_direct = direct;
     Py_RETURN_NONE;
 }
 
@@ -77,19 +66,19 @@ static PyObject *crc32_bound(PyObject *module, PyObject *arg) {
     return rc < 0 ? NULL : PyLong_FromUnsignedLong(crc);
 }
 
-PyDoc_STRVAR(crc32_is_direct_doc,
-             "crc32_is_direct() -> bool\n--\n\nWhether body CRCs are computed by a C function (no Python call).");
+PyDoc_STRVAR(crc32_function_doc,
+             "crc32_function() -> callable | None\n--\n\nThe bound body CRC function (None before bind_crc32()).");
 
-static PyObject *crc32_is_direct(PyObject *module, PyObject *unused) {
+static PyObject *crc32_function(PyObject *module, PyObject *unused) {
     (void)module;
     (void)unused;
-    return PyBool_FromLong(records_crc32_direct != NULL);
+    return Py_NewRef(records_crc32_function != NULL ? records_crc32_function : Py_None);
 }
 
 static PyMethodDef methods[] = {
-    {"bind_crc32", bind_crc32, METH_VARARGS, bind_crc32_doc},
+    {"bind_crc32", bind_crc32, METH_O, bind_crc32_doc},
     {"crc32", crc32_bound, METH_O, crc32_doc},
-    {"crc32_is_direct", crc32_is_direct, METH_NOARGS, crc32_is_direct_doc},
+    {"crc32_function", crc32_function, METH_NOARGS, crc32_function_doc},
     {NULL, NULL, 0, NULL},
 };
 

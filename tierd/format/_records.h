@@ -9,17 +9,13 @@
 #include <Python.h>
 #include <stdint.h>
 
-/* zlib's CRC-32 as a C function: uint32_t f(uint32_t init, const unsigned char *buf, uint64_t len). */
-typedef uint32_t (*records_crc32_fn)(uint32_t init, const unsigned char *buf, uint64_t len);
-
-/* The one CRC hookup, set by bind_crc32(): the Python crc32 every body CRC must agree with, and
- * the C function that computes it without a Python call, when tierd.format.compiled found and
- * checked one (NULL otherwise). */
+/* The one CRC hookup, set by bind_crc32(): the Python crc32 every body CRC is computed with
+ * (isal.isal_zlib.crc32 through its public API, bound by tierd.format.compiled). */
 extern PyObject *records_crc32_function;
-extern records_crc32_fn records_crc32_direct;
 
 /* zlib's CRC-32 of the len bytes at p into *out (unmasked); obj is the same bytes as an object,
- * for the Python function. 0, or -1 with an exception set (not bound, or the call failed). */
+ * or NULL (a memoryview of them is passed then). Needs the GIL. 0, or -1 with an exception set
+ * (not bound, or the call failed). */
 int records_crc32(const void *p, Py_ssize_t len, PyObject *obj, uint32_t *out);
 
 /* The functions of each unit, added to the module by _records.c. */

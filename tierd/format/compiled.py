@@ -9,11 +9,11 @@ body CRC for all of it.
 * The encoder (:mod:`tierd.local.prepare`: ``encode``, ``stamp``, ``encode_one``, ``place``;
   bound to :class:`tierd.Message` there, a class outside the format).
 
-The body CRC is ISA-L's CRC-32 — the function behind :func:`tierd.format.record.crc32`
-(``isal.isal_zlib.crc32``), which isal's extension exports as ``crc32_gzip_refl`` — called from
-C with no Python object per body. It is found here and checked against ``isal_zlib.crc32``
-before any use; where it is not found or disagrees, the C code calls :func:`crc32` instead (and
-the Spark functions, which need the C function, are not offered).
+The body CRC is :func:`tierd.format.record.crc32` (``isal.isal_zlib.crc32``), bound once and
+called by the C code through its public Python API — one call per body, with the body or a
+memoryview of it. Reaching into isal's shared object for its C function instead saved ~100 ns a
+message, about 1 % of a Spark full scan's CPU: too little to depend on another library's private
+symbols (docs/performance.md).
 
 Where the extension is not built (no compiler at install time), :data:`records` is None and
 every caller runs the Python code that writes and reads the same bytes.
@@ -44,34 +44,10 @@ class SparkFunctions(NamedTuple):
     spark_check: Callable[..., int]
 
 
-def _isal_crc32_address() -> int | None:
-    """The address of ISA-L's CRC-32 in isal's extension, or None where it is not found."""
-    try:
-        import ctypes
-
-        from isal import isal_zlib
-
-        address = ctypes.cast(ctypes.CDLL(isal_zlib.__file__).crc32_gzip_refl, ctypes.c_void_p).value
-    except (ImportError, AttributeError, OSError) as e:
-        log.debug("ISA-L's CRC-32 not found (%s): body CRCs through isal_zlib.crc32", e)
-        return None
-    return address or None
-
-
-def bind_crc32() -> bool:
-    """(Re)bind the extension's one CRC hookup: ISA-L's C function where it is found and gives
-    :func:`crc32`'s values, else :func:`crc32` itself (a Python call per body). Returns whether
-    the C function is bound. Idempotent; :data:`records` must not be None."""
-    address = _isal_crc32_address()
-    records.bind_crc32(crc32, address)
-    probe = bytes(range(256)) * 9
-    if address is not None and any(
-        records.crc32(probe[a:b]) != crc32(probe[a:b]) for a, b in ((0, 0), (0, 1), (3, 2049), (7, 2304))
-    ):
-        log.warning("ISA-L's crc32_gzip_refl does not match isal_zlib.crc32: body CRCs through Python")
-        records.bind_crc32(crc32, None)
-        return False
-    return address is not None
+def bind_crc32() -> None:
+    """(Re)bind the extension's one CRC hookup to :func:`crc32`. Idempotent; :data:`records` must
+    not be None."""
+    records.bind_crc32(crc32)
 
 
 def _load() -> Any:
@@ -94,8 +70,7 @@ if records is not None:
 
 def spark_functions() -> SparkFunctions | None:
     """The extension's Spark functions, or None — and the caller decodes in Python — where the
-    extension is not built or ISA-L's CRC function is not found or disagrees (the Spark checks
-    need it as a C function; the hookup is bound again here, see :func:`bind_crc32`)."""
-    if records is None or not bind_crc32():
+    extension is not built."""
+    if records is None:
         return None
     return SparkFunctions(records.frame_records, records.spark_check)
