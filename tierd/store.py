@@ -178,7 +178,17 @@ class _StoreCore:
             props[PROPERTY_DELAY] = str(delay_level)
         if message.queue_id is not None:
             props[PROPERTY_REAL_QID] = str(message.queue_id)
-        stored = dataclasses.replace(message, topic=SCHEDULE_TOPIC, queue_id=0, properties=props)
+        stored = Message(  # not dataclasses.replace: that costs a tenth of a scheduled put
+            topic=SCHEDULE_TOPIC,
+            body=message.body,
+            queue_id=0,
+            keys=message.keys,
+            tags=message.tags,
+            properties=props,
+            flag=message.flag,
+            born_host=message.born_host,
+            born_timestamp=message.born_timestamp,
+        )
         return stored, when, uniq
 
     def _schedule_retention(self) -> float:
