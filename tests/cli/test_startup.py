@@ -33,6 +33,8 @@ __all__ = ["daemon"]  # the fixture, shared with test_remote
 #: Modules that make a start-up slow and that neither --help nor a command answered by the
 #: daemon needs: numpy and the engine behind the facade.
 HEAVY = ("numpy", "tierd.store", "tierd.local.store", "tierd.tiered.service", "tierd.router", "tierd.verify")
+#: Imported on first use only: JSON output needs no rich console (about 20 ms of a start).
+ONLY_FOR_TEXT = ("rich.console",)
 
 #: Runs the console entry point, then writes the names of every imported module to argv[1].
 _PROBE = (
@@ -94,6 +96,7 @@ def test_commands_the_daemon_answers_import_neither_numpy_nor_the_store(
     assert json.loads(text) is not None  # answered (by the daemon: the store is locked)
     assert "tierd.cli.remote" in modules
     assert _heavy(modules) == []
+    assert [m for m in ONLY_FOR_TEXT if m in modules] == []  # -o json: no rich console made
 
 
 def test_the_help_texts_copy_of_the_reset_targets_is_the_stores() -> None:
@@ -107,3 +110,15 @@ def test_a_command_that_opens_the_directory_still_works(tmp_path: Path) -> None:
     text, modules = _imported(tmp_path, "-o", "json", "produce", "t", "x", env=env)
     assert json.loads(text)[0]["queue_offset"] == 0
     assert "tierd.store" in modules  # the lazy import happened where it is needed
+
+
+def test_text_output_still_renders_through_rich(tmp_path: Path) -> None:
+    """The console is made on first use, and is made: a table still comes out as one."""
+    cfg = tmp_path / "tierd.toml"
+    cfg.write_text(f'[store]\ndir = "{tmp_path / "hot"}"\n[tiered]\nenabled = false\n')
+    env = {"TIERD_CONFIG": str(cfg)}
+    _imported(tmp_path, "produce", "t", "x", env=env)
+    text, modules = _imported(tmp_path, "topics", "ls", env=env)
+    assert "topic" in text
+    assert "t" in text.split()
+    assert "rich.console" in modules

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import enum
 import functools
-import importlib.metadata
 import json
 import logging
 import sys
@@ -27,7 +26,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, ParamSpec, TypeVar
 
 import typer
-from rich.console import Console
 from typer.core import TyperGroup
 
 from tierd.cli.remote import HttpApi, RemoteStore, loopback_url
@@ -36,6 +34,7 @@ from tierd.lockfile import lock_holder
 from tierd.logs import setup_logging as setup_process_logging
 
 if TYPE_CHECKING:
+    from rich.console import Console
     from rich.progress import Progress
 
     from tierd.config import TierdConfig
@@ -263,6 +262,8 @@ def obj(ctx: typer.Context) -> Context:
 
 def _version(value: bool) -> None:
     if value:
+        import importlib.metadata  # only here: with its email parsers it costs ~10 ms per start
+
         typer.echo(f"tierd {importlib.metadata.version('tierd')}")
         raise typer.Exit()
 
@@ -384,9 +385,22 @@ def handle_errors(fn: Callable[P, R]) -> Callable[P, R]:
 
 
 # ---------------------------------------------------------------------------------- rendering
-# Wide enough for tables when stdout is a pipe (rich would assume 80 columns).
-_console = Console(highlight=False, width=None if sys.stdout.isatty() else 200)
-_err_console = Console(stderr=True, highlight=False)
+@functools.cache
+def _console() -> Console:
+    """stdout's rich console, made on first use: ``-o json`` output never needs rich (its
+    console module is ~20 ms of a start-up). Wide enough for tables when stdout is a pipe (rich
+    would assume 80 columns)."""
+    from rich.console import Console
+
+    return Console(highlight=False, width=None if sys.stdout.isatty() else 200)
+
+
+@functools.cache
+def _err_console() -> Console:
+    """stderr's rich console (progress bars), made on first use like :func:`_console`."""
+    from rich.console import Console
+
+    return Console(stderr=True, highlight=False)
 
 
 def emit_json(value: Any) -> None:
@@ -402,11 +416,11 @@ def emit_table(title: str | None, columns: list[str], rows: list[list[Any]]) -> 
         table.add_column(col, overflow="fold")
     for row in rows:
         table.add_row(*("" if v is None else str(v) for v in row))
-    _console.print(table)
+    _console().print(table)
 
 
 def echo(text: str) -> None:
-    _console.print(text, markup=False)
+    _console().print(text, markup=False)
 
 
 @contextmanager
@@ -426,7 +440,7 @@ def progress_bar(description: str, *, bytes_: bool = False, quiet: bool = False)
     columns.append(DownloadColumn() if bytes_ else MofNCompleteColumn())
     columns.append(TimeRemainingColumn())
     with Progress(
-        *columns, console=_err_console, transient=True, disable=quiet or not _err_console.is_terminal
+        *columns, console=_err_console(), transient=True, disable=quiet or not _err_console().is_terminal
     ) as bar:
         bar.add_task(description, total=None)
         yield bar
