@@ -360,6 +360,15 @@ async def _openapi(tmp_path: Path) -> None:
         "/v1/groups/{group}/offsets",
         "/v1/groups/{group}/topics/{topic}/queues/{queue}/offset",
         "/v1/groups/{group}/reset",
+        "/v1/admin/gc",
+        "/v1/admin/verify",
+        "/v1/topics/{topic}",
+        "/v1/messages/{msg_id}",
+        "/v1/scheduled/{handle}",
+        "/v1/topics/{topic}/transactions",
+        "/v1/transactions",
+        "/v1/transactions/{transaction_id}/commit",
+        "/v1/transactions/{transaction_id}/rollback",
     }
     for path, model in (
         ("/v1/groups/{group}/topics/{topic}/queues/{queue}/offset", "CommitIn"),

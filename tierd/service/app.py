@@ -309,7 +309,7 @@ async def produce(topic: Topic, request: Request, svc: Svc) -> PutOut | Schedule
     response_model=RecallOut,
     tags=["produce"],
     summary="Recall a scheduled message before it is due",
-    responses=_errors(404, 409, 415, 503),
+    responses=_errors(404, 409, 415, 422, 503),
 )
 async def recall(handle: Annotated[str, Path(max_length=64)], svc: Svc) -> RecallOut:
     """Cancel the scheduled message `handle` names (RocketMQ 5.3 RecallMessage); durable when
@@ -357,7 +357,7 @@ async def _end(svc: Service, transaction_id: str, resolution: str) -> EndOut:
     response_model=EndOut,
     tags=["produce"],
     summary="Commit a transaction: its message becomes visible, once",
-    responses=_errors(404, 409, 415, 503, 507),
+    responses=_errors(404, 409, 415, 422, 503, 507),
 )
 async def commit_transaction(transaction_id: TransactionId, svc: Svc) -> EndOut:
     """Durable when answered. 404 `unknown_transaction`; 409 `transaction_resolved` when it
@@ -370,7 +370,7 @@ async def commit_transaction(transaction_id: TransactionId, svc: Svc) -> EndOut:
     response_model=EndOut,
     tags=["produce"],
     summary="Roll a transaction back: its message is never visible",
-    responses=_errors(404, 409, 415, 503, 507),
+    responses=_errors(404, 409, 415, 422, 503, 507),
 )
 async def rollback_transaction(transaction_id: TransactionId, svc: Svc) -> EndOut:
     """Durable when answered; errors as for commit."""
