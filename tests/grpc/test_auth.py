@@ -4,6 +4,7 @@ nothing is served; the secret never reaches the log."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import TYPE_CHECKING
 
 import pytest
@@ -82,11 +83,19 @@ def test_no_credentials_are_unauthorized_on_every_kind_of_rpc(secured: GrpcTierd
 def test_a_non_loopback_listener_needs_credentials(tmp_path: Path) -> None:
     cfg = service_config(tmp_path)
     cfg["grpc"] = {"host": "0.0.0.0", "port": 0}
+
+    async def bind() -> int:
+        # On a running loop, as the daemon builds the listener (grpc.aio needs one; after another
+        # test's asyncio.run the main thread has none).
+        listener = GrpcListener(TierdConfig.from_dict(cfg))
+        port: int = listener.port
+        await listener.stop(0)
+        return port
+
     with pytest.raises(ConfigError, match="credentials"):
-        GrpcListener(TierdConfig.from_dict(cfg))
+        asyncio.run(bind())
     cfg["grpc"]["credentials"] = {"app": SECRET}
-    listener = GrpcListener(TierdConfig.from_dict(cfg))  # binds; serves nobody unsigned
-    assert listener.port
+    assert asyncio.run(bind())  # binds; serves nobody unsigned
     assert SECRET not in repr(TierdConfig.from_dict(cfg))
 
 
