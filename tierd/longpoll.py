@@ -18,6 +18,8 @@ import contextlib
 import threading
 from typing import TYPE_CHECKING
 
+from tierd.systopics import is_system_topic
+
 if TYPE_CHECKING:
     from collections.abc import Iterable
 
@@ -42,7 +44,8 @@ class ArrivalNotifier:
         self._waiters: dict[QueueKey, set[asyncio.Future[None]]] = {}
         #: Set by :meth:`release` (draining, closing): every wait ends at once, none starts.
         self.released = False
-        #: Waiters woken by arrivals so far (a metric).
+        #: Consumers' reads woken by arrivals so far (a metric; the store's own waits on its
+        #: system topics, such as the scheduler's, are not counted).
         self.wakeups = 0
 
     def register(self, key: QueueKey) -> asyncio.Future[None]:
@@ -70,8 +73,12 @@ class ArrivalNotifier:
         if not self._waiters:
             return
         with self._lock:
-            woken = [f for key in keys for f in self._waiters.pop(key, ())]
-            self.wakeups += len(woken)
+            woken: list[asyncio.Future[None]] = []
+            for key in keys:
+                waiters = self._waiters.pop(key, ())
+                woken.extend(waiters)
+                if not is_system_topic(key[0]):
+                    self.wakeups += len(waiters)
         for fut in woken:
             _wake_from_any_thread(fut)
 
@@ -86,9 +93,10 @@ class ArrivalNotifier:
 
     @property
     def waiting(self) -> int:
-        """Reads waiting now (a metric)."""
+        """Consumers' reads waiting now (a metric). The store's own waits on its system topics
+        (the scheduler waiting for new scheduled messages) are not reads and are not counted."""
         with self._lock:
-            return sum(len(w) for w in self._waiters.values())
+            return sum(len(w) for key, w in self._waiters.items() if not is_system_topic(key[0]))
 
 
 __all__ = ["ArrivalNotifier"]
