@@ -80,8 +80,10 @@ def test_http_topics_leave_system_topics_out(tmp_path: Path) -> None:
         assert c.post("/v1/topics/orders/messages", json=body).status_code < 300
         store = r.daemon.store
         assert store is not None
-        assert SCHEDULE_TOPIC in store.topics(system=True)
         deadline = time.monotonic() + DEADLINE
+        while SCHEDULE_TOPIC not in store.topics(system=True):  # listed once dispatched
+            assert time.monotonic() < deadline, "the scheduled message's topic never appeared"
+            time.sleep(0.02)  # polling interval; the deadline bounds the wait
         while True:  # until the delivery created "orders"
             listed = c.get("/v1/topics")
             assert listed.status_code == 200
