@@ -441,3 +441,56 @@ def test_a_key_query_stops_at_the_byte_bound_and_continues(tmp_path: Path) -> No
     assert firsts == [0, 1, 2, 3, 4, 10, 11, 12]  # every match exactly once
     stamps = [m["store_timestamp"] for m in got]
     assert stamps == sorted(stamps, reverse=True)  # newest first across pages
+
+
+def _one_response(s: socket.socket) -> tuple[bytes, bytes]:
+    """Read one HTTP response (head, body) from ``s``; b"" for the head when the server closed."""
+    buf = b""
+    while b"\r\n\r\n" not in buf:
+        chunk = s.recv(65536)
+        if not chunk:
+            return b"", buf
+        buf += chunk
+    head, body = buf.split(b"\r\n\r\n", 1)
+    length = next(
+        int(line.split(b":", 1)[1])
+        for line in head.lower().split(b"\r\n")
+        if line.startswith(b"content-length:")
+    )
+    while len(body) < length:
+        chunk = s.recv(65536)
+        assert chunk, "the server closed in the middle of a response body"
+        body += chunk
+    return head, body
+
+
+def test_an_answer_before_the_body_keeps_the_connection_unless_it_is_an_error(tmp_path: Path) -> None:
+    """A route that does not read its body can answer before the body's last packet is in.
+    The connection was then closed without `connection: close`, and the client's next request
+    on it (httpx reuses keep-alive connections) was reset. A success keeps the connection now;
+    an error still closes it, and says so."""
+    with running(cfg_of(tmp_path, token="s3cret")) as r:
+        host, port = r.url.removeprefix("http://").rsplit(":", 1)
+        start = (
+            b"POST /v1/admin/gc HTTP/1.1\r\nHost: %s:%s\r\nContent-Type: application/json\r\n"
+            b"Content-Length: 2\r\n" % (host.encode(), port.encode())
+        )
+        with socket.create_connection((host, int(port)), timeout=30) as s:
+            s.sendall(start + b"Authorization: Bearer s3cret\r\n\r\n")  # the body is held back
+            head, _ = _one_response(s)
+            assert head.startswith(b"HTTP/1.1 200 ")
+            assert b"connection: close" not in head.lower()
+            s.sendall(b"{}")  # the body, late
+            s.sendall(
+                b"GET /v1/topics HTTP/1.1\r\nHost: %s:%s\r\nAuthorization: Bearer s3cret\r\n\r\n"
+                % (host.encode(), port.encode())
+            )
+            head, body = _one_response(s)
+            assert head.startswith(b"HTTP/1.1 200 "), head
+            assert "topics" in json.loads(body)
+        with socket.create_connection((host, int(port)), timeout=30) as s:
+            s.sendall(start + b"\r\n")  # no token: a 401 before the body
+            head, _ = _one_response(s)
+            assert head.startswith(b"HTTP/1.1 401 ")
+            assert b"connection: close" in head.lower()
+            assert s.recv(65536) == b""  # and closed

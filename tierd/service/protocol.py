@@ -11,9 +11,13 @@ sending megabytes of headers costs memory before any route runs. Here:
   must arrive within ``header_timeout`` seconds; otherwise ``408 Request Timeout`` and close;
 * once the headers are in, the whole body must arrive within ``body_timeout`` seconds;
   otherwise ``408`` (unless the route has answered already) and close — one log line;
-* a response sent before the request's body has fully arrived (a 401, a 413) closes the
-  connection: the rest of the body would have to be read and thrown away, at the client's pace,
-  while the connection still counts against ``server.max_connections``.
+* an error response (≥ 400: a 401, a 413, …) that starts before the request's body has fully
+  arrived says ``connection: close`` and closes the connection: the rest of the body would have
+  to be read and thrown away, at the client's pace, while the connection still counts against
+  ``server.max_connections``. A success that starts before the body is in (a route that does not
+  read its body) keeps the connection, as uvicorn does: the rest of the body is read and
+  dropped, within the body's time bound. Closing it instead — without having said so — reset
+  the client's next request on that keep-alive connection.
 
 Body *size* is bounded elsewhere (the request size limit, :mod:`tierd.service.auth`), and idle
 keep-alive connections by uvicorn's ``timeout_keep_alive``.
@@ -194,6 +198,16 @@ class BoundedHttpProtocol(HttpToolsProtocol):
         super().on_headers_complete()
         if self._body_timer is None:  # cancelled at once by on_message_complete when there is none
             self._body_timer = self.loop.call_later(self.body_timeout, self._body_timed_out)
+        cycle = self.cycle
+        if cycle is not None:
+            send = cycle.send  # the route's ASGI send, looked up when its task starts (after this)
+
+            async def send_closing_early_errors(message: Any) -> None:
+                if message["type"] == "http.response.start" and message["status"] >= 400 and cycle.more_body:
+                    cycle.keep_alive = False  # uvicorn writes connection: close, then closes
+                await send(message)
+
+            cycle.send = send_closing_early_errors  # type: ignore[method-assign]
 
     def on_message_complete(self) -> None:
         self._stop_body_timer()
@@ -201,10 +215,8 @@ class BoundedHttpProtocol(HttpToolsProtocol):
 
     def on_response_complete(self) -> None:
         cycle = self.cycle
-        if cycle is not None and cycle.more_body and not self.transport.is_closing():
-            # Answered before the body was in (401, 413, ...): close rather than read the rest.
-            self._stop_body_timer()
-            self.transport.close()
+        if cycle is not None and not cycle.keep_alive:
+            self._stop_body_timer()  # an early error: uvicorn closes the connection it announced
         super().on_response_complete()
 
 
