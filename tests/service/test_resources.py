@@ -10,7 +10,9 @@ Before: the queues took every descriptor at ~500 queues, accept() failed with EM
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import logging
 import select
 import socket
 import time
@@ -18,6 +20,8 @@ from typing import TYPE_CHECKING
 
 import httpx
 import pytest
+
+from tierd.service.daemon import _on_loop_error
 
 from .conftest import TierdProcess, service_config, toml
 from .test_daemon import wait_ready
@@ -102,3 +106,30 @@ def test_more_idle_connections_than_descriptors(tmp_path: Path) -> None:
     assert "Traceback" not in output, output[-3000:]
     assert output.count("out of system resource") <= 1, output[-3000:]
     assert len(output.splitlines()) < 40, output[-3000:]
+
+
+def _start_serving() -> None:
+    """Named as asyncio's accept retry (``BaseSelectorEventLoop._start_serving``)."""
+
+
+def test_an_accept_retry_on_a_closed_listener_is_one_line(caplog: pytest.LogCaptureFixture) -> None:
+    """After accept() fails for want of descriptors, asyncio retries a second later; when the
+    daemon closed the listener in that second, the retry failed on the closed socket and the
+    loop logged a traceback (seen once in the full suite, by the test above)."""
+    loop = asyncio.new_event_loop()
+    try:
+        handle = loop.call_later(3600, _start_serving)
+        context = {
+            "message": f"Exception in callback {handle!r}",
+            "exception": ValueError("Invalid file descriptor: -1"),
+            "handle": handle,
+        }
+        with caplog.at_level(logging.INFO):
+            _on_loop_error(loop, context)
+        handle.cancel()
+    finally:
+        loop.close()
+    assert [r.getMessage() for r in caplog.records] == [
+        "a listener closed while accepting was paused for want of descriptors"
+    ]
+    assert not any(r.exc_info for r in caplog.records)

@@ -98,6 +98,12 @@ def _on_loop_error(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> 
     if isinstance(exc, OSError) and str(context.get("message", "")).startswith("socket.accept()"):
         _ACCEPT_FAILURES.failed(exc, "new connections wait; raise the open-files limit (ulimit -n)")
         return
+    if isinstance(exc, ValueError) and "_start_serving" in repr(context.get("handle")):
+        # After such a failure asyncio retries accepting a second later; a listener closed in
+        # that second (the daemon stopping) makes the retry fail on its closed socket. Nothing
+        # is lost: the listener is gone on purpose.
+        log.info("a listener closed while accepting was paused for want of descriptors")
+        return
     loop.default_exception_handler(context)
 
 
