@@ -31,6 +31,7 @@ import ipaddress
 import logging
 import signal
 import socket
+import threading
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -73,6 +74,8 @@ OPS_CONNECTION_SHARE = 1 / 16
 GRPC_CONNECTION_SHARE = 1 / 8
 #: Failures of accept() itself (out of descriptors anyway): one line, then once a minute.
 _ACCEPT_FAILURES = FailureLog(log, "accepting connections")
+#: Set once the accept retries that outlive a closed listener were reported (at shutdown).
+_CLOSED_RETRY_LOGGED = threading.Event()
 
 
 def connection_bound(setting: int, share: float, what: str) -> int:
@@ -99,10 +102,12 @@ def _on_loop_error(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> 
         _ACCEPT_FAILURES.failed(exc, "new connections wait; raise the open-files limit (ulimit -n)")
         return
     if isinstance(exc, ValueError) and "_start_serving" in repr(context.get("handle")):
-        # After such a failure asyncio retries accepting a second later; a listener closed in
-        # that second (the daemon stopping) makes the retry fail on its closed socket. Nothing
-        # is lost: the listener is gone on purpose.
-        log.info("a listener closed while accepting was paused for want of descriptors")
+        # After such a failure asyncio retries accepting a second later (once per failed
+        # accept); a listener closed in that second (the daemon stopping) makes each retry fail
+        # on its closed socket. Nothing is lost: the listener is gone on purpose. One line.
+        if not _CLOSED_RETRY_LOGGED.is_set():
+            _CLOSED_RETRY_LOGGED.set()
+            log.info("a listener closed while accepting was paused for want of descriptors")
         return
     loop.default_exception_handler(context)
 
