@@ -226,15 +226,26 @@ def ensure_base(podman: Podman, image: str = BASE_IMAGE) -> str:
     return image
 
 
+def image_extras() -> str:
+    """The extras the Dockerfile installs tierd with (``…tierd-*.whl)[s3,grpc]``): the wheels
+    fetched here must cover them, since the build runs offline. Read from the Dockerfile, the
+    one place that states them."""
+    found = re.search(r"tierd-\*\.whl\)\[([a-z0-9_,]+)\]", (REPO / "Dockerfile").read_text())
+    if found is None:
+        raise ImageBuildError("cannot find the extras tierd is installed with in the Dockerfile")
+    return found[1]
+
+
 def ensure_wheels(cache: Path) -> Path:
     """Wheels of everything the image's pip needs, for the base image's Python (this one's: both
     are CPython 3.11 on Debian bookworm), keyed by pyproject.toml."""
-    digest = hashlib.sha256((REPO / "pyproject.toml").read_bytes()).hexdigest()[:16]
+    extras = image_extras()
+    digest = hashlib.sha256((REPO / "pyproject.toml").read_bytes() + extras.encode()).hexdigest()[:16]
     wheels = cache / f"wheels-{digest}"
     if (wheels / ".complete").exists():
         return wheels
     wheels.mkdir(exist_ok=True)
-    requirements = ["setuptools>=77,<82", "wheel", f"{REPO}[s3]"]
+    requirements = ["setuptools>=77,<82", "wheel", f"{REPO}[{extras}]"]
     _run(
         [sys.executable, "-m", "pip", "wheel", "--quiet", "--wheel-dir", str(wheels), *requirements],
         "pip wheel (tierd's runtime dependencies)",
