@@ -115,7 +115,7 @@ def test_pending_messages_survive_a_restart(tmp_path: Path) -> None:
         msgs = wait_for_count(store, "t", 19)
         assert sorted(m.properties[PROPERTY_TIMER_HANDLE] for m in msgs) == sorted(handles)
         # ... and exactly once: a message due after all of them comes after all of them.
-        store.schedule(Message(topic="t", body=b"last", queue_id=0), deliver_at=now_ms() + 200)
+        store.schedule(Message(topic="t", body=b"last", queue_id=0), deliver_at=now_ms() + 1_000)
         msgs = wait_for_count(store, "t", 20)
         assert len(msgs) == 20
         assert msgs[-1].body == b"last"
@@ -167,7 +167,7 @@ def test_restore_on_a_new_machine_delivers_pending_messages(tmp_path: Path) -> N
         msgs = wait_for_count(store, "t", 9)
         assert {m.properties[PROPERTY_TIMER_HANDLE] for m in msgs} == handles
         assert all(m.store_timestamp >= due for m in msgs)
-        store.schedule(Message(topic="t", body=b"last", queue_id=0), deliver_at=now_ms() + 200)
+        store.schedule(Message(topic="t", body=b"last", queue_id=0), deliver_at=now_ms() + 1_000)
         msgs = wait_for_count(store, "t", 10)
         assert len(msgs) == 10
         assert msgs[-1].body == b"last"

@@ -64,7 +64,7 @@ def test_a_recall_scanning_beside_the_delivery_loop_never_delivers_twice(
             return result
 
         monkeypatch.setattr(sched, "_read", gated_read)
-        once = store.schedule(Message(topic="t", body=b"once", queue_id=0), deliver_at=now_ms() + 300)
+        once = store.schedule(Message(topic="t", body=b"once", queue_id=0), deliver_at=now_ms() + 1_000)
         later = store.schedule(Message(topic="t", body=b"later", queue_id=0), deliver_at=now_ms() + 3_600_000)
         assert loop_read.wait(DEADLINE), "the delivery loop never read the scheduled message"
 
@@ -78,7 +78,7 @@ def test_a_recall_scanning_beside_the_delivery_loop_never_delivers_twice(
 
         # A message due after the first one is delivered after any copy of it (delivery order):
         # once it is in the topic, a second copy would be there too.
-        store.schedule(Message(topic="t", body=b"after", queue_id=0), deliver_at=now_ms() + 100)
+        store.schedule(Message(topic="t", body=b"after", queue_id=0), deliver_at=now_ms() + 1_000)
         _wait_until("the barrier message", lambda: b"after" in [m.body for m in read_all(store, "t")])
         msgs = read_all(store, "t")
         assert [m.body for m in msgs] == [b"once", b"after"], "delivered twice (or lost)"
