@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Literal, overload
 
 import numpy as np
 
-from tierd.descriptors import open_files_limit
+from tierd.descriptors import descriptor_bound
 from tierd.errors import (
     ConfigError,
     CorruptionError,
@@ -300,7 +300,9 @@ class HotStore:
         self.cqs: dict[tuple[str, int], ConsumeQueue] = {}
         self._cq_lock = threading.Lock()
         #: Consume-queue files open at once (each holds a descriptor; docs/hot-store.md).
-        self.queue_files = FileCache(queue_file_bound(cfg.max_open_queue_files))
+        self.queue_files = FileCache(
+            descriptor_bound("consume_queues", cfg.max_open_queue_files, "store.max_open_queue_files")
+        )
         #: Consume-queue directories with entries not yet durable (synced before each checkpoint).
         self.dir_syncs = PendingDirSyncs(self.dir / "consumequeue")
         #: Installed by the tiering layer; local retention never deletes what it refuses.
@@ -1357,21 +1359,6 @@ def _before(stored: int | None, timestamp: int) -> bool:
     """Whether a message stored at ``stored`` (None: unknown — lost to damage) sorts before
     ``timestamp`` in a search by time; unknown ones do, as the oldest possible."""
     return stored is None or stored < timestamp
-
-
-def queue_file_bound(setting: int) -> int:
-    """``store.max_open_queue_files``, capped at a quarter of the open-files limit: the rest
-    is for the commitlog, the index, sockets and the cold tier's files."""
-    bound = min(setting, max(1, open_files_limit() // 4))
-    if bound < setting:
-        log.info(
-            "keeping at most %d consume-queue files open at once (store.max_open_queue_files is %d, "
-            "a quarter of the open-files limit %d is less)",
-            bound,
-            setting,
-            open_files_limit(),
-        )
-    return bound
 
 
 def _disk_usage_ratio(path: Path) -> float:

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 import uvicorn
 
-from tierd.descriptors import open_files_limit
+from tierd.descriptors import descriptor_bound
 from tierd.errors import ConfigError, TierdError
 from tierd.grpc.server import GrpcListener
 from tierd.repeats import FailureLog
@@ -64,33 +64,10 @@ HTTP_STOP_TIMEOUT = 5
 GRPC_STOP_TIMEOUT = 5.0
 #: How often the daemon looks whether the cold tier is down for good (a cheap flag check).
 COLD_WATCH_INTERVAL = 1.0
-#: Shares of the open-files limit (RLIMIT_NOFILE) the listeners' connections may hold: the
-#: store's consume-queue files take at most a quarter (``queue_file_bound``), and the rest is for
-#: the commitlog, the index, the cold tier's files and sockets. Above its bound a listener answers
-#: a new connection 503 and closes it at once, so accept() never runs out of descriptors.
-CONNECTION_SHARE = 1 / 2
-OPS_CONNECTION_SHARE = 1 / 16
-#: The gRPC listener's share (``grpc.max_connections``; above it a connection is closed as it opens).
-GRPC_CONNECTION_SHARE = 1 / 8
 #: Failures of accept() itself (out of descriptors anyway): one line, then once a minute.
 _ACCEPT_FAILURES = FailureLog(log, "accepting connections")
 #: Set once the accept retries that outlive a closed listener were reported (at shutdown).
 _CLOSED_RETRY_LOGGED = threading.Event()
-
-
-def connection_bound(setting: int, share: float, what: str) -> int:
-    """``server.max_connections`` for one listener, capped at ``share`` of the open-files limit."""
-    bound = min(setting, max(1, int(open_files_limit() * share)))
-    if bound < setting:
-        log.info(
-            "%s: serving at most %d connections at once (server.max_connections is %d; the open-files "
-            "limit %d leaves no more)",
-            what,
-            bound,
-            setting,
-            open_files_limit(),
-        )
-    return bound
 
 
 def _on_loop_error(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
@@ -222,7 +199,7 @@ class Daemon:
                 GrpcListener(
                     self.cfg,
                     self.service.metrics.registry,
-                    connection_bound(self.cfg.grpc.max_connections, GRPC_CONNECTION_SHARE, "gRPC API"),
+                    descriptor_bound("grpc", self.cfg.grpc.max_connections, "grpc.max_connections"),
                 )
                 if self.cfg.grpc.enabled
                 else None
@@ -235,7 +212,7 @@ class Daemon:
             self.loop.set_exception_handler(_on_loop_error)
         server = _Server(
             self._uvicorn_config(
-                self.app, connection_bound(self.cfg.server.max_connections, CONNECTION_SHARE, "HTTP API")
+                self.app, descriptor_bound("http", self.cfg.server.max_connections, "server.max_connections")
             )
         )
         http = asyncio.create_task(server.serve(sockets=[sock]), name="tierd-http")
@@ -246,7 +223,7 @@ class Daemon:
             ops = _Server(
                 self._uvicorn_config(
                     self.ops_app,
-                    connection_bound(self.cfg.server.max_connections, OPS_CONNECTION_SHARE, "ops listener"),
+                    descriptor_bound("ops", self.cfg.server.max_connections, "server.max_connections"),
                 )
             )
             ops_http = asyncio.create_task(ops.serve(sockets=[ops_sock]), name="tierd-ops-http")
