@@ -49,7 +49,7 @@ from tierd.local.validation import check_queue, check_topic
 from tierd.message import GetStatus, Message, PutResult, ReadPolicy
 from tierd.offsets import check_group
 from tierd.repeats import FailureLog
-from tierd.systopics import is_system_topic
+from tierd.systopics import is_system_topic, system_copy
 from tierd.transactions.names import (
     HALF_ONLY,
     HALF_TOPIC,
@@ -273,17 +273,7 @@ class TransactionCoordinator:
         props[PROPERTY_PRODUCER_GROUP] = group
         if message.queue_id is not None:
             props[PROPERTY_REAL_QID] = str(message.queue_id)
-        half = Message(
-            topic=HALF_TOPIC,
-            body=message.body,
-            queue_id=0,
-            keys=message.keys,
-            tags=message.tags,
-            properties=props,
-            flag=message.flag,
-            born_host=message.born_host,
-            born_timestamp=message.born_timestamp,
-        )
+        half = system_copy(message, HALF_TOPIC, props)
         res = await self._append(half, self._half_floor, HALF_TOPIC)
         tid = transaction_id(res.queue_offset, uniq)
         self._pending[tid] = _Half(tid, res.queue_offset, group, topic, message.queue_id, uniq, _now())
