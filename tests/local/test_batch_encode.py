@@ -161,6 +161,25 @@ def test_batches_without_keys_are_byte_identical(n: int) -> None:
     assert enc.index_messages == []
 
 
+def test_many_interleaved_groups_keep_their_messages_and_first_seen_order() -> None:
+    """The encoder finds each message's (topic, queue id) group through a small cache of the
+    batch's groups compared by text, then orders the messages by group: 150 groups (more than
+    the cache holds, so groups share and evict its slots), equal topics as distinct objects,
+    interleaved at random — each group must hold exactly its messages, in message order, the
+    groups in first-seen order, as the general loop has them."""
+    rng = np.random.default_rng(31)
+    topics = [f"t{t}" for t in range(50)]
+    picks = rng.integers(0, 150, 3000)
+    msgs = [
+        Message(topic="".join(topics[g // 3]), body=b"%d" % i, queue_id=int(g % 3), keys=(f"k{i}",))
+        for i, g in enumerate(picks)
+    ]
+    enc = check_against_python(msgs)
+    assert len(enc.groups) == len(set(picks.tolist()))
+    for (topic, qid), idx in enc.groups:
+        assert all(msgs[j].topic == topic and msgs[j].queue_id == qid for j in idx.tolist())
+
+
 def test_the_benchmarked_shape_and_a_v2_topic() -> None:
     enc = check_against_python(
         [Message(topic="bench", body=bytes(1024), keys=(f"key-{i}",)) for i in range(1000)]

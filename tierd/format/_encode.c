@@ -151,10 +151,30 @@ typedef struct {
     Py_ssize_t len;
 } Utf8;
 
+/* The bytes a string of the properties must not hold: none (a UNIQ_KEY value hashed for the
+ * index), the separators 0x01 and 0x02 (names, values, tags), or those and a space (a key: KEYS
+ * joins keys with spaces). */
+typedef enum { ANY_BYTE = 0, NO_SEPARATORS = 1, NO_SEPARATORS_OR_SPACE = 2 } Forbidden;
+
+/* Whether data holds a byte `forbidden` names. Plain comparisons in one pass: every string of a
+ * message is scanned (keys, tags, property names and values), and a strchr() call a byte was a
+ * tenth of put_batch's encoding time for messages with properties. */
+static inline int has_forbidden(const uint8_t *data, Py_ssize_t len, Forbidden forbidden) {
+    if (forbidden == ANY_BYTE)
+        return 0;
+    uint8_t space = forbidden == NO_SEPARATORS_OR_SPACE ? ' ' : 0x01;
+    for (Py_ssize_t i = 0; i < len; i++) {
+        uint8_t x = data[i];
+        if (x == 0x01 || x == 0x02 || x == space)
+            return 1;
+    }
+    return 0;
+}
+
 /* 1 and *out filled for a non-empty exact str free of the bytes in `forbidden` (ASCII; UTF-8
  * never uses ASCII bytes inside a multi-byte sequence, so a byte search finds exactly them);
  * 0 for any other value (the Python path then names it); -1 with an exception on a real error. */
-static int text_utf8(PyObject *s, Utf8 *out, PyObject **owned, const char *forbidden) {
+static int text_utf8(PyObject *s, Utf8 *out, PyObject **owned, Forbidden forbidden) {
     *owned = NULL;
     if (!PyUnicode_CheckExact(s))
         return 0;
@@ -177,16 +197,13 @@ static int text_utf8(PyObject *s, Utf8 *out, PyObject **owned, const char *forbi
         out->data = PyBytes_AS_STRING(b);
         out->len = PyBytes_GET_SIZE(b);
     }
-    for (Py_ssize_t i = 0; i < out->len; i++)
-        if (strchr(forbidden, out->data[i]) != NULL && out->data[i] != '\0') {
-            Py_CLEAR(*owned);
-            return 0;
-        }
+    if (has_forbidden((const uint8_t *)out->data, out->len, forbidden)) {
+        Py_CLEAR(*owned);
+        return 0;
+    }
     return 1;
 }
 
-static const char NO_SEPARATORS[] = "\x01\x02";
-static const char NO_SEPARATORS_OR_SPACE[] = "\x01\x02 ";
 
 /* Java's String.hashCode of a str (UTF-16 code units, int32 wrap-around): the tags code. */
 static int32_t java_hash(PyObject *s) {
@@ -218,6 +235,23 @@ typedef struct {
 
 static const char KEYS_NAME[] = "KEYS", TAGS_NAME[] = "TAGS", UNIQ_NAME[] = "UNIQ_KEY";
 
+/* Whether the (ready, exact) str s is the ASCII name of n bytes: a length and a memcmp, not a
+ * comparison call per property and name. A str holding non-ASCII text never equals one. */
+static inline int is_ascii_name(PyObject *s, const char *name, size_t n) {
+    return PyUnicode_IS_ASCII(s) && (size_t)PyUnicode_GET_LENGTH(s) == n && memcmp(PyUnicode_DATA(s), name, n) == 0;
+}
+
+/* Whether two ready exact strs hold the same text (same kind, length and code units: the
+ * canonical form makes that equality). */
+static inline int same_text(PyObject *a, PyObject *b) {
+    if (a == b)
+        return 1;
+    Py_ssize_t n = PyUnicode_GET_LENGTH(a);
+    int kind = PyUnicode_KIND(a);
+    return n == PyUnicode_GET_LENGTH(b) && kind == PyUnicode_KIND(b) &&
+           memcmp(PyUnicode_DATA(a), PyUnicode_DATA(b), (size_t)n * (size_t)kind) == 0;
+}
+
 typedef struct {
     PyObject *topics, *choose, *chosen; /* encode(): a batch's topics, its queue chooser */
     PyObject *topic, *entry;            /* encode_one(): the message's topic and its entry */
@@ -239,7 +273,7 @@ static void release_items(Item *items, Py_ssize_t n) {
 }
 
 /* Length a str adds to the properties as UTF-8, or 0 when it breaks a rule, -1 on error. */
-static Py_ssize_t text_len(PyObject *s, const char *forbidden) {
+static Py_ssize_t text_len(PyObject *s, Forbidden forbidden) {
     Utf8 u;
     PyObject *owned;
     int ok = text_utf8(s, &u, &owned, forbidden);
@@ -369,11 +403,11 @@ static int check_one(const Rules *r, PyObject *m, Item *it, int64_t *size) {
             b = text_len(value, NO_SEPARATORS);
             if (b <= 0)
                 return (int)b;
-            if (count && PyUnicode_CompareWithASCIIString(name, KEYS_NAME) == 0)
+            if (count && is_ascii_name(name, KEYS_NAME, sizeof KEYS_NAME - 1))
                 return 0;
-            if (tags != Py_None && PyUnicode_CompareWithASCIIString(name, TAGS_NAME) == 0)
+            if (tags != Py_None && is_ascii_name(name, TAGS_NAME, sizeof TAGS_NAME - 1))
                 return 0;
-            if (PyUnicode_CompareWithASCIIString(name, UNIQ_NAME) == 0)
+            if (is_ascii_name(name, UNIQ_NAME, sizeof UNIQ_NAME - 1))
                 it->uniq = value;
             plen += a + 2 + b;
         }
@@ -422,7 +456,7 @@ static inline int put(Out *o, const void *p, Py_ssize_t n) {
 static inline int put_byte(Out *o, uint8_t b) { return put(o, &b, 1); }
 
 /* A str into the record (and, with scratch, its "topic#" hash); -1 when it changed. */
-static int put_text(Out *o, PyObject *s, const char *forbidden, uint8_t *scratch, Py_ssize_t prefix,
+static int put_text(Out *o, PyObject *s, Forbidden forbidden, uint8_t *scratch, Py_ssize_t prefix,
                     Py_ssize_t room, uint32_t *hash) {
     Utf8 u;
     PyObject *owned;
@@ -543,7 +577,7 @@ static int64_t tags_code_of(const Item *it) {
  * the value changed, -2 on error. */
 static int hash_uniq(const Item *it, uint8_t *scratch, Py_ssize_t prefix, Py_ssize_t room, uint32_t *hash) {
     Out u = {scratch + prefix, scratch + room};
-    int rc = put_text(&u, it->uniq, "", NULL, 0, 0, NULL);
+    int rc = put_text(&u, it->uniq, ANY_BYTE, NULL, 0, 0, NULL);
     if (rc < 0)
         return rc;
     *hash = murmur3_32(scratch, (size_t)(u.at - scratch));
@@ -557,7 +591,8 @@ PyDoc_STRVAR(encode_doc,
              "timestamp (see stamp()). topics maps each topic of the batch to (magic, topic part); "
              "choose(topic) -> queue id picks the queue of a topic's messages without one (once per "
              "topic and call). Returns (records bytearray, sizes int64 bytes, queue ids int32 bytes, "
-             "group of each message int32 bytes, group keys [(topic, queue id)] in first-seen order, "
+             "message indexes ordered by group (stable) and each group's bounds in that order, both "
+             "Py_ssize_t bytes, group keys [(topic, queue id)] in first-seen order, "
              "tags codes int64 bytes, index hashes uint32 bytes, index messages int64 bytes), all native; "
              "None for any batch the Python path must handle (a rule broken: it raises the typed error), "
              "and for one whose records exceed max_buffer bytes.");
@@ -571,6 +606,51 @@ static int set_prefix(uint8_t *scratch, PyObject *topic, Py_ssize_t *prefix) {
     memcpy(scratch, t, (size_t)n);
     scratch[n] = '#';
     *prefix = n + 1;
+    return 0;
+}
+
+/* A direct-mapped cache of a batch's (topic, queue id) groups in front of the dict of key tuples:
+ * messages of several queues or topics interleaved (explicit queue ids, several topics a batch)
+ * would otherwise build a tuple and look it up for every message whose group differs from the
+ * one before. The topic is compared by text: equal topics are often distinct str objects. */
+#define GROUP_SLOTS 64
+typedef struct {
+    PyObject *topic; /* borrowed from the group's key tuple; NULL: empty */
+    int32_t queue_id, group;
+} GroupSlot;
+
+/* The slot of (topic, queue id); NULL with an exception when the topic cannot be hashed. */
+static inline GroupSlot *group_slot(GroupSlot *slots, PyObject *topic, int32_t queue_id) {
+    Py_hash_t h = PyObject_Hash(topic);
+    if (h == -1)
+        return NULL;
+    uint64_t mix = ((uint64_t)h ^ ((uint64_t)(uint32_t)queue_id * 0x9E3779B97F4A7C15ULL)) * 0x9E3779B97F4A7C15ULL;
+    return &slots[mix >> 58]; /* the top 6 bits: GROUP_SLOTS == 64 */
+}
+
+/* Message indexes ordered by group, stable (a counting sort), and each group's bounds in that
+ * order: group g is order[bounds[g]:bounds[g + 1]]. Both as native Py_ssize_t bytes. */
+static int group_order(const int32_t *gids, Py_ssize_t n, Py_ssize_t groups, PyObject **order_obj,
+                       PyObject **bounds_obj) {
+    *order_obj = PyBytes_FromStringAndSize(NULL, n * (Py_ssize_t)sizeof(Py_ssize_t));
+    *bounds_obj = PyBytes_FromStringAndSize(NULL, (groups + 1) * (Py_ssize_t)sizeof(Py_ssize_t));
+    Py_ssize_t *next = PyMem_Calloc((size_t)groups + 1, sizeof(Py_ssize_t));
+    if (*order_obj == NULL || *bounds_obj == NULL || next == NULL) {
+        if (next == NULL)
+            PyErr_NoMemory();
+        PyMem_Free(next);
+        return -1;
+    }
+    Py_ssize_t *order = (Py_ssize_t *)PyBytes_AS_STRING(*order_obj);
+    Py_ssize_t *bounds = (Py_ssize_t *)PyBytes_AS_STRING(*bounds_obj);
+    for (Py_ssize_t j = 0; j < n; j++)
+        next[gids[j] + 1]++;
+    for (Py_ssize_t g = 0; g < groups; g++)
+        next[g + 1] += next[g];
+    memcpy(bounds, next, ((size_t)groups + 1) * sizeof(Py_ssize_t));
+    for (Py_ssize_t j = 0; j < n; j++)
+        order[next[gids[j]]++] = j;
+    PyMem_Free(next);
     return 0;
 }
 
@@ -592,7 +672,7 @@ static PyObject *encode(PyObject *module, PyObject *args) {
     r.store_host_len = host.len;
     PyObject *result = NULL, *pinned = NULL, *records = NULL, *sizes_obj = NULL, *qids_obj = NULL,
              *gids_obj = NULL, *gkeys = NULL, *gindex = NULL, *tags_obj = NULL, *hashes_obj = NULL,
-             *imsg_obj = NULL;
+             *imsg_obj = NULL, *order_obj = NULL, *bounds_obj = NULL;
     Item *items = NULL;
     uint8_t *scratch = NULL;
     Py_ssize_t n = 0, filled = 0;
@@ -627,6 +707,8 @@ static PyObject *encode(PyObject *module, PyObject *args) {
     Py_ssize_t total_bytes = 0, total_keys = 0, longest = 0;
     PyObject *last_topic = NULL;
     long last_qid = -1, last_gid = -1;
+    GroupSlot slots[GROUP_SLOTS];
+    memset(slots, 0, sizeof slots);
     for (Py_ssize_t j = 0; j < n; j++) {
         PyObject *m = PyTuple_GET_ITEM(pinned, j);
         int ok = check_one(&r, m, &items[j], &sizes[j]);
@@ -644,7 +726,15 @@ static PyObject *encode(PyObject *module, PyObject *args) {
         qids[j] = items[j].queue_id;
         /* the (topic, queue id) group, in first-seen order */
         PyObject *topic = field(m, F_TOPIC);
+        GroupSlot *slot = NULL;
         if (topic == last_topic && qids[j] == last_qid) {
+            gids[j] = (int32_t)last_gid;
+        } else if ((slot = group_slot(slots, topic, qids[j])) == NULL) {
+            goto done;
+        } else if (slot->topic != NULL && slot->queue_id == qids[j] && same_text(slot->topic, topic)) {
+            last_gid = slot->group;
+            last_topic = topic;
+            last_qid = qids[j];
             gids[j] = (int32_t)last_gid;
         } else {
             PyObject *key = Py_BuildValue("(Oi)", topic, qids[j]);
@@ -664,8 +754,10 @@ static PyObject *encode(PyObject *module, PyObject *args) {
                 }
                 Py_DECREF(g);
             }
-            Py_DECREF(key);
             last_gid = PyLong_AsLong(g);
+            Py_DECREF(key);
+            /* the group's key tuple in gkeys holds its topic for the rest of the call */
+            *slot = (GroupSlot){PyTuple_GET_ITEM(PyList_GET_ITEM(gkeys, last_gid), 0), qids[j], (int32_t)last_gid};
             last_topic = topic;
             last_qid = qids[j];
             gids[j] = (int32_t)last_gid;
@@ -717,8 +809,10 @@ static PyObject *encode(PyObject *module, PyObject *args) {
     }
     if (key_at != total_keys)
         goto changed;
-    result = Py_BuildValue("(OOOOOOOO)", records, sizes_obj, qids_obj, gids_obj, gkeys, tags_obj, hashes_obj,
-                           imsg_obj);
+    if (group_order(gids, n, PyList_GET_SIZE(gkeys), &order_obj, &bounds_obj) < 0)
+        goto done;
+    result = Py_BuildValue("(OOOOOOOOO)", records, sizes_obj, qids_obj, order_obj, bounds_obj, gkeys, tags_obj,
+                           hashes_obj, imsg_obj);
     goto done;
 changed:
     PyErr_SetString(PyExc_RuntimeError, "a message of the batch changed while it was being encoded");
@@ -733,6 +827,8 @@ done:
     Py_XDECREF(sizes_obj);
     Py_XDECREF(qids_obj);
     Py_XDECREF(gids_obj);
+    Py_XDECREF(order_obj);
+    Py_XDECREF(bounds_obj);
     Py_XDECREF(gkeys);
     Py_XDECREF(gindex);
     Py_XDECREF(tags_obj);

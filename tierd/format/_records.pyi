@@ -76,7 +76,7 @@ def encode(
     now_ms: int,
     max_buffer: int,
     /,
-) -> tuple[bytearray, bytes, bytes, bytes, list[tuple[str, int]], bytes, bytes, bytes] | None: ...
+) -> tuple[bytearray, bytes, bytes, bytes, bytes, list[tuple[str, int]], bytes, bytes, bytes] | None: ...
 def stamp(
     records: bytearray,
     start: int,

@@ -116,7 +116,9 @@ class EncodedBatch:
 class _Encoder(NamedTuple):
     """The C encoder's calls (see ``tierd/format/_records.pyi``)."""
 
-    encode: Callable[..., tuple[bytearray, bytes, bytes, bytes, list[GroupKey], bytes, bytes, bytes] | None]
+    encode: Callable[
+        ..., tuple[bytearray, bytes, bytes, bytes, bytes, list[GroupKey], bytes, bytes, bytes] | None
+    ]
     stamp: Callable[..., int]
     encode_one: Callable[..., PreparedOne | None]
 
@@ -324,17 +326,12 @@ class Preparer:
         )
         if out is None:
             return None
-        records, raw_sizes, raw_qids, raw_gids, group_keys, raw_tags, raw_hashes, raw_msgs = out
-        n = len(messages)
-        if len(group_keys) == 1:
-            groups = [(group_keys[0], np.arange(n, dtype=np.intp))]
-        else:
-            gids = np.frombuffer(raw_gids, np.int32)
-            order = np.argsort(gids, kind="stable")
-            bounds = np.searchsorted(gids[order], np.arange(len(group_keys) + 1))
-            groups = [
-                (key, order[bounds[g] : bounds[g + 1]].astype(np.intp)) for g, key in enumerate(group_keys)
-            ]
+        records, raw_sizes, raw_qids, raw_order, raw_bounds, group_keys, raw_tags, raw_hashes, raw_msgs = out
+        # The encoder grouped the messages by (topic, queue id) with a counting sort: no argsort
+        # here for batches of several queues or topics.
+        order = np.frombuffer(raw_order, np.intp)
+        bounds = np.frombuffer(raw_bounds, np.intp).tolist()
+        groups = [(key, order[bounds[g] : bounds[g + 1]]) for g, key in enumerate(group_keys)]
         return EncodedBatch(
             records=records,
             sizes=np.frombuffer(raw_sizes, np.int64),
