@@ -18,17 +18,12 @@ import re
 from hashlib import sha1
 from typing import TYPE_CHECKING, Any
 
-import grpc
-from google.protobuf import message_factory
 from rocketmq.grpc_protocol import definition_pb2 as pb
-from rocketmq.grpc_protocol import service_pb2 as svc
 
 from tierd.errors import ConfigError, TierdError
 from tierd.repeats import FailureLog
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Awaitable, Callable
-
     from tierd.config import GrpcConfig
 
 log = logging.getLogger("tierd.grpc")
@@ -96,48 +91,11 @@ def check_signature(keys: dict[str, str], metadata: Any) -> None:
         raise UnauthenticatedError(f"wrong signature for access key {ak!r}", access_key=ak)
 
 
-_METHODS = svc.DESCRIPTOR.services_by_name["MessagingService"].methods_by_name
 _failures = FailureLog(log, "gRPC authentication")
 
 
-class SignatureInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
-    """Answers an unauthenticated call with the RPC's own response carrying ``UNAUTHORIZED``."""
-
-    def __init__(self, keys: dict[str, str]) -> None:
-        self.keys = keys
-
-    async def intercept_service(self, continuation: Callable[[Any], Awaitable[Any]], details: Any) -> Any:
-        try:
-            check_signature(self.keys, details.invocation_metadata)
-        except UnauthenticatedError as e:
-            _failures.failed(e)
-            return _refusal(details.method, str(e))
-        return await continuation(details)
-
-
-def _refusal(method: str, reason: str) -> Any:
-    name = method.rsplit("/", 1)[-1]
-    desc = _METHODS.get(name)
-    if desc is None:
-        return None  # unknown method: gRPC answers UNIMPLEMENTED
-    request = message_factory.GetMessageClass(desc.input_type)
-    response = message_factory.GetMessageClass(desc.output_type)
-    codec = {"request_deserializer": request.FromString, "response_serializer": response.SerializeToString}
-    status = pb.Status(code=pb.UNAUTHORIZED, message=reason)
-    if desc.client_streaming:
-
-        async def stream_stream(requests: Any, context: Any) -> AsyncIterator[Any]:
-            yield response(status=status)
-
-        return grpc.stream_stream_rpc_method_handler(stream_stream, **codec)
-    if desc.server_streaming:
-
-        async def unary_stream(request: Any, context: Any) -> AsyncIterator[Any]:
-            yield response(status=status)
-
-        return grpc.unary_stream_rpc_method_handler(unary_stream, **codec)
-
-    async def unary_unary(request: Any, context: Any) -> Any:
-        return response(status=status)
-
-    return grpc.unary_unary_rpc_method_handler(unary_unary, **codec)
+def refused(e: UnauthenticatedError) -> Any:
+    """The ``UNAUTHORIZED`` status answering ``e`` — in the RPC's own response, as the proxy
+    answers, so clients report it as such — logged as one line (rate-limited)."""
+    _failures.failed(e)
+    return pb.Status(code=pb.UNAUTHORIZED, message=str(e))

@@ -1,7 +1,7 @@
 """gRPC metrics (docs/metrics.md, "gRPC"), in the daemon's registry
 (:class:`tierd.service.metrics.ServiceMetrics`).
 
-* **Per RPC** — :class:`MetricsInterceptor`, the outermost server interceptor, counts every call
+* **Per RPC** — the call boundary (:mod:`tierd.grpc.boundary`) counts every call
   by the protocol code its response carries (RPCs answer failures in the response's status, so
   gRPC's own status says nothing) and times it. An unauthenticated call is counted with its
   ``UNAUTHORIZED``. Calls the client abandoned (cancelled long polls) count as ``CANCELLED``.
@@ -12,17 +12,15 @@
 
 from __future__ import annotations
 
-import time
 from typing import TYPE_CHECKING, Any
 
-import grpc
 from prometheus_client import Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 from rocketmq.grpc_protocol import definition_pb2 as pb
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+    from collections.abc import Iterator
 
     from prometheus_client import CollectorRegistry
 
@@ -98,64 +96,3 @@ class ConsumptionCollector(Collector):
             "Messages moved to a %DLQ%<group> topic after the maximum delivery attempts.",
             value=self.inflight.dead_letters,
         )
-
-
-class MetricsInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
-    """Counts and times every call of the MessagingService (see the module docstring)."""
-
-    def __init__(self, metrics: GrpcMetrics) -> None:
-        self.metrics = metrics
-
-    async def intercept_service(self, continuation: Callable[[Any], Awaitable[Any]], details: Any) -> Any:
-        handler = await continuation(details)
-        if handler is None:
-            return None  # unknown method: gRPC answers UNIMPLEMENTED
-        return self._wrap(details.method.rsplit("/", 1)[-1], handler)
-
-    def _wrap(self, rpc: str, handler: Any) -> Any:
-        observe = self.metrics.observe
-        codec = {
-            "request_deserializer": handler.request_deserializer,
-            "response_serializer": handler.response_serializer,
-        }
-        if handler.unary_unary is not None:
-            inner = handler.unary_unary
-
-            async def unary_unary(request: Any, context: Any) -> Any:
-                start, code = time.perf_counter(), CANCELLED
-                try:
-                    response = await inner(request, context)
-                    code = code_name(response.status)
-                    return response
-                finally:
-                    observe(rpc, code, time.perf_counter() - start)
-
-            return grpc.unary_unary_rpc_method_handler(unary_unary, **codec)
-
-        async def counted(responses: AsyncIterator[Any]) -> AsyncIterator[Any]:
-            start, code = time.perf_counter(), CANCELLED
-            try:
-                async for response in responses:
-                    if code == CANCELLED and response.HasField("status"):
-                        code = code_name(response.status)
-                    yield response
-            finally:
-                observe(rpc, code, time.perf_counter() - start)
-
-        if handler.unary_stream is not None:
-            unary_inner = handler.unary_stream
-
-            async def unary_stream(request: Any, context: Any) -> AsyncIterator[Any]:
-                async for response in counted(unary_inner(request, context)):
-                    yield response
-
-            return grpc.unary_stream_rpc_method_handler(unary_stream, **codec)
-        if handler.stream_stream is not None:
-            stream_inner = handler.stream_stream
-
-            async def stream_stream(requests: Any, context: Any) -> AsyncIterator[Any]:
-                async for response in counted(stream_inner(requests, context)):
-                    yield response
-
-            return grpc.stream_stream_rpc_method_handler(stream_stream, **codec)
-        return handler  # client streaming: the MessagingService has none

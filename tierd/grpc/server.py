@@ -67,9 +67,8 @@ class GrpcListener:
         try:
             import grpc
 
-            from tierd.grpc.auth import SignatureInterceptor, load_credentials
-            from tierd.grpc.context import LogContextInterceptor
-            from tierd.grpc.metrics import GrpcMetrics, MetricsInterceptor
+            from tierd.grpc.auth import load_credentials
+            from tierd.grpc.metrics import GrpcMetrics
         except ImportError as e:
             raise ConfigError(
                 "grpc.enabled needs the gRPC extra: pip install 'tierd[grpc]' (or set grpc.enabled = false)"
@@ -77,15 +76,9 @@ class GrpcListener:
         keys = load_credentials(cfg.grpc)
         check_exposure(cfg, bool(keys))
         self.cfg = cfg
+        self.keys = keys
         limit = cfg.store.max_message_size + REQUEST_OVERHEAD
         self.metrics = GrpcMetrics(registry) if registry is not None else None
-        # Log context outermost: every line a call logs carries its request id (a refusal of
-        # its credentials too). Metrics next: a call refused for its credentials is counted too.
-        interceptors: list[Any] = [LogContextInterceptor()]
-        if self.metrics is not None:
-            interceptors.append(MetricsInterceptor(self.metrics))
-        if keys:
-            interceptors.append(SignatureInterceptor(keys))
         # Bounded like the HTTP listener (server.max_connections): a connection past the bound is
         # closed as it opens, a call past the in-flight bound gets RESOURCE_EXHAUSTED, and one
         # connection opens at most STREAMS_PER_CONNECTION streams (more wait in the client).
@@ -97,7 +90,6 @@ class GrpcListener:
                 ("grpc.max_allowed_incoming_connections", connections),
                 ("grpc.max_concurrent_streams", STREAMS_PER_CONNECTION),
             ],
-            interceptors=interceptors,
             maximum_concurrent_rpcs=connections * RPCS_PER_CONNECTION,
         )
         address = (
@@ -130,14 +122,14 @@ class GrpcListener:
         self.servicer: Any = None
 
     async def start(self, store: MessageStore) -> None:
-        from rocketmq.grpc_protocol import service_pb2_grpc
-
+        from tierd.grpc.boundary import add_service
         from tierd.grpc.servicer import Servicer
 
         self.servicer = Servicer(self.cfg, store, (self.cfg.grpc.host, self.port))
         if self.metrics is not None:
             self.metrics.watch(self.servicer.inflight)
-        service_pb2_grpc.add_MessagingServiceServicer_to_server(self.servicer, self.server)
+        # Request ids, credentials and metrics wrap each RPC once (tierd.grpc.boundary).
+        add_service(self.server, self.servicer, self.metrics, self.keys)
         await self.server.start()
         log.info("RocketMQ gRPC API listening on %s", self.url)
 
