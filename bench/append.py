@@ -26,6 +26,12 @@ median of the per-round ratios (each pair ran back to back).
 Informational (not in the table): ``sync_group_commit`` — ``store.flush = "sync"``, ``--producers``
 concurrent asyncio producers on ``MessageStore``: messages per ``fdatasync``.
 
+``--startup [N]`` (issue 31, target <= 0.5 s): N fresh interpreters each ``import tierd``, open a
+default store and ``put`` one message; the process wall time as the parent sees it and its CPU
+time, medians, the floor ``python -c pass``, and the ``-X importtime`` entries with the largest
+cumulative time. Under load, the CPU time is the steadier figure: wall time is CPU time plus the
+wait for a core.
+
 Prints one JSON object (with the 1-minute load average before and after: the machine's other
 work slows the figures). Usage: ``python bench/append.py [--messages 200000] [--single 100000]
 [--batch 1000] [--rounds 5] [--quick]``.
@@ -37,8 +43,10 @@ import argparse
 import asyncio
 import json
 import os
+import resource
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -256,6 +264,93 @@ def shape_matrix(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
+#: The start-up figure's child: ``import tierd``, open a default store, one ``put`` (issue 31:
+#: <= 0.5 s), each step timed inside the child too, printed as JSON.
+_STARTUP_CHILD = """
+import json, sys, time
+t0 = time.perf_counter()
+from tierd import BlockingMessageStore, Message, TierdConfig
+t1 = time.perf_counter()
+root = sys.argv[1]
+store = BlockingMessageStore.open(
+    TierdConfig.from_dict({"store": {"dir": root + "/hot"}, "backend": {"url": root + "/cold"}})
+)
+t2 = time.perf_counter()
+store.put(Message(topic="startup", body=b"x", keys=("k",)))
+t3 = time.perf_counter()
+print(json.dumps({"import": t1 - t0, "open": t2 - t1, "first_put": t3 - t2}), flush=True)
+store.close(grace=0)
+"""
+
+
+def _importtime_top(root: Path, top: int) -> list[dict[str, Any]]:
+    """The ``-X importtime`` entries of the start-up child's imports with the largest cumulative
+    time (one run: what an import-time change would have to move)."""
+    child = subprocess.run(
+        [
+            sys.executable,
+            "-X",
+            "importtime",
+            "-c",
+            "from tierd import BlockingMessageStore, Message, TierdConfig",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=root,
+    )
+    rows = []
+    for line in child.stderr.splitlines():
+        parts = line.split("|")
+        if len(parts) == 3 and parts[1].strip().isdigit():
+            rows.append((int(parts[1]), int(parts[0].split(":")[1]), parts[2].rstrip()))
+    rows.sort(reverse=True)
+    return [{"module": m.strip(), "cumulative_ms": c / 1000, "self_ms": s / 1000} for c, s, m in rows[:top]]
+
+
+def startup(runs: int) -> dict[str, Any]:
+    """``runs`` fresh interpreters, each importing tierd, opening a default store in a new
+    directory and putting one message; the wall time of each process as the parent sees it
+    (interpreter start and exit, the store's close included) and its CPU time (user + system),
+    medians. The floor ``python -c pass`` is measured in the same rounds."""
+    walls: list[float] = []
+    cpus: list[float] = []
+    floors: list[float] = []
+    steps: list[dict[str, float]] = []
+    with tempfile.TemporaryDirectory(dir=os.environ.get("TIERD_BENCH_DIR")) as tmp:
+        root = Path(tmp)
+        for r in range(runs):
+            t = time.perf_counter()
+            subprocess.run([sys.executable, "-c", "pass"], check=True, cwd=root)
+            floors.append(time.perf_counter() - t)
+            before = resource.getrusage(resource.RUSAGE_CHILDREN)
+            t = time.perf_counter()
+            child = subprocess.run(
+                [sys.executable, "-c", _STARTUP_CHILD, str(root / f"s{r}")],
+                capture_output=True,
+                text=True,
+                check=True,
+                cwd=root,
+            )
+            walls.append(time.perf_counter() - t)
+            after = resource.getrusage(resource.RUSAGE_CHILDREN)
+            cpus.append(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime)
+            steps.append(json.loads(child.stdout))
+        top = _importtime_top(root, 12)
+    med = statistics.median
+    return {
+        "runs": runs,
+        "process_wall_s_median": med(walls),
+        "process_wall_s": [round(x, 3) for x in walls],
+        "process_cpu_s_median": med(cpus),
+        "python_pass_wall_s_median": med(floors),
+        "in_process_s_median": {k: med(s[k] for s in steps) for k in steps[0]},
+        "import_then_open_then_put_s_median": med(sum(s.values()) for s in steps),
+        "importtime_top": top,
+        "target": "process wall <= 0.5 s",
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--messages", type=int, default=200_000, help="messages per put_batch round")
@@ -266,7 +361,16 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="a smoke run: 3 small rounds (not the figures)")
     ap.add_argument("--shapes", action="store_true", help="the shape matrix instead (docs/performance.md)")
     ap.add_argument("--body-sizes", type=int, nargs="+", default=[1024, 100, 16384], help="with --shapes")
+    ap.add_argument(
+        "--startup", type=int, nargs="?", const=9, metavar="N", help="start-up instead: N fresh processes (9)"
+    )
     args = ap.parse_args()
+    if args.startup:
+        load = os.getloadavg()[0]
+        out = startup(args.startup)
+        json.dump({"load_average_1m": [load, os.getloadavg()[0]], **out}, sys.stdout, indent=2)
+        print()
+        return
     if args.shapes:
         load = os.getloadavg()[0]
         matrix = shape_matrix(args)
