@@ -47,8 +47,8 @@ from tierd.scheduled.timing import (
     PROPERTY_REAL_TOPIC,
     PROPERTY_TIMER_DELIVER_MS,
     SCHEDULE_TOPIC,
-    Handle,
     delivery_time,
+    handle_text,
     new_uniq_key,
 )
 from tierd.subscription import TagFilter, parse_tags
@@ -641,8 +641,19 @@ def _now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
-def _handle(offset: int, deliver_at: int) -> str:
-    return str(Handle(offset, deliver_at))
+_new_object = object.__new__
+_SET_RESULT = {name: ScheduleResult.__dict__[name].__set__ for name in ScheduleResult.__slots__}
+
+
+def _schedule_result(offset: int, deliver_at: int, msg_id: str, topic: str) -> ScheduleResult:
+    """``ScheduleResult(...)`` through the slots' descriptors: a frozen dataclass's ``__init__``
+    pays an ``object.__setattr__`` per field, a part of every scheduled put worth saving."""
+    r: ScheduleResult = _new_object(ScheduleResult)
+    _SET_RESULT["handle"](r, handle_text(offset, deliver_at))
+    _SET_RESULT["deliver_at"](r, deliver_at)
+    _SET_RESULT["msg_id"](r, msg_id)
+    _SET_RESULT["topic"](r, topic)
+    return r
 
 
 @dataclass(frozen=True, slots=True)
@@ -778,8 +789,9 @@ class MessageStore(_StoreCore):
         beyond ``scheduled.max_delay`` or a level out of range (docs/scheduled.md)."""
         stored, when, uniq = self._scheduled(message, deliver_at, delay_level)
         res = await self._put(stored)
+        self.scheduler.scheduled(res.queue_offset, when)  # acknowledged: spares a read-back
         self.traffic.produced_one(message)  # under its own topic, not the scheduler's
-        return ScheduleResult(_handle(res.queue_offset, when), when, uniq, message.topic)
+        return _schedule_result(res.queue_offset, when, uniq, message.topic)
 
     async def recall(self, handle: str) -> bool:
         """Cancel a scheduled message before it is due (RocketMQ 5.3's RecallMessage): True
@@ -1180,8 +1192,9 @@ class BlockingMessageStore(_StoreCore):
         """See :meth:`MessageStore.schedule`."""
         stored, when, uniq = self._scheduled(message, deliver_at, delay_level)
         res = self._put(stored)
+        self.scheduler.scheduled(res.queue_offset, when)  # acknowledged: spares a read-back
         self.traffic.produced_one(message)  # under its own topic, not the scheduler's
-        return ScheduleResult(_handle(res.queue_offset, when), when, uniq, message.topic)
+        return _schedule_result(res.queue_offset, when, uniq, message.topic)
 
     def recall(self, handle: str) -> bool:
         """See :meth:`MessageStore.recall`."""

@@ -26,11 +26,24 @@ was due since the last record — seconds of deliveries, not the history.
 
 Producers are never held up: deliveries go out in batches of ``scheduled.batch`` messages (one
 store append each) and the task yields to the event loop between batches.
+
+Nor does the scheduler compete with them for the interpreter. A put tells it the message's
+offset and delivery time (:meth:`Scheduler.scheduled`), so the scheduler need not read the
+message back to learn them — decoding each new message was half the time of a scheduled put
+(docs/performance.md, "Scheduled messages"). Only a message due within :data:`LOOKAHEAD_MS`
+wakes it at once (wakes coalesce: at most one is outstanding), and is read back whole so its
+body is at hand when it falls due. The rest wait for the round it makes at least once per
+:data:`IDLE_WAIT` — soon enough, since IDLE_WAIT is shorter than LOOKAHEAD_MS. The told offsets
+are taken in order; whatever no put told of (a gap: a message due soon, a put whose
+acknowledgement failed, told offsets dropped while the scheduler was stalled) is read, so the
+schedule topic stays the one source of truth and a start still reads it all.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
+import contextlib
 import heapq
 import json
 import logging
@@ -59,7 +72,6 @@ if TYPE_CHECKING:
     from tierd.config import TierdConfig
     from tierd.format.message_ext import MessageExt
     from tierd.local.store import HotStore
-    from tierd.longpoll import ArrivalNotifier
     from tierd.router import TierRouter
     from tierd.tiered.service import TieringService
 
@@ -70,8 +82,15 @@ SCAN_BATCH = 1024
 LOOKAHEAD_MS = 2_000
 #: At most this many bodies are kept so (memory stays bounded whatever the backlog).
 MAX_KEPT_BODIES = 20_000
-#: Longest idle wait (s): the scheduler looks again at least this often.
+#: Longest idle wait (s): the scheduler scans for new scheduled messages at least this often.
+#: A put due later than LOOKAHEAD_MS does not wake it, so this must stay well below that.
 IDLE_WAIT = 1.0
+assert IDLE_WAIT * 1000 < LOOKAHEAD_MS, "a message due beyond the lookahead must be scanned in time"
+#: Told offsets taken in per call, between which the scheduler yields to the event loop.
+TAKE_BATCH = 8 * SCAN_BATCH
+#: Told offsets kept for the scheduler's next round; beyond this the oldest are dropped (they
+#: are read instead), so a stalled scheduler does not make producers grow memory without end.
+MAX_TOLD = 65_536
 #: Pause (s) after a failed delivery, scan or progress write before trying again.
 RETRY_PAUSE = 1.0
 #: Seconds a start waits for the hot store to index what it recovered.
@@ -87,7 +106,6 @@ class Host(Protocol):
     config: TierdConfig
     hot: HotStore
     router: TierRouter
-    arrivals: ArrivalNotifier
     tiering: TieringService | None
 
 
@@ -121,6 +139,10 @@ class SchedulerStats:
     deduplicated: int = 0
     #: Scheduled messages gone before delivery (retention freed them in both tiers, or damage).
     lost: int = 0
+    #: Reads of the schedule topic made to find new messages (not one per put: the module doc).
+    scans: int = 0
+    #: Scheduled messages taken in from what their put told, without reading them back.
+    told: int = 0
     lateness_buckets: list[int] = field(default_factory=lambda: [0] * len(LATENESS_BUCKETS))
     lateness_count: int = 0
     lateness_sum: float = 0.0
@@ -163,6 +185,16 @@ class Scheduler:
         self._saved_at = 0.0
         self._task: asyncio.Task[None] | None = None
         self._wake: asyncio.Event | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        #: A wake is on its way (set by a put's thread, cleared by the round it starts): puts
+        #: due soon send one between them, not one each. Plain reads and writes under the GIL:
+        #: a race between two puts costs a second wake, never a missing one.
+        self._wake_sent = False
+        #: (offset, delivery time) of acknowledged puts due later than LOOKAHEAD_MS, appended by
+        #: producers' threads (deque appends are atomic), taken in order by :meth:`_scan`.
+        self._told: collections.deque[tuple[int, int]] = collections.deque(maxlen=MAX_TOLD)
+        #: Told offsets beyond the cursor, waiting for the offsets before them.
+        self._ahead: dict[int, int] = {}
         #: Set once the start-up scan of the progress and recall topics is done.
         self.started = asyncio.Event()
         self._failures = FailureLog(log, "scheduled delivery")
@@ -172,13 +204,16 @@ class Scheduler:
         """Start the scheduler task on the running loop."""
         if self._task is None:
             self._wake = asyncio.Event()
-            self._task = asyncio.get_running_loop().create_task(self._run(), name="tierd-scheduler")
+            self._wake_sent = False
+            self._loop = asyncio.get_running_loop()
+            self._task = self._loop.create_task(self._run(), name="tierd-scheduler")
 
     async def stop(self) -> None:
         """Stop the task and write a last progress record (a clean restart checks nothing)."""
         task, self._task = self._task, None
         if task is None:
             return
+        self._loop = None  # puts from now on wake nothing (the next start scans them all)
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
         if self.started.is_set() and not self.host.hot.closed:
@@ -191,10 +226,28 @@ class Scheduler:
     def running(self) -> bool:
         return self._task is not None and not self._task.done()
 
-    def poke(self) -> None:
-        """Something changed (a scheduled put): look again now rather than at the next timer."""
-        if self._wake is not None:
-            self._wake.set()
+    def scheduled(self, offset: int, deliver_at: int) -> None:
+        """A scheduled put was acknowledged at ``offset`` of the schedule topic (any thread may
+        call this). A message due later than LOOKAHEAD_MS is noted, for the next round to take
+        in without reading it back; one due sooner wakes the scheduler, which reads it (its body
+        then stays at hand for the delivery).
+
+        Neither is needed for correctness — a round reads whatever it was not told of — only
+        for speed: reading each new message back cost half a scheduled put's time. The round
+        that a wake starts clears :attr:`_wake_sent` before it reads, and its read takes in
+        every acknowledged offset (read-your-writes), so a put that finds a wake already on its
+        way is read by the round that wake starts."""
+        loop, wake = self._loop, self._wake
+        if loop is None or wake is None:
+            return  # not running: the start reads everything
+        if deliver_at - _now() > LOOKAHEAD_MS:
+            self._told.append((offset, deliver_at))
+            return
+        if self._wake_sent:
+            return
+        self._wake_sent = True
+        with contextlib.suppress(RuntimeError):  # its loop closed: the next start reads it
+            loop.call_soon_threadsafe(wake.set)
 
     # ------------------------------------------------------------------ reads
     async def _read(self, topic: str, offset: int, count: int) -> tuple[GetStatus, list[MessageExt], int]:
@@ -253,8 +306,32 @@ class Scheduler:
             offset = nxt
         self._recall_scanned = offset
 
+    def _take_told(self) -> bool:
+        """Move the cursor over the offsets puts told of, in order, up to the first one none
+        told of (see :meth:`scheduled`); True when more than TAKE_BATCH were waiting (the rest
+        are taken after a yield to the loop). Called with no await inside, like the cursor's
+        other move."""
+        told, ahead = self._told, self._ahead
+        for _ in range(min(len(told), TAKE_BATCH)):
+            o, deliver_at = told.popleft()
+            if o >= self.scanned:
+                ahead[o] = deliver_at
+        if not ahead:
+            return bool(told)
+        now = _now()
+        o = self.scanned
+        while o in ahead:
+            self._enter(o, ahead.pop(o), None, now)
+            self.stats.told += 1
+            o += 1
+        self.scanned = o
+        return bool(told)
+
     async def _scan(self, limit: int = SCAN_BATCH) -> bool:
-        """Read newly scheduled messages into the heap; True if there may be more to read.
+        """Take in newly scheduled messages: those puts told of, then a read of the rest; True
+        when there is more to take in now (the read stopped short of what was there when it
+        began: a full batch, or the next told offset). Messages put while it read wait for the
+        next round, so steady puts do not keep the scheduler reading one or two at a time.
 
         A message enters the pending set only as the cursor (:attr:`scanned`) passes it, and
         the cursor only moves forward, so each one enters at most once. The delivery loop and
@@ -262,6 +339,17 @@ class Scheduler:
         offsets the first already took (and may since have delivered, and dropped from the
         pending set), so those are skipped here rather than put back to be delivered twice.
         No await lies between the cursor check and the cursor's move."""
+        if self._take_told():
+            return True
+        end = self.host.router.max_offset(SCHEDULE_TOPIC, 0)
+        if self.scanned >= end:
+            return False
+        # Read only what was there (puts after it are told of by the time of the next round),
+        # and only up to the next offset told of: what lies beyond was told of.
+        limit = min(limit, end - self.scanned)
+        if self._ahead:
+            limit = max(1, min(limit, min(self._ahead) - self.scanned))
+        self.stats.scans += 1
         status, msgs, nxt = await self._read(SCHEDULE_TOPIC, self.scanned, limit)
         if status is GetStatus.OFFSET_TOO_SMALL:
             low = self.host.router.min_offset(SCHEDULE_TOPIC, 0)
@@ -284,7 +372,9 @@ class Scheduler:
             if m.queue_offset >= self.scanned:
                 self._add(m, now)
         self.scanned = max(self.scanned, nxt)
-        return bool(msgs)
+        if self._ahead:
+            self._ahead = {o: at for o, at in self._ahead.items() if o >= self.scanned}
+        return bool(msgs) and nxt < end
 
     def _add(self, m: MessageExt, now: int) -> None:
         o = m.queue_offset
@@ -292,6 +382,10 @@ class Scheduler:
         if deliver_at is None or PROPERTY_REAL_TOPIC not in m.properties:
             log.warning("scheduler: %s offset %d is not a scheduled message; skipped", SCHEDULE_TOPIC, o)
             return
+        self._enter(o, deliver_at, m, now)
+
+    def _enter(self, o: int, deliver_at: int, m: MessageExt | None, now: int) -> None:
+        """Scheduled message ``o`` enters the pending set (``m``: its body, when read back)."""
         if o in self._recalled or o in self.pending or self._start_progress.covers(o, deliver_at):
             return
         self.pending[o] = deliver_at
@@ -299,7 +393,7 @@ class Scheduler:
         heapq.heappush(self._lows, o)
         if o < self._start_end and deliver_at <= self._start_ms:
             self._suspect.add(o)  # due before this start: a crash may have delivered it already
-        if deliver_at <= now + LOOKAHEAD_MS and len(self._bodies) < MAX_KEPT_BODIES:
+        if m is not None and deliver_at <= now + LOOKAHEAD_MS and len(self._bodies) < MAX_KEPT_BODIES:
             self._bodies[o] = m
 
     # ------------------------------------------------------------------ progress
@@ -378,9 +472,26 @@ class Scheduler:
         found = await self.host.router.query(topic, uniq, 64, 0, _NEVER)
         return any(c.properties.get(PROPERTY_TIMER_HANDLE) == handle for c in found)
 
+    async def _read_bodies(self, offsets: list[int]) -> None:
+        """Read the bodies of ``offsets`` not at hand, a run of consecutive offsets per read:
+        messages told of were never read, and one read each would slow a delivery burst."""
+        missing = sorted(o for o in offsets if o not in self._bodies)
+        i = 0
+        while i < len(missing):
+            j = i + 1
+            while j < len(missing) and missing[j] == missing[j - 1] + 1 and j - i < SCAN_BATCH:
+                j += 1
+            status, msgs, _ = await self._read(SCHEDULE_TOPIC, missing[i], j - i)
+            if status is GetStatus.FOUND:
+                for m in msgs:
+                    if m.queue_offset in self._claimed:
+                        self._bodies[m.queue_offset] = m
+            i = j
+
     async def _deliver(self, claimed: list[tuple[int, int]]) -> None:
         out: list[Message] = []
         done: list[tuple[int, int]] = []
+        await self._read_bodies([o for _, o in claimed])
         for deliver_at, o in claimed:
             m = await self._body(o)
             handle = str(Handle(o, deliver_at))
@@ -422,36 +533,27 @@ class Scheduler:
                 await asyncio.sleep(RETRY_PAUSE)
 
     async def _round(self) -> None:
-        """Scan, deliver what is due, record progress; wait when there is nothing to do."""
+        """Scan, deliver what is due, record progress; wait when there is nothing to do: until
+        the next delivery, an urgent put (:meth:`scheduled`) or IDLE_WAIT, whichever is first."""
         assert self._wake is not None
-        arrivals = self.host.arrivals
-        key = (SCHEDULE_TOPIC, 0)
-        arrival = arrivals.register(key)
-        try:
-            more = await self._scan()
-            claimed = self._claim(_now())
-            if claimed:
-                try:
-                    await self._deliver(claimed)
-                finally:
-                    self._unclaim(claimed)  # only those not delivered: a failure retries them
-            await self._save_progress()
-            if more or claimed:
-                await asyncio.sleep(0)  # yield: producers and readers share this loop
-                return
-            wait = min(IDLE_WAIT, max(0.0, (self._next_due() - _now()) / 1000))
-            if self.pending or self._saved != self.progress():
-                wait = min(wait, self.checkpoint_interval)
-            waits: list[asyncio.Future[object]] = [asyncio.ensure_future(self._wake.wait())]
-            if not arrivals.released:
-                waits.append(arrival)  # type: ignore[arg-type]
+        self._wake_sent = False  # before the scan: a put after this sends a wake of its own
+        self._wake.clear()
+        more = await self._scan()
+        claimed = self._claim(_now())
+        if claimed:
             try:
-                await asyncio.wait(waits, timeout=wait, return_when=asyncio.FIRST_COMPLETED)
+                await self._deliver(claimed)
             finally:
-                waits[0].cancel()
-            self._wake.clear()
-        finally:
-            arrivals.unregister(key, arrival)
+                self._unclaim(claimed)  # only those not delivered: a failure retries them
+        await self._save_progress()
+        if more or claimed:
+            await asyncio.sleep(0)  # yield: producers and readers share this loop
+            return
+        wait = min(IDLE_WAIT, max(0.0, (self._next_due() - _now()) / 1000))
+        if self.pending or self._saved != self.progress():
+            wait = min(wait, self.checkpoint_interval)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._wake.wait(), wait)
 
     # ------------------------------------------------------------------ recall
     async def recall(self, handle: str) -> bool:

@@ -155,6 +155,12 @@ def new_uniq_key() -> str:
     return _UNIQ.next()
 
 
+def handle_text(offset: int, deliver_at: int) -> str:
+    """The text of :class:`Handle` ``(offset, deliver_at)``, without building one (a scheduled
+    put answers it: a frozen dataclass costs a microsecond, a twentieth of that put)."""
+    return f"{offset}-{deliver_at}"
+
+
 @dataclass(frozen=True, slots=True)
 class Handle:
     """What identifies one scheduled message: its offset in :data:`SCHEDULE_TOPIC` and its
@@ -165,7 +171,7 @@ class Handle:
     deliver_at: int
 
     def __str__(self) -> str:
-        return f"{self.offset}-{self.deliver_at}"
+        return handle_text(self.offset, self.deliver_at)
 
     @classmethod
     def parse(cls, text: object) -> Handle:
