@@ -1169,8 +1169,11 @@ class BlockingMessageStore(_StoreCore):
         return n
 
     def put(self, message: Message) -> PutResult:
-        res = self._put(message)
-        self.traffic.produced_one(message)
+        # _put and TopicTraffic.produced_one written out: two calls fewer on every put.
+        res, fut = self.hot.put(message)  # the hot store checks it is open
+        if fut is not None:
+            fut.result()
+        self.traffic.produced(message.topic, 1, len(message.body))
         return res
 
     def _put(self, message: Message) -> PutResult:

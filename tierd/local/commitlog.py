@@ -190,7 +190,9 @@ class CommitLog:
             table = self.queue_offsets
             qoff = table.get(key, 0)
             phys = f.file_from_offset + pos
-            place(f.mm, pos, record, qoff, phys, store_ts, store_ts_at)
+            # The mapping itself, not the ``mm`` property (a call a put); a closed file has none
+            # and the property raises the typed error.
+            place(f._mm or f.mm, pos, record, qoff, phys, store_ts, store_ts_at)
             f.wrote = end_at
             table[key] = qoff + 1
             end = phys + size
