@@ -89,17 +89,19 @@ def warm_page_cache(root: Path, volume: int) -> None:
         path.unlink()
 
 
-def _timed_store(root: Path, run: Any, warm: int) -> tuple[float, int, list[bytes]]:
+def _timed_store(root: Path, run: Any, warm: int) -> tuple[float, int, list[bytes], float]:
     """Open a fresh store, time ``run(store)`` until everything is dispatched; return seconds,
-    commitlog bytes and a sample of the records as stored (for the per-message baseline)."""
+    commitlog bytes, a sample of the records as stored (for the per-message baseline) and the
+    process's CPU seconds in the same window (every thread: the figure a loaded machine moves
+    least, as wall time adds the wait for a core)."""
     store = BlockingMessageStore.open(_cfg(root))
     try:
         warm_page_cache(root, warm)
-        t = time.perf_counter()
+        t, cpu = time.perf_counter(), time.process_time()
         run(store)
         if not store.hot.wait_dispatched(120):
             raise RuntimeError("dispatch did not finish within 120 s")
-        dt = time.perf_counter() - t
+        dt, cpu = time.perf_counter() - t, time.process_time() - cpu
         volume = store.hot.commitlog.max_offset
         first = store.hot.commitlog.files.files[0]
         size = int.from_bytes(first.mm[0:4], "big")
@@ -107,7 +109,7 @@ def _timed_store(root: Path, run: Any, warm: int) -> tuple[float, int, list[byte
     finally:
         store.close(grace=0)
     shutil.rmtree(root)
-    return dt, volume, [record]
+    return dt, volume, [record], cpu
 
 
 def _estimate(msgs: list[Message]) -> int:
@@ -123,8 +125,14 @@ def store_put_batch(root: Path, msgs: list[Message], batch: int) -> dict[str, fl
         for c in chunks:
             put_batch(c)
 
-    dt, volume, _ = _timed_store(root, run, _estimate(msgs))
-    return {"seconds": dt, "msgs_per_s": len(msgs) / dt, "MB_per_s": volume / dt / 1e6, "bytes": volume}
+    dt, volume, _, cpu = _timed_store(root, run, _estimate(msgs))
+    return {
+        "seconds": dt,
+        "msgs_per_s": len(msgs) / dt,
+        "MB_per_s": volume / dt / 1e6,
+        "bytes": volume,
+        "cpu_us_per_msg": cpu / len(msgs) * 1e6,
+    }
 
 
 def store_put(root: Path, msgs: list[Message]) -> tuple[dict[str, float], bytes]:
@@ -133,8 +141,14 @@ def store_put(root: Path, msgs: list[Message]) -> tuple[dict[str, float], bytes]
         for m in msgs:
             put(m)
 
-    dt, volume, records = _timed_store(root, run, _estimate(msgs))
-    out = {"seconds": dt, "msgs_per_s": len(msgs) / dt, "MB_per_s": volume / dt / 1e6, "bytes": volume}
+    dt, volume, records, cpu = _timed_store(root, run, _estimate(msgs))
+    out = {
+        "seconds": dt,
+        "msgs_per_s": len(msgs) / dt,
+        "MB_per_s": volume / dt / 1e6,
+        "bytes": volume,
+        "cpu_us_per_msg": cpu / len(msgs) * 1e6,
+    }
     return out, records[0]
 
 
@@ -256,10 +270,15 @@ def shape_matrix(args: argparse.Namespace) -> dict[str, Any]:
                         "MB_per_s": statistics.median(x["MB_per_s"] for x in runs[name]),
                         "vs_fastest_shape": med[name] / fastest,
                         "vs_raw_write": statistics.median(x["MB_per_s"] for x in runs[name]) / raw_mb,
+                        "cpu_us_per_msg": statistics.median(x["cpu_us_per_msg"] for x in runs[name]),
+                        "per_round_msgs_per_s": [round(x["msgs_per_s"]) for x in runs[name]],
                     }
                     for name in names
                 },
                 "put": {name: statistics.median(x["msgs_per_s"] for x in puts[name]) for name in names},
+                "put_cpu_us_per_msg": {
+                    name: statistics.median(x["cpu_us_per_msg"] for x in puts[name]) for name in names
+                },
             }
     return out
 
