@@ -169,11 +169,14 @@ class _StoreCore:
             levels=self.scheduler.levels,
             max_delay_ms=int(min(sc.max_delay, self._schedule_retention()) * 1000),
         )
-        props = dict(message.properties)
-        uniq = props.get(PROPERTY_UNIQ_KEY) or new_uniq_key()
-        props[PROPERTY_UNIQ_KEY] = uniq
-        props[PROPERTY_REAL_TOPIC] = topic
-        props[PROPERTY_TIMER_DELIVER_MS] = str(when)
+        given = message.properties
+        uniq = given.get(PROPERTY_UNIQ_KEY) or new_uniq_key()
+        props = {
+            **given,
+            PROPERTY_UNIQ_KEY: uniq,
+            PROPERTY_REAL_TOPIC: topic,
+            PROPERTY_TIMER_DELIVER_MS: str(when),
+        }
         if delay_level is not None:
             props[PROPERTY_DELAY] = str(delay_level)
         if message.queue_id is not None:

@@ -5,6 +5,7 @@ bounded by the rounds the elapsed time allows, whatever the machine's speed."""
 
 from __future__ import annotations
 
+import collections
 import math
 import time
 from typing import TYPE_CHECKING
@@ -13,7 +14,7 @@ from tierd import BlockingMessageStore
 from tierd.message import Message
 from tierd.scheduled.scheduler import IDLE_WAIT
 
-from .conftest import DEADLINE, hot_config, now_ms, wait_for_count
+from .conftest import DEADLINE, hot_config, now_ms, read_all, wait_for_count
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -57,3 +58,27 @@ def test_puts_due_later_are_not_read_back_one_by_one(tmp_path: Path) -> None:
         assert [m.body for m in wait_for_count(store, "soon", 1)] == [b"soon"]
         assert len(sched.pending) == N  # the others wait for their time
         assert sched.stats.delivered == 1
+
+
+def test_offsets_no_put_told_of_are_read_between_told_ones(tmp_path: Path) -> None:
+    """What the scheduler was not told of is read from the topic, and nothing is taken in twice:
+    with room for only 10 told offsets, a burst of 100 puts due in an hour overflows it (the
+    oldest told are dropped, as for a stalled scheduler), and one due soon in the middle is
+    never told of. All are taken in once, the one due soon is delivered once."""
+    with BlockingMessageStore.open(hot_config(tmp_path)) as store:
+        sched = store.scheduler
+        _wait_until("the scheduler's start", sched.started.is_set)
+        sched._told = collections.deque(maxlen=10)
+        due = now_ms() + 3_600_000
+        for i in range(50):
+            store.schedule(Message(topic="later", body=b"%d" % i, queue_id=0), deliver_at=due)
+        store.schedule(Message(topic="soon", body=b"soon", queue_id=0), deliver_at=now_ms() + 1_500)
+        for i in range(50, 100):
+            store.schedule(Message(topic="later", body=b"%d" % i, queue_id=0), deliver_at=due)
+
+        assert [m.body for m in wait_for_count(store, "soon", 1)] == [b"soon"]
+        _wait_until("all 100 taken in", lambda: len(sched.pending) == 100)
+        assert sched.stats.scans >= 1  # the gaps were read
+        assert sorted(sched.pending) == [o for o in range(101) if o != 50]
+        assert sched.stats.delivered == 1
+        assert [m.body for m in read_all(store, "soon")] == [b"soon"]

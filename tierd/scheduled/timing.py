@@ -125,15 +125,18 @@ class _UniqKeys:
     as unique in practice — two processes share a prefix with probability 2**-80 — and they need
     not be secret: a delivered copy is matched by its key *and* its handle after a crash."""
 
-    __slots__ = ("counter", "prefix")
+    __slots__ = ("counter", "pattern", "prefix")
 
     def __init__(self) -> None:
         self.prefix = ""
+        self.pattern = ""
         self.counter: itertools.count[int] = itertools.count()
         self.reseed()
 
     def reseed(self) -> None:
         self.prefix = os.urandom(10).hex().upper()
+        # One %-format with the prefix in it: a nested f-string spec costs twice as much.
+        self.pattern = f"{self.prefix}%0{_UNIQ_COUNTER_DIGITS}X"  # the prefix is hex: no %
         self.counter = itertools.count()
 
     def next(self) -> str:
@@ -141,7 +144,7 @@ class _UniqKeys:
         if n >> (4 * _UNIQ_COUNTER_DIGITS):
             self.reseed()
             return self.next()
-        return f"{self.prefix}{n:0{_UNIQ_COUNTER_DIGITS}X}"
+        return self.pattern % n
 
 
 _UNIQ = _UniqKeys()
