@@ -66,6 +66,8 @@ _CODES: tuple[tuple[type[BaseException], int], ...] = (
     (StoreClosedError, pb.INTERNAL_SERVER_ERROR),
 )
 
+#: The message of an OK status (the proxy's).
+OK_MESSAGE = "OK"
 #: One rate-limited log per RPC for failures the client caused or the store reported.
 _logs: dict[str, FailureLog] = {}
 
@@ -78,7 +80,14 @@ def code_of(exc: BaseException) -> int:
 
 
 def ok() -> Any:
-    return pb.Status(code=pb.OK, message="OK")
+    return pb.Status(code=pb.OK, message=OK_MESSAGE)
+
+
+def set_ok(status: Any) -> None:
+    """Make ``status`` (a field of a response being built) :func:`ok`: setting the two fields
+    in place is a third of the cost of copying a ``Status`` in, per entry of a 32-message send."""
+    status.code = pb.OK
+    status.message = OK_MESSAGE
 
 
 def status_of(exc: BaseException, rpc: str) -> Any:

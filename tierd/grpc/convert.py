@@ -45,7 +45,10 @@ def body_of(m: Any) -> bytes:
 
 
 def to_message(m: Any, queue_id: int | None) -> Message:
-    """The protocol message as tierd stores it (validation of names and sizes is the store's)."""
+    """The protocol message as tierd stores it (validation of names and sizes is the store's).
+
+    Runs per message of every send: each field is read once (a protobuf field read builds a
+    Python object each time), and unset optional strings read as ``""``, so no ``HasField``."""
     sp = m.system_properties
     if sp.message_type not in SUPPORTED_TYPES:
         raise UnsupportedFeatureError(
@@ -55,23 +58,25 @@ def to_message(m: Any, queue_id: int | None) -> Message:
         )
     if sp.HasField("delivery_timestamp"):
         raise UnsupportedFeatureError("delayed delivery (delivery_timestamp) is not supported by tierd yet")
-    for name in m.user_properties:
-        if name in SYSTEM_PROPERTIES:
-            raise InvalidPropertiesError(f"user property {name!r} is reserved by the store", property=name)
-    properties = dict(m.user_properties)
-    if sp.message_id:
-        properties[PROPERTY_UNIQ_KEY] = sp.message_id
-    if sp.HasField("message_group") and sp.message_group:
-        properties[PROPERTY_MESSAGE_GROUP] = sp.message_group
-    born = sp.born_timestamp.seconds * 1000 + sp.born_timestamp.nanos // 1_000_000
+    user = m.user_properties
+    properties = {name: user[name] for name in user}  # dict(user) iterates in Python: 2× slower
+    if not SYSTEM_PROPERTIES.isdisjoint(properties):
+        name = next(n for n in properties if n in SYSTEM_PROPERTIES)
+        raise InvalidPropertiesError(f"user property {name!r} is reserved by the store", property=name)
+    if message_id := sp.message_id:
+        properties[PROPERTY_UNIQ_KEY] = message_id
+    if group := sp.message_group:
+        properties[PROPERTY_MESSAGE_GROUP] = group
+    born = sp.born_timestamp
+    born_ms = born.seconds * 1000 + born.nanos // 1_000_000
     return Message(
         topic=m.topic.name,
-        body=body_of(m),
+        body=body_of(m) if sp.body_encoding == pb.GZIP else m.body,
         queue_id=queue_id,
         keys=tuple(sp.keys),
-        tags=sp.tag if sp.HasField("tag") and sp.tag else None,
+        tags=sp.tag or None,
         properties=properties,
-        born_timestamp=born if born > 0 else None,
+        born_timestamp=born_ms if born_ms > 0 else None,
     )
 
 

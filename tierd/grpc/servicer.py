@@ -24,7 +24,8 @@ from tierd.consumption.pull import (
     update_offset,
 )
 from tierd.errors import InvalidArgumentError
-from tierd.grpc.codes import UnsupportedFeatureError, ok, status_of
+from tierd.format.properties import PROPERTY_UNIQ_KEY
+from tierd.grpc.codes import UnsupportedFeatureError, ok, set_ok, status_of
 from tierd.grpc.context import bind_names
 from tierd.grpc.convert import to_message, to_protocol
 from tierd.grpc.scheduled import is_scheduled, recall, send_scheduled
@@ -33,9 +34,10 @@ from tierd.topics import queue_for_group
 from tierd.transactions.names import HALF_ONLY, Resolution
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator
+    from collections.abc import AsyncIterator, Sequence
 
     from tierd.config import TierdConfig
+    from tierd.message import Message, PutResult
     from tierd.store import MessageStore
     from tierd.transactions.coordinator import PendingTransaction
 
@@ -82,6 +84,17 @@ def _duration(seconds: float) -> Any:
 
 def _seconds(d: Any) -> float:
     return float(d.seconds) + float(d.nanos) / 1e9
+
+
+def _sent(batch: list[Message], offsets: list[int], results: Sequence[PutResult]) -> Any:
+    """The answer to a send of ``batch``, stored at queue ``offsets``: each entry carries the
+    client's message id, else the offset message id (``results[i].msg_id``, built only then)."""
+    response = svc.SendMessageResponse(status=ok())
+    add = response.entries.add
+    for i, (message, offset) in enumerate(zip(batch, offsets, strict=True)):
+        entry = add(message_id=message.properties.get(PROPERTY_UNIQ_KEY) or results[i].msg_id, offset=offset)
+        set_ok(entry.status)
+    return response
 
 
 def _resolution(code: int) -> Resolution:
@@ -274,46 +287,42 @@ class Servicer(svc_grpc.MessagingServiceServicer):  # type: ignore[misc]
 
     # ------------------------------------------------------------------ producing
     async def SendMessage(self, request: Any, context: Any) -> Any:
-        topics = {m.topic.name for m in request.messages}
+        """A batch of plain messages is one ``put_batch`` (durable as the store's flush policy
+        says, as for any producer). This runs per call at thousands of calls a second, so each
+        message's fields are read once and the answer's entries are filled in place
+        (docs/performance.md, "gRPC")."""
+        messages = request.messages
+        topics = {m.topic.name for m in messages}
         bind_names(topic=next(iter(topics)) if len(topics) == 1 else None)  # a batch names one, usually
         try:
             _check_not_empty(request)
-            if any(is_scheduled(m) for m in request.messages):
-                return await send_scheduled(self.store, request)
-            if any(m.system_properties.message_type == pb.TRANSACTION for m in request.messages):
+            transactional = False
+            for m in messages:
+                if is_scheduled(m):
+                    return await send_scheduled(self.store, request)
+                transactional = transactional or m.system_properties.message_type == pb.TRANSACTION
+            if transactional:
                 return await self._send_half(request)
             batch = []
             counts: dict[str, int] = {}  # once per topic: a request usually names one
-            for m in request.messages:
+            for m in messages:
                 topic = m.topic.name
                 n = counts.get(topic)
                 if n is None:
                     n = counts[topic] = await self._queue_count(topic)
-                group = (
-                    m.system_properties.message_group if m.system_properties.HasField("message_group") else ""
-                )
                 # FIFO: one message group always lands in the same queue, so it stays in order.
-                queue_id = queue_for_group(group, n) if group else None
-                batch.append(to_message(m, queue_id))
+                group = m.system_properties.message_group  # "" when unset
+                batch.append(to_message(m, queue_for_group(group, n) if group else None))
             if len(batch) == 1:
-                results = [await self.store.put(batch[0])]
-            else:
-                results = list(await self.store.put_batch(batch))
-            status = ok()
-            entries = [
-                svc.SendResultEntry(
-                    status=status,
-                    message_id=m.system_properties.message_id or r.msg_id,
-                    offset=r.queue_offset,
-                )
-                for m, r in zip(request.messages, results, strict=True)
-            ]
-            return svc.SendMessageResponse(status=ok(), entries=entries)
+                one = await self.store.put(batch[0])
+                return _sent(batch, [one.queue_offset], [one])
+            results = await self.store.put_batch(batch)
+            return _sent(batch, results.queue_offsets.tolist(), results)
         except Exception as e:
             status = status_of(e, "SendMessage")
             entries = [
                 svc.SendResultEntry(status=status, message_id=m.system_properties.message_id)
-                for m in request.messages
+                for m in messages
             ]
             return svc.SendMessageResponse(status=status, entries=entries)
 
