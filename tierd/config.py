@@ -46,7 +46,12 @@ def _rmq(name: str) -> dict[str, Any]:
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid", validate_default=True)
+    """``defer_build``: a model's validator is built when it first validates, not when the
+    class is defined — importing this module builds none, so a CLI command that only asks the
+    daemon (:func:`load_client`) builds the three sections it validates, not all thirteen
+    (about 35 ms of its start-up; docs/performance.md, "CLI start-up")."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", validate_default=True, defer_build=True)
 
 
 class StoreConfig(_Section):
@@ -725,58 +730,11 @@ class TierdConfig(_Section):
         """Read ``path`` (TOML; optional) and apply ``TIERD_<SECTION>__<KEY>`` overrides from ``env``
         (default ``os.environ``). Relative ``store.dir`` / posix ``backend.url`` stay relative to the
         working directory, as a user typing them would expect."""
-        data: dict[str, dict[str, Any]] = {}
-        if path is not None:
-            p = Path(path)
-            try:
-                raw = tomllib.loads(p.read_text(encoding="utf-8"))
-            except FileNotFoundError as e:
-                raise ConfigError(f"config file not found: {p}", path=str(p)) from e
-            except tomllib.TOMLDecodeError as e:
-                raise ConfigError(f"config file {p} is not valid TOML: {e}", path=str(p)) from e
-            for section, values in raw.items():
-                if section in NAMED_SECTIONS and isinstance(values, dict):
-                    data[section] = dict(values)
-                    continue
-                if section not in SECTIONS:
-                    raise ConfigError(
-                        f"unknown config section [{section}] in {p}; "
-                        f"known: {', '.join([*SECTIONS, *NAMED_SECTIONS])}",
-                        section=section,
-                    )
-                if not isinstance(values, dict):
-                    raise ConfigError(f"[{section}] in {p} must be a table", section=section)
-                data[section] = dict(values)
-        for key, value in (os.environ if env is None else env).items():
-            if not key.startswith(ENV_PREFIX) or "__" not in key:
-                continue
-            section, _, name = key[len(ENV_PREFIX) :].lower().partition("__")
-            if section not in SECTIONS:
-                raise ConfigError(f"environment variable {key}: unknown section {section!r}", variable=key)
-            if name not in SECTIONS[section].model_fields:
-                raise ConfigError(
-                    f"environment variable {key}: unknown key {name!r} in [{section}]", variable=key
-                )
-            text = _is_text(SECTIONS[section].model_fields[name].annotation)
-            data.setdefault(section, {})[name] = value if text else _parse_env_value(value)
-        return cls.from_dict(data)
+        return cls.from_dict(_read(path, env))
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> TierdConfig:
-        try:
-            return cls.model_validate(data)
-        except ValidationError as e:
-            for err in e.errors():
-                # A rule across sections (a model validator) raises its own typed error, with
-                # the values it names; re-raised as it is, not flattened with the whole input.
-                cause = err.get("ctx", {}).get("error")
-                if isinstance(cause, ConfigError):
-                    raise cause from None
-            problems = "; ".join(
-                f"{'.'.join(str(x) for x in err['loc'])}: {err['msg']}{_shown_input(err)}"
-                for err in e.errors()
-            )
-            raise ConfigError(f"invalid configuration: {problems}") from e
+        return _validated(cls, data)
 
     def with_overrides(self, **sections: Mapping[str, Any]) -> TierdConfig:
         """A copy with some keys replaced, e.g. ``cfg.with_overrides(store={"dir": tmp})``."""
@@ -784,6 +742,89 @@ class TierdConfig(_Section):
         for section, values in sections.items():
             data[section].update(values)
         return TierdConfig.from_dict(data)
+
+
+class ClientConfig(_Section):
+    """What a command needs to find a running daemon and ask it: ``[store]`` (a daemon holds its
+    directory's lock), ``[server]`` (address, token, long-poll bound) and ``[log]``. The same
+    section models as :class:`TierdConfig`, so the same keys, defaults and errors."""
+
+    store: StoreConfig = Field(default_factory=lambda: StoreConfig())
+    server: ServerConfig = Field(default_factory=lambda: ServerConfig())
+    log: LogConfig = Field(default_factory=lambda: LogConfig())
+
+
+def load_client(
+    path: str | os.PathLike[str] | None = None, env: Mapping[str, str] | None = None
+) -> ClientConfig:
+    """The sections of :class:`ClientConfig` from the file and ``TIERD_*`` environment that
+    :meth:`TierdConfig.load` reads, checked as it checks them. The other sections' names and
+    keys are checked (a typo is still an error) but their values are not validated: the daemon
+    that uses them validated them when it started, and a command that opens the store itself
+    loads the whole :class:`TierdConfig`."""
+    data = _read(path, env)
+    return _validated(ClientConfig, {k: v for k, v in data.items() if k in ClientConfig.model_fields})
+
+
+def _read(path: str | os.PathLike[str] | None, env: Mapping[str, str] | None) -> dict[str, dict[str, Any]]:
+    """The raw sections of ``path`` with the environment's overrides applied (see
+    :meth:`TierdConfig.load`); section and key names are checked, values are not."""
+    data: dict[str, dict[str, Any]] = {}
+    if path is not None:
+        p = Path(path)
+        try:
+            raw = tomllib.loads(p.read_text(encoding="utf-8"))
+        except FileNotFoundError as e:
+            raise ConfigError(f"config file not found: {p}", path=str(p)) from e
+        except tomllib.TOMLDecodeError as e:
+            raise ConfigError(f"config file {p} is not valid TOML: {e}", path=str(p)) from e
+        for section, values in raw.items():
+            if section in NAMED_SECTIONS and isinstance(values, dict):
+                data[section] = dict(values)
+                continue
+            if section not in SECTIONS:
+                raise ConfigError(
+                    f"unknown config section [{section}] in {p}; "
+                    f"known: {', '.join([*SECTIONS, *NAMED_SECTIONS])}",
+                    section=section,
+                )
+            if not isinstance(values, dict):
+                raise ConfigError(f"[{section}] in {p} must be a table", section=section)
+            data[section] = dict(values)
+    for key, value in (os.environ if env is None else env).items():
+        if not key.startswith(ENV_PREFIX) or "__" not in key:
+            continue
+        section, _, name = key[len(ENV_PREFIX) :].lower().partition("__")
+        if section not in SECTIONS:
+            raise ConfigError(f"environment variable {key}: unknown section {section!r}", variable=key)
+        if name not in SECTIONS[section].model_fields:
+            raise ConfigError(
+                f"environment variable {key}: unknown key {name!r} in [{section}]", variable=key
+            )
+        text = _is_text(SECTIONS[section].model_fields[name].annotation)
+        data.setdefault(section, {})[name] = value if text else _parse_env_value(value)
+    return data
+
+
+_Model = typing.TypeVar("_Model", bound=BaseModel)
+
+
+def _validated(model: type[_Model], data: Mapping[str, Any]) -> _Model:
+    """``data`` validated as ``model``; a failure is one :class:`ConfigError` naming every bad
+    key (``section.key: problem (got value)``), secrets masked."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as e:
+        for err in e.errors():
+            # A rule across sections (a model validator) raises its own typed error, with
+            # the values it names; re-raised as it is, not flattened with the whole input.
+            cause = err.get("ctx", {}).get("error")
+            if isinstance(cause, ConfigError):
+                raise cause from None
+        problems = "; ".join(
+            f"{'.'.join(str(x) for x in err['loc'])}: {err['msg']}{_shown_input(err)}" for err in e.errors()
+        )
+        raise ConfigError(f"invalid configuration: {problems}") from e
 
 
 def _shown_input(err: Any) -> str:

@@ -14,18 +14,18 @@ from typing import TYPE_CHECKING
 from tierd.local.checkpoint import StoreLock
 
 if TYPE_CHECKING:
-    from tierd.config import TierdConfig
+    from tierd.config import ClientConfig, TierdConfig
 
 #: The lock file inside ``store.dir`` (the hot store takes it on open).
 LOCK_FILE = "lock"
 
 
-def lock_path(cfg: TierdConfig) -> Path:
+def lock_path(cfg: TierdConfig | ClientConfig) -> Path:
     """Where the store directory of ``cfg`` keeps its lock."""
     return Path(cfg.store.dir) / LOCK_FILE
 
 
-def lock_holder(cfg: TierdConfig) -> int | None:
+def lock_holder(cfg: TierdConfig | ClientConfig) -> int | None:
     """The pid of the process holding ``cfg``'s store directory (0 when the lock file does not
     say), or None when none does."""
     return StoreLock.holder(lock_path(cfg))

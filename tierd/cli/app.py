@@ -18,6 +18,7 @@ import enum
 import functools
 import json
 import logging
+import os
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -37,7 +38,7 @@ if TYPE_CHECKING:
     from rich.console import Console
     from rich.progress import Progress
 
-    from tierd.config import TierdConfig
+    from tierd.config import ClientConfig, TierdConfig
     from tierd.store import BlockingMessageStore
 
 log = logging.getLogger("tierd")
@@ -120,14 +121,31 @@ class Context:
     #: ``serve`` logs at the configured level.
     quiet_logs: bool = True
     _cfg: TierdConfig | None = None
+    _client: ClientConfig | None = None
 
     def config(self) -> TierdConfig:
+        """The whole configuration, every section validated: for the commands that open the
+        store directory (or the bucket) themselves."""
         if self._cfg is None:
             from tierd.config import TierdConfig
 
             self._cfg = TierdConfig.load(self.config_path)
-            setup_logging(self._cfg, self.log_level, self.quiet_logs)
+            if self._client is None:
+                setup_logging(self._cfg, self.log_level, self.quiet_logs)
         return self._cfg
+
+    def client(self) -> TierdConfig | ClientConfig:
+        """The sections that find and ask a running daemon (``[store]``, ``[server]``,
+        ``[log]``): a command the daemon answers validates only those (``load_client``, about
+        35 ms less of its start than the whole configuration)."""
+        if self._cfg is not None:
+            return self._cfg
+        if self._client is None:
+            from tierd.config import load_client
+
+            self._client = load_client(self.config_path)
+            setup_logging(self._client, self.log_level, self.quiet_logs)
+        return self._client
 
     @property
     def json(self) -> bool:
@@ -145,7 +163,7 @@ class Context:
     def remote(self) -> RemoteStore | None:
         """The running daemon to ask instead of opening the directory: the ``--server`` one, or
         the one the config names when the store directory is locked (a daemon holds it)."""
-        cfg = self.config()
+        cfg = self.client()
         token = cfg.server.bearer_token()
         if self.server_url:
             return RemoteStore(HttpApi(self.server_url, token))
@@ -319,7 +337,7 @@ def root(
     ctx.obj = Context(config, output, log_level, server, bucket_url=bucket)
 
 
-def setup_logging(cfg: TierdConfig, override: str | None, quiet: bool = False) -> None:
+def setup_logging(cfg: TierdConfig | ClientConfig, override: str | None, quiet: bool = False) -> None:
     level = (override or ("WARNING" if quiet else cfg.log.level)).upper()
     setup_process_logging(level, cfg.log.format)
     if quiet:  # a short-lived command: its own error line says what an ERROR record would
@@ -385,14 +403,17 @@ def handle_errors(fn: Callable[P, R]) -> Callable[P, R]:
 
 
 # ---------------------------------------------------------------------------------- rendering
+#: Width of a table written to a pipe or file (rich would assume 80 columns); a wider one folds.
+PIPE_WIDTH = 200
+
+
 @functools.cache
 def _console() -> Console:
-    """stdout's rich console, made on first use: ``-o json`` output never needs rich (its
-    console module is ~20 ms of a start-up). Wide enough for tables when stdout is a pipe (rich
-    would assume 80 columns)."""
+    """stdout's rich console for tables on a terminal, made on first use: output to a pipe and
+    ``-o json`` output never need rich (its console and table modules are ~25 ms of a start)."""
     from rich.console import Console
 
-    return Console(highlight=False, width=None if sys.stdout.isatty() else 200)
+    return Console(highlight=False, width=None if sys.stdout.isatty() else PIPE_WIDTH)
 
 
 @functools.cache
@@ -409,18 +430,56 @@ def emit_json(value: Any) -> None:
 
 
 def emit_table(title: str | None, columns: list[str], rows: list[list[Any]]) -> None:
+    """A table for people: rich's on a terminal; to a pipe, the same characters written by
+    :func:`plain_table` without importing rich, unless the table needs rich's handling (wider
+    than :data:`PIPE_WIDTH`, cells that are not plain ASCII, ``FORCE_COLOR``). Cells are shown
+    as they are: never read as rich markup or emoji codes (a body ``[b]x :smile:`` is shown so,
+    not as a bold ``x`` and a face)."""
+    cells = [["" if v is None else str(v) for v in row] for row in rows]
+    if not sys.stdout.isatty() and not os.environ.get("FORCE_COLOR"):
+        text = plain_table(title, columns, cells, PIPE_WIDTH)
+        if text is not None:
+            typer.echo(text, nl=False)
+            return
     from rich.table import Table
+    from rich.text import Text
 
-    table = Table(title=title, show_edge=False, header_style="bold")
+    heading = Text(title, style="table.title") if title else None
+    table = Table(title=heading, show_edge=False, header_style="bold")
     for col in columns:
         table.add_column(col, overflow="fold")
-    for row in rows:
-        table.add_row(*("" if v is None else str(v) for v in row))
+    for row in cells:
+        table.add_row(*(Text(v) for v in row))
     _console().print(table)
 
 
+def plain_table(title: str | None, columns: list[str], rows: list[list[str]], width: int) -> str | None:
+    """The table exactly as rich prints it without styles (``show_edge=False``, heavy head,
+    one space of padding, title centred above), or None when rich would do more than lay out
+    characters: the table wider than ``width`` or the title wider than the table (rich folds
+    them), a title with spaces at either end (rich trims it), or any text that is not printable
+    ASCII (rich measures wide and combining characters, expands tabs, splits lines).
+    ``tests/cli/test_text_output.py`` compares the two."""
+    texts = [*columns, *(c for row in rows for c in row), *([title] if title else [])]
+    if not all(t.isascii() and t.isprintable() for t in texts):
+        return None
+    widths = [max([len(col), *(len(row[i]) for row in rows)]) for i, col in enumerate(columns)]
+    total = sum(widths) + 3 * len(widths) - 1
+    if total > width or (title is not None and (len(title) > total or title != title.strip())):
+        return None
+    lines = []
+    if title:
+        left = (total - len(title)) // 2
+        lines.append(" " * left + title + " " * (total - len(title) - left))
+    lines.append("┃".join(f" {col.ljust(w)} " for col, w in zip(columns, widths, strict=True)))
+    lines.append("╇".join("━" * (w + 2) for w in widths))
+    lines += ["│".join(f" {c.ljust(w)} " for c, w in zip(row, widths, strict=True)) for row in rows]
+    return "\n".join(lines) + "\n"
+
+
 def echo(text: str) -> None:
-    _console().print(text, markup=False)
+    """A line for people, written as it is (no markup, no emoji codes, no re-wrapping)."""
+    typer.echo(text)
 
 
 @contextmanager

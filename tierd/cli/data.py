@@ -382,7 +382,7 @@ def consume(
     with c.store() as store:
         reader = _Reader(store, topic, only, start, group, commit, policy, tags)
         if follow:
-            cfg = c.config()
+            cfg = c.client()
             wait = (
                 min(FOLLOW_WAIT_MS, cfg.server.long_poll_max_ms) if c.server_url is None else FOLLOW_WAIT_MS
             )
