@@ -448,6 +448,8 @@ def test_reopen_after_clean_close_keeps_everything(cfg: TierdConfig) -> None:
         bytes(20) + os.urandom(50),
         (500).to_bytes(4, "big") + bytes.fromhex("DAA320A7") + os.urandom(492),
     ],
+    # Names, not the random bytes: parallel workers must collect the same test ids.
+    ids=["random", "zeros-then-random", "header-then-random"],
 )
 def test_garbage_after_the_last_record_is_truncated_not_served(cfg: TierdConfig, garbage: bytes) -> None:
     with BlockingMessageStore.open(cfg) as store:
