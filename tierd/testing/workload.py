@@ -37,6 +37,7 @@ __all__ = [
     "BATCH",
     "BODY",
     "SERVERS",
+    "TAGS",
     "TOPIC",
     "bench_main",
     "count_requests",
@@ -44,8 +45,10 @@ __all__ = [
     "list_objects",
     "log_requests",
     "produce_keyed",
+    "record_puts",
     "spread",
     "start_server",
+    "topics",
     "user_config",
 ]
 
@@ -65,40 +68,69 @@ def start_server(name: str, workdir: Path) -> S3Server:
     raise ValueError(f"unknown S3 server {name!r}; expected one of {', '.join(SERVERS)}")
 
 
-def user_config(store_dir: Path, server: S3Server, bucket: str, prefix: str) -> TierdConfig:
-    """Default settings everywhere; only where the store lives and which bucket it tiers to."""
-    return TierdConfig.from_dict(
-        {
-            "store": {"dir": str(store_dir)},
-            "backend": {
-                "name": "s3",
-                "url": f"s3://{bucket}/{prefix}",
-                "storage_options": server.storage_options,
-            },
-        }
-    )
+def user_config(
+    store_dir: Path, server: S3Server, bucket: str, prefix: str, *, tiered: dict[str, Any] | None = None
+) -> TierdConfig:
+    """Default settings everywhere; only where the store lives and which bucket it tiers to
+    (and the ``[tiered]`` settings a figure names, e.g. a long ``dispatch_interval``)."""
+    raw: dict[str, Any] = {
+        "store": {"dir": str(store_dir)},
+        "backend": {
+            "name": "s3",
+            "url": f"s3://{bucket}/{prefix}",
+            "storage_options": server.storage_options,
+        },
+    }
+    if tiered:
+        raw["tiered"] = dict(tiered)
+    return TierdConfig.from_dict(raw)
 
 
-def _batches(messages: int, queues: int) -> Iterator[list[Message]]:
+#: Distinct tags :func:`produce_keyed` cycles through when asked for tags (a consumer filters
+#: on a few values; every message carries one, as nearly every RocketMQ message does).
+TAGS = tuple(f"tag{i}" for i in range(8))
+
+
+def topics(queues: int, per_topic: int | None) -> list[str]:
+    """The topics :func:`produce_keyed` writes: :data:`TOPIC`, or ``{TOPIC}-{n}`` for each
+    ``per_topic`` queues."""
+    if per_topic is None:
+        return [TOPIC]
+    return [f"{TOPIC}-{n}" for n in range(-(-queues // per_topic))]
+
+
+def _batches(messages: int, queues: int, tags: bool, per_topic: int | None) -> Iterator[list[Message]]:
     # Distinct bodies cost randomness per message; slices of one random block are as good for
     # every layer here (nothing compresses or deduplicates).
     block = os.urandom(64 * BODY)
+    names = topics(queues, per_topic)
+    width = per_topic or queues
     for first in range(0, messages, BATCH):
         yield [
             Message(
-                topic=TOPIC,
+                topic=names[(i % queues) // width],
                 body=block[(i * 61) % (len(block) - BODY) :][:BODY],
-                queue_id=i % queues,
+                queue_id=i % queues % width,
                 keys=(f"k{i}",),
+                tags=TAGS[i % len(TAGS)] if tags else None,
             )
             for i in range(first, min(first + BATCH, messages))
         ]
 
 
-def produce_keyed(store: BlockingMessageStore, messages: int, queues: int) -> None:
-    """Put ``messages`` 1 KiB messages with one key each, round robin over ``queues`` queues of
-    :data:`TOPIC`, in ``put_batch`` calls of :data:`BATCH`."""
-    for batch in _batches(messages, queues):
+def produce_keyed(
+    store: BlockingMessageStore,
+    messages: int,
+    queues: int,
+    *,
+    tags: bool = False,
+    queues_per_topic: int | None = None,
+) -> None:
+    """Put ``messages`` 1 KiB messages with one key each (and, with ``tags``, one of
+    :data:`TAGS`), round robin over ``queues`` queues (explicit queue ids) of :data:`TOPIC` —
+    or, with ``queues_per_topic``, of as many topics as :func:`topics` names (a store caps the
+    queues of a topic: ``store.max_queues``) — in ``put_batch`` calls of :data:`BATCH`."""
+    for batch in _batches(messages, queues, tags, queues_per_topic):
         store.put_batch(batch)
 
 
@@ -112,6 +144,34 @@ def count_requests(store: BlockingMessageStore) -> collections.Counter[str]:
 
     _hook_requests(store, seen)
     return counter
+
+
+def record_puts(store: BlockingMessageStore) -> list[int]:
+    """Body sizes of the ``PutObject`` requests the store's own client makes from now on, in
+    the order botocore serialised them (what a raw client must replay to make the same PUTs)."""
+    sizes: list[int] = []
+
+    def seen(model: Any, params: Any, **_: Any) -> None:
+        if model.name == "PutObject":
+            sizes.append(_body_size(params.get("body")))
+
+    _hook_requests(store, seen)
+    return sizes
+
+
+def _body_size(body: Any) -> int:
+    """Bytes of a request body as botocore holds it: ``bytes``, or a file (tierd's
+    ``RequestBody``, a ``BytesIO``) measured without moving its position."""
+    if body is None:
+        return 0
+    if isinstance(body, bytes | bytearray | memoryview):
+        return len(body)
+    if hasattr(body, "__len__"):
+        return len(body)
+    here = body.tell()
+    end = body.seek(0, os.SEEK_END)
+    body.seek(here)
+    return int(end)
 
 
 def log_requests(store: BlockingMessageStore) -> list[tuple[str, str]]:
@@ -187,15 +247,19 @@ def bench_main(
     figure: str,
     what: str,
     run_server: Callable[[str, argparse.Namespace, Path], dict[str, Any]],
+    add_arguments: Callable[[argparse.ArgumentParser], None] | None = None,
 ) -> int:
-    """The command line both scripts share: parse the workload's options, run ``run_server`` on
-    each chosen S3 server in one scratch directory (``TIERD_BENCH_DIR`` picks where), print the
-    figure's JSON."""
+    """The command line both scripts share: parse the workload's options (and a script's own,
+    from ``add_arguments``: they are echoed in the JSON), run ``run_server`` on each chosen S3
+    server in one scratch directory (``TIERD_BENCH_DIR`` picks where), print the figure's JSON."""
     parser = argparse.ArgumentParser(description=doc.splitlines()[0] if doc else None)
     parser.add_argument("--mib", type=int, default=256, help="MiB of 1 KiB bodies (default 256)")
     parser.add_argument("--queues", type=int, default=16, help="queues they are spread over (default 16)")
     parser.add_argument("--repeat", type=int, default=3, help="interleaved rounds per server (default 3)")
     parser.add_argument("--server", choices=[*SERVERS, "both"], default="both", help="S3 server(s)")
+    shared = set(vars(parser.parse_args([])))
+    if add_arguments is not None:
+        add_arguments(parser)
     args = parser.parse_args(argv)
     names = SERVERS if args.server == "both" else (args.server,)
     with tempfile.TemporaryDirectory(prefix="tierd-bench-", dir=os.environ.get("TIERD_BENCH_DIR")) as tmp:
@@ -207,6 +271,7 @@ def bench_main(
         "queues": args.queues,
         "message_body_bytes": BODY,
         "keys_per_message": 1,
+        **{k: v for k, v in vars(args).items() if k not in shared},
         "repeat": args.repeat,
         "servers": results,
         "meets_target": all(r["meets_target"] for r in results.values()),
