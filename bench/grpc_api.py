@@ -7,7 +7,9 @@ Prints one JSON object:
   against ``in_process``: ``MessageStore.put_batch`` of the very same messages (converted by the
   servicer's own ``to_message``), awaited one after another. ``ratio``: the median of the
   per-round ratios (gRPC msgs/s ÷ in-process msgs/s; target ≥ 0.3). Rounds interleave the two
-  sides (odd rounds start with gRPC) so drift and the page cache hit both alike.
+  sides (odd rounds start with gRPC) so drift and the page cache hit both alike. With each:
+  CPU time per request (the server process's, all threads, from ``/proc``; the in-process
+  store's process time), which a busy machine moves far less than the rates.
 * ``receive_ack``: the official ``SimpleConsumer`` draining a ``--backlog`` (100 k) message
   backlog: ``receive(32, 30)``, then ``ack`` of each message of the batch from 8 threads (the
   client acks one message per call) — messages/s (report).
@@ -25,7 +27,8 @@ Named ``grpc_api.py``, not ``grpc.py``: a script's directory comes first on ``sy
 mypy names a package-less file by its stem), so ``bench/grpc.py`` would shadow the ``grpc``
 package this benchmark, the client and the server import.
 
-Usage: ``python bench/grpc_api.py [--rounds 3] [--requests 1000] [--backlog 100000] [--quick]``.
+Usage: ``python bench/grpc_api.py [--rounds 3] [--requests 1000] [--backlog 100000] [--quick]
+[--send-only]`` (``--send-only``: the send comparison alone, about a minute).
 """
 
 from __future__ import annotations
@@ -161,6 +164,13 @@ def _stop(proc: subprocess.Popen[str]) -> None:
         proc.wait(10)
 
 
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU time of process ``pid`` so far (all its threads), from /proc: on a
+    shared machine the CPU a request costs moves far less than the wall time it takes."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def _percentiles(lat: list[float]) -> dict[str, float]:
     lat = sorted(lat)
     return {
@@ -173,12 +183,17 @@ def _percentiles(lat: list[float]) -> dict[str, float]:
 async def _in_process(root: Path, requests: list[Any]) -> dict[str, float]:
     batches = [[to_message(m, None) for m in r.messages] for r in requests]  # before the clock
     async with MessageStore.open(TierdConfig.from_dict(_store(root))) as store:
-        t0 = time.perf_counter()
+        t0, cpu0 = time.perf_counter(), time.process_time()
         for b in batches:
             await store.put_batch(b)
-        dt = time.perf_counter() - t0
+        dt, cpu = time.perf_counter() - t0, time.process_time() - cpu0
     n = sum(len(b) for b in batches)
-    return {"messages": n, "seconds": dt, "msgs_per_s": n / dt}
+    return {
+        "messages": n,
+        "seconds": dt,
+        "msgs_per_s": n / dt,
+        "cpu_us_per_request": cpu / len(batches) * 1e6,
+    }
 
 
 def _grpc_send(root: Path, requests: list[Any], callers: int) -> dict[str, float]:
@@ -215,10 +230,11 @@ def _grpc_send(root: Path, requests: list[Any], callers: int) -> dict[str, float
         for t in threads:
             t.start()
         start.wait()
-        t0 = time.perf_counter()
+        t0, server0, client0 = time.perf_counter(), _cpu_seconds(proc.pid), time.process_time()
         for t in threads:
             t.join()
         dt = time.perf_counter() - t0
+        server_cpu, client_cpu = _cpu_seconds(proc.pid) - server0, time.process_time() - client0
         if errors:
             raise RuntimeError(f"SendMessage errors: {errors[:3]}")
     finally:
@@ -229,6 +245,8 @@ def _grpc_send(root: Path, requests: list[Any], callers: int) -> dict[str, float
         "requests": len(requests),
         "seconds": dt,
         "msgs_per_s": n / dt,
+        "server_cpu_us_per_request": server_cpu / len(requests) * 1e6,
+        "client_cpu_us_per_request": client_cpu / len(requests) * 1e6,
         **_percentiles(lat),
     }
 
@@ -348,6 +366,7 @@ def main() -> None:
     ap.add_argument("--samples", type=int, default=300)
     ap.add_argument("--sends", type=int, default=2000)
     ap.add_argument("--quick", action="store_true", help="small sizes (a smoke run)")
+    ap.add_argument("--send-only", action="store_true", help="the send comparison only (about a minute)")
     args = ap.parse_args()
     if args.quick:
         args.rounds, args.requests, args.backlog, args.samples, args.sends = 1, 100, 2000, 30, 200
@@ -367,9 +386,11 @@ def main() -> None:
             for d in (root / f"in{i}", root / f"grpc{i}"):
                 shutil.rmtree(d, ignore_errors=True)
             ratios.append(grpc_runs[-1]["msgs_per_s"] / in_runs[-1]["msgs_per_s"])
-        drain = _receive_ack(root / "drain", args.backlog)
-        shutil.rmtree(root / "drain", ignore_errors=True)
-        latency = _latency_and_client_send(root / "latency", args.samples, args.sends)
+        rest: dict[str, Any] = {}
+        if not args.send_only:
+            rest["receive_ack"] = _receive_ack(root / "drain", args.backlog)
+            shutil.rmtree(root / "drain", ignore_errors=True)
+            rest.update(_latency_and_client_send(root / "latency", args.samples, args.sends))
     out = {
         "batch": args.batch,
         "callers": args.callers,
@@ -383,9 +404,16 @@ def main() -> None:
             "ratios": ratios,
             "in_process_runs_msgs_per_s": [r["msgs_per_s"] for r in in_runs],
             "grpc_runs_msgs_per_s": [r["msgs_per_s"] for r in grpc_runs],
+            # CPU per 32-message request: what a request costs, whatever else the machine runs.
+            "in_process_cpu_us_per_request": statistics.median(r["cpu_us_per_request"] for r in in_runs),
+            "grpc_server_cpu_us_per_request": statistics.median(
+                r["server_cpu_us_per_request"] for r in grpc_runs
+            ),
+            "grpc_client_cpu_us_per_request": statistics.median(
+                r["client_cpu_us_per_request"] for r in grpc_runs
+            ),
         },
-        "receive_ack": drain,
-        **latency,
+        **rest,
         "load_avg_1m": {"before": load_before, "after": os.getloadavg()[0], "cpus": os.cpu_count()},
         "targets": {"send.ratio": ">= 0.3", "latency.p99_ms": "<= 50"},
     }
