@@ -6,12 +6,19 @@ import os
 from typing import TYPE_CHECKING
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 from tierd.testing.localstack import start_localstack
 from tierd.testing.s3server import S3Server, create_bucket, start_moto, start_seaweedfs
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
+
+# Property tests check correctness, not speed: on 2 shared cores, and under the sanitizer build
+# (make test-sanitizers), drawing an example or running one can take seconds, which Hypothesis's
+# too_slow health check and 200 ms deadline would report as failures.
+settings.register_profile("tierd", suppress_health_check=[HealthCheck.too_slow], deadline=None)
+settings.load_profile("tierd")
 
 
 @pytest.fixture(autouse=True)
