@@ -9,7 +9,8 @@ Prints one JSON object:
   per-round ratios (gRPC msgs/s ÷ in-process msgs/s; target ≥ 0.3). Rounds interleave the two
   sides (odd rounds start with gRPC) so drift and the page cache hit both alike. With each:
   CPU time per request (the server process's, all threads, from ``/proc``; the in-process
-  store's process time), which a busy machine moves far less than the rates.
+  store's process time), which a busy machine moves far less than the rates. And each round,
+  the same callers against a server that stores nothing (``noop_*``: the transport's ceiling).
 * ``receive_ack``: the official ``SimpleConsumer`` draining a ``--backlog`` (100 k) message
   backlog: ``receive(32, 30)``, then ``ack`` of each message of the batch from 8 threads (the
   client acks one message per call) — messages/s (report).
@@ -196,9 +197,10 @@ async def _in_process(root: Path, requests: list[Any]) -> dict[str, float]:
     }
 
 
-def _grpc_send(root: Path, requests: list[Any], callers: int) -> dict[str, float]:
-    """Pre-serialized requests, raw bytes on the wire: the callers spend next to nothing."""
-    proc, endpoint = _start(root)
+def _grpc_send(root: Path, requests: list[Any], callers: int, noop: bool = False) -> dict[str, float]:
+    """Pre-serialized requests, raw bytes on the wire: the callers spend next to nothing.
+    ``noop``: against :func:`_noop_server` instead of tierd (the transport's ceiling)."""
+    proc, endpoint = _start_noop() if noop else _start(root)
     try:
         payloads = [r.SerializeToString() for r in requests]
         shares = [payloads[i::callers] for i in range(callers)]
@@ -249,6 +251,47 @@ def _grpc_send(root: Path, requests: list[Any], callers: int) -> dict[str, float
         "client_cpu_us_per_request": client_cpu / len(requests) * 1e6,
         **_percentiles(lat),
     }
+
+
+def _start_noop() -> tuple[subprocess.Popen[str], str]:
+    proc = subprocess.Popen([sys.executable, __file__, "--noop-server"], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    line = proc.stdout.readline()  # the port, once serving (EOF if it failed: the error is on stderr)
+    if not line.strip().isdigit():
+        proc.kill()
+        raise RuntimeError(f"the no-op gRPC server did not start: {line!r}")
+    return proc, f"127.0.0.1:{line.strip()}"
+
+
+def _noop_server() -> None:
+    """The transport's ceiling: a ``grpc.aio`` server, set up as tierd's, that parses each
+    ``SendMessage`` and answers an OK entry per message (filled in place, as tierd does) but
+    stores nothing. What tierd's gRPC send could reach with a store that cost nothing."""
+
+    async def send(request: Any, context: Any) -> Any:
+        response = svc.SendMessageResponse(status=pb.Status(code=pb.OK, message="OK"))
+        add = response.entries.add
+        for i, m in enumerate(request.messages):
+            entry = add(message_id=m.system_properties.message_id, offset=i)
+            entry.status.code, entry.status.message = pb.OK, "OK"
+        return response
+
+    async def serve() -> None:
+        handler = grpc.unary_unary_rpc_method_handler(
+            send,
+            request_deserializer=svc.SendMessageRequest.FromString,
+            response_serializer=svc.SendMessageResponse.SerializeToString,
+        )
+        server = grpc.aio.server(options=[("grpc.max_concurrent_streams", 100)])
+        server.add_generic_rpc_handlers(
+            (grpc.method_handlers_generic_handler(SEND.split("/")[1], {"SendMessage": handler}),)
+        )
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        print(port, flush=True)
+        await server.wait_for_termination()
+
+    asyncio.run(serve())
 
 
 # ---------------------------------------------------------------------- receive + ack
@@ -367,7 +410,11 @@ def main() -> None:
     ap.add_argument("--sends", type=int, default=2000)
     ap.add_argument("--quick", action="store_true", help="small sizes (a smoke run)")
     ap.add_argument("--send-only", action="store_true", help="the send comparison only (about a minute)")
+    ap.add_argument("--noop-server", action="store_true", help=argparse.SUPPRESS)  # _start_noop's child
     args = ap.parse_args()
+    if args.noop_server:
+        _noop_server()
+        return
     if args.quick:
         args.rounds, args.requests, args.backlog, args.samples, args.sends = 1, 100, 2000, 30, 200
     load_before = os.getloadavg()[0]
@@ -375,6 +422,7 @@ def main() -> None:
     in_runs: list[dict[str, float]] = []
     grpc_runs: list[dict[str, float]] = []
     ratios: list[float] = []
+    noop: list[dict[str, float]] = []
     with tempfile.TemporaryDirectory(dir=os.environ.get("TIERD_BENCH_DIR")) as tmp:
         root = Path(tmp)
         for i in range(args.rounds):
@@ -386,6 +434,7 @@ def main() -> None:
             for d in (root / f"in{i}", root / f"grpc{i}"):
                 shutil.rmtree(d, ignore_errors=True)
             ratios.append(grpc_runs[-1]["msgs_per_s"] / in_runs[-1]["msgs_per_s"])
+            noop.append(_grpc_send(root, requests, args.callers, noop=True))
         rest: dict[str, Any] = {}
         if not args.send_only:
             rest["receive_ack"] = _receive_ack(root / "drain", args.backlog)
@@ -412,6 +461,11 @@ def main() -> None:
             "grpc_client_cpu_us_per_request": statistics.median(
                 r["client_cpu_us_per_request"] for r in grpc_runs
             ),
+            # The same callers against a server that stores nothing (_noop_server), each round.
+            "noop_server_msgs_per_s": statistics.median(r["msgs_per_s"] for r in noop),
+            "noop_server_cpu_us_per_request": statistics.median(r["server_cpu_us_per_request"] for r in noop),
+            "noop_ratio": statistics.median(r["msgs_per_s"] for r in noop)
+            / statistics.median(r["msgs_per_s"] for r in in_runs),
         },
         **rest,
         "load_avg_1m": {"before": load_before, "after": os.getloadavg()[0], "cpus": os.cpu_count()},
