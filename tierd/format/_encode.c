@@ -953,12 +953,25 @@ static PyObject *encode_one(PyObject *module, PyObject *const *args, Py_ssize_t 
                 PyTuple_SET_ITEM(hashes, k, h);
         }
     }
-    qkey = key != Py_None ? Py_NewRef(key) : Py_BuildValue("(Oi)", r.topic, it.queue_id);
+    if (key != Py_None) {
+        qkey = Py_NewRef(key);
+    } else {
+        PyObject *qid = PyLong_FromLong(it.queue_id);
+        qkey = qid != NULL ? PyTuple_Pack(2, r.topic, qid) : NULL;
+        Py_XDECREF(qid);
+    }
     if (hashes == NULL || qkey == NULL)
         goto done;
     Py_ssize_t born_len = it.born ? PyBytes_GET_SIZE(it.born) : r.store_host_len;
-    result = Py_BuildValue("(OOLOnn)", qkey, record, (long long)tags_code_of(&it), hashes,
-                           (Py_ssize_t)(POS_STORE_TIMESTAMP + born_len - HOST_V4), (Py_ssize_t)size);
+    /* The tuple built directly: Py_BuildValue parses its format string on every put. */
+    PyObject *tags = PyLong_FromLongLong((long long)tags_code_of(&it));
+    PyObject *ts_at = PyLong_FromSsize_t((Py_ssize_t)(POS_STORE_TIMESTAMP + born_len - HOST_V4));
+    PyObject *sz = PyLong_FromSsize_t((Py_ssize_t)size);
+    if (tags != NULL && ts_at != NULL && sz != NULL)
+        result = PyTuple_Pack(6, qkey, record, tags, hashes, ts_at, sz);
+    Py_XDECREF(tags);
+    Py_XDECREF(ts_at);
+    Py_XDECREF(sz);
 done:
     release_items(&it, 1);
     if (hs != hash_room)
