@@ -9,7 +9,6 @@ field names) plus where it lives.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, Literal, get_args
 
 from pydantic import ConfigDict, Field
@@ -17,6 +16,7 @@ from pydantic import ConfigDict, Field
 from tierd.drivers.paths import index_segment_path, segment_path
 from tierd.drivers.segment import FileType
 from tierd.errors import CorruptionError, InvalidArgumentError, NotFoundError, SegmentNotFoundError
+from tierd.queue_info import QueueInfo as QueueInfo  # its home; re-exported for callers
 from tierd.tiered.manifest import (
     BrokerManifest,
     IndexManifest,
@@ -37,26 +37,6 @@ _FILE_TYPE: dict[str, FileType] = {
     "COMMIT_LOG": FileType.COMMIT_LOG,
     "CONSUME_QUEUE": FileType.CONSUME_QUEUE,
 }
-
-
-@dataclass(frozen=True, slots=True)
-class QueueInfo:
-    """One queue across both tiers. Cold fields are None when the queue was never tiered."""
-
-    topic: str
-    queue_id: int
-    #: Readable offsets across both tiers: [min_offset, max_offset).
-    min_offset: int
-    max_offset: int
-    hot_min_offset: int
-    hot_max_offset: int
-    cold_min_offset: int | None
-    cold_max_offset: int | None
-    #: Messages in the hot store not yet committed to the cold tier.
-    pending_messages: int
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def _same(name: str) -> str:

@@ -31,8 +31,17 @@ if TYPE_CHECKING:
 __all__ = ["daemon"]  # the fixture, shared with test_remote
 
 #: Modules that make a start-up slow and that neither --help nor a command answered by the
-#: daemon needs: numpy and the engine behind the facade.
-HEAVY = ("numpy", "tierd.store", "tierd.local.store", "tierd.tiered.service", "tierd.router", "tierd.verify")
+#: daemon needs: numpy, the engine behind the facade, and the inventory with its manifest models
+#: and segment drivers (~25 ms; ``queues`` and ``consume`` build :mod:`tierd.queue_info` rows).
+HEAVY = (
+    "numpy",
+    "tierd.store",
+    "tierd.local.store",
+    "tierd.tiered.service",
+    "tierd.router",
+    "tierd.verify",
+    "tierd.inventory",
+)
 #: Imported on first use only, by what needs them: rich for tables on a terminal and progress
 #: bars (output to a pipe and JSON need none of it, ~25 ms of a start); asyncio and
 #: concurrent.futures for the two commands that use them (~10 ms each).

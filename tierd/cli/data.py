@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
 
     from tierd.format.message_ext import MessageExt
-    from tierd.inventory import QueueInfo
+    from tierd.queue_info import QueueInfo
 
 PREVIEW = 60
 
