@@ -258,3 +258,26 @@ def test_cold_batches_are_received_straight_into_their_buffers(
     gets = [path for op, path in calls if op == "GetObject" and "/COMMIT_LOG/" in path]
     assert len(received) == len(gets) >= len(chunks)
     assert sum(received) == sum(chunks.values())
+
+
+def test_new_queues_are_tiered_with_one_listing_per_topic(tmp_path: Path, moto_server: S3Server) -> None:
+    """A round tiering new queues lists each topic's directory once before their first writes,
+    instead of one confirming listing per new segment (a commitlog and a consume queue per
+    queue: 48 listings for these 24 queues before); every message is then read back cold."""
+    bucket = create_bucket(moto_server)
+    backend = {"name": "s3", "url": f"s3://{bucket}/cold", "storage_options": moto_server.storage_options}
+    cfg = cold_config(tmp_path, backend)
+    keys = [(f"t{i // 8}", i % 8) for i in range(24)]
+    with BlockingMessageStore.open(cfg) as store:
+        store.wait_ready()
+        store.put_batch([Message(t, f"{t}/{q}".encode(), queue_id=q) for t, q in keys])
+        calls = log_requests(store)
+        assert store.tier_now().committed == len(keys)
+    listings = sum(op == "ListObjectsV2" for op, _ in calls)
+    assert listings < len(keys), collections.Counter(op for op, _ in calls)
+    with BlockingMessageStore.open(cfg) as store:
+        store.wait_ready()
+        for t, q in keys:
+            got = store.get(t, q, 0, 1, policy="FORCE")
+            assert got.source == "cold"
+            assert [m.body for m in got.messages] == [f"{t}/{q}".encode()]

@@ -287,6 +287,12 @@ class ChunkedDriver(SegmentDriver):
         the chunk exists). Off by default."""
         return False
 
+    def _listed_empty(self) -> bool:
+        """True if a listing of this round found the segment's directory holding nothing
+        (:meth:`~tierd.drivers.segment.DriverRoot.expect_new_dirs`): its first write then
+        needs no listing of its own, before or after. Off by default."""
+        return False
+
     async def _chunk_crcs(self, chunks: Sequence[Chunk]) -> list[int]:
         """CRC32C of each chunk. Default downloads them; S3 reads the CRC stored at write time."""
         return [crc32c(await self._get(c.key, 0, c.length)) if c.length else 0 for c in chunks]
@@ -493,9 +499,12 @@ class ChunkedDriver(SegmentDriver):
         if not data:
             raise InvalidRangeError("write needs at least one byte, got empty data", position=position)
         data = bytes(data)
-        blind = self._layout is None and position == 0 and self._blind_first_write()
-        if blind and await self._write_first(data):
-            return
+        if self._layout is None and position == 0:
+            if self._listed_empty():
+                if await self._write_listed_empty(data):
+                    return
+            elif self._blind_first_write() and await self._write_first(data):
+                return
         for _ in range(3):
             cached = self._layout
             layout = cached if cached is not None else await self._refresh()
@@ -538,6 +547,18 @@ class ChunkedDriver(SegmentDriver):
             f"segment {self.path!r}: chunk writes keep conflicting; is another process writing it?",
             path=self.path,
         )
+
+    async def _write_listed_empty(self, data: bytes) -> bool:
+        """Write ``data`` as chunk 0 of a segment whose directory a listing of this round found
+        empty: a create-only PUT (plain, where the operator declared a single writer), like any
+        append from a listed layout. Returns False when the key was taken since (the caller then
+        decides from a fresh listing, comparing bytes)."""
+        try:
+            chunk = await self._put_chunk(0, data, None)
+        except ChunkConflictError:
+            return False
+        self._layout = Layout(None).with_chunk(chunk)
+        return True
 
     async def _write_first(self, data: bytes) -> bool:
         """Write ``data`` at position 0 of a segment not looked at yet: create chunk 0 with a

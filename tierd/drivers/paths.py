@@ -96,6 +96,13 @@ def segment_dir(root: str, cluster: str, broker: str, topic: str, queue_id: int,
     return "/".join(parts)
 
 
+def topic_dir(root: str, cluster: str, broker: str, topic: str) -> str:
+    """Directory (key prefix, no trailing slash) holding a topic's queue directories, each
+    named by its queue id (the :func:`segment_dir` of every queue of ``topic`` lies in one)."""
+    queue_dir = segment_dir(root, cluster, broker, topic, 0, FileType.COMMIT_LOG).rsplit("/", 1)[0]
+    return queue_dir.rsplit("/", 1)[0]
+
+
 def segment_path(
     root: str, cluster: str, broker: str, topic: str, queue_id: int, file_type: FileType, base_offset: int
 ) -> str:

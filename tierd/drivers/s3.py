@@ -85,7 +85,7 @@ from tierd.errors import (
 )
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+    from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Mapping, Sequence
 
 _T = TypeVar("_T")
 
@@ -112,6 +112,8 @@ MAX_PARTS = 10_000
 CONCAT_LIMIT = 16 * 1024 * 1024
 #: User metadata key (``x-amz-meta-…``) holding a chunk's CRC32C as 8 hex digits.
 CRC_META = "tierd-crc32c"
+#: Directory names per page of :meth:`S3Root.expect_new_dirs` (S3's largest page).
+NEW_DIRS_PAGE = 1000
 _CREDENTIAL_CODES = frozenset(
     {
         "InvalidAccessKeyId",
@@ -401,6 +403,9 @@ class S3Root(DriverRoot):
         #: :class:`~tierd.drivers.s3fastget.LeanGet`; tests and benchmarks count requests).
         self.request_observers: list[Callable[[str, str], None]] = []
         self._lean: LeanGet | None = None
+        #: Object-key directories (ending in ``/``) found holding nothing by this round's
+        #: :meth:`expect_new_dirs`: first writes under them need no confirming listing.
+        self._empty_dirs: set[str] = set()
 
     def apply_capability_settings(
         self,
@@ -496,6 +501,7 @@ class S3Root(DriverRoot):
         state["_fs"] = state["_loop"] = state["_lock"] = state["_probe_lock"] = None
         state["_lean"] = None
         state["request_observers"] = []
+        state["_empty_dirs"] = set()  # one round's knowledge, not a copy's
         return state
 
     @property
@@ -663,6 +669,49 @@ class S3Root(DriverRoot):
         with contextlib.suppress(SegmentNotFoundError):  # S3 answers 204 anyway; some servers 404
             await self.call("delete_object", key=key)
 
+    async def expect_new_dirs(self, parent: str, names: Collection[str], *, max_requests: int) -> int:
+        # docstring inherited: one delimited listing of ``parent`` — a page per 1,000 directory
+        # names, however many objects each holds — instead of a confirming listing per segment
+        # (10,000 new queues in topics of 8: 1,250 listings instead of 20,000).
+        if not names or max_requests < 1:
+            return 0
+        parent = validate_object_prefix(parent)
+        base = self.key_for(parent) + "/" if parent else (f"{self.prefix}/" if self.prefix else "")
+        kwargs: dict[str, Any] = {"Prefix": base, "Delimiter": "/", "MaxKeys": NEW_DIRS_PAGE}
+        taken: set[str] = set()
+        last = ""  # the greatest name listed: every directory before it was seen, or is empty
+        complete = False
+        for _ in range(max_requests):
+            resp = await self.call("list_objects_v2", **kwargs)
+            listed = [str(p["Prefix"]) for p in resp.get("CommonPrefixes", [])]
+            listed += [str(o["Key"]) for o in resp.get("Contents", [])]
+            taken.update(k[len(base) :].split("/", 1)[0] for k in listed)
+            last = max([last, *listed])
+            if not resp.get("IsTruncated"):
+                complete = True
+                break
+            kwargs["ContinuationToken"] = resp["NextContinuationToken"]
+        dirs = {f"{base}{name}/" for name in names if name not in taken}
+        empty = dirs if complete else {d for d in dirs if last > d}
+        self._empty_dirs |= empty
+        return len(empty)
+
+    def forget_new_dirs(self) -> None:
+        # docstring inherited
+        self._empty_dirs.clear()
+
+    def listed_empty(self, key: str) -> bool:
+        """Whether ``key`` lies in a directory :meth:`expect_new_dirs` found empty."""
+        dirs = self._empty_dirs
+        if not dirs:
+            return False
+        cut = key.find("/")
+        while cut >= 0:
+            if key[: cut + 1] in dirs:
+                return True
+            cut = key.find("/", cut + 1)
+        return False
+
     async def list_objects(self, prefix: str) -> list[str]:
         # docstring inherited
         prefix = validate_object_prefix(prefix)
@@ -767,6 +816,9 @@ class S3Driver(ChunkedDriver):
 
     def _blind_first_write(self) -> bool:
         return self.root.conditional_writes
+
+    def _listed_empty(self) -> bool:
+        return self.root.listed_empty(self.key)
 
     async def _put_object(self, key: str, data: bytes) -> None:
         await self.root.call("put_object", key=key, Body=data)

@@ -31,7 +31,7 @@ from __future__ import annotations
 import enum
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -344,6 +344,22 @@ class DriverRoot(ABC):
         empty or missing prefix gives ``[]``. Never served from a cache: one fresh listing of
         the backend per call (not a snapshot — entries changing meanwhile may or may not show).
         """
+
+    async def expect_new_dirs(self, parent: str, names: Collection[str], *, max_requests: int) -> int:
+        """Prepare the first writes of segments under the directories ``parent/name``, one per
+        name (a tiering round's new queues): a root whose first write to a segment it has not
+        looked at costs a confirming listing per segment (S3's blind conditional first write)
+        lists ``parent`` instead — once, at most ``max_requests`` pages of directory names —
+        and lets the first write of every segment under a directory found holding nothing go
+        straight to a create-only PUT, until :meth:`forget_new_dirs`. A listing before the
+        write is what every later append relies on too (the cached layout), with the
+        create-only PUT still refusing a key taken meanwhile. Returns how many directories
+        were found empty; the default (no listing to save) finds none."""
+        return 0
+
+    def forget_new_dirs(self) -> None:  # noqa: B027 — optional hook, empty on purpose
+        """Forget what :meth:`expect_new_dirs` found: it holds for one tiering round, not for
+        segments written later."""
 
     async def aclose(self) -> None:  # noqa: B027 — optional hook, empty on purpose
         """Release shared resources (network clients). Idempotent. Default: nothing to release."""

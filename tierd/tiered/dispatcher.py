@@ -216,7 +216,10 @@ class Dispatcher:
         (``POST /v1/admin/tier``) never answered and the manifests written after each round
         fell behind for ever. What arrives meanwhile is the next round's."""
         async with self.round_lock:
-            return await self._round(force)
+            try:
+                return await self._round(force)
+            finally:
+                self.flat.forget_first_writes()
 
     async def _round(self, force: bool) -> RoundResult:
         if self.before_round is not None:
@@ -265,7 +268,8 @@ class Dispatcher:
         ]
         if not new:
             return
-        await self.flat.create_many(new)
+        made = await self.flat.create_many(new)
+        await self.flat.expect_first_writes([(ff.topic, ff.queue_id) for ff in made])
         if len(new) <= NEW_QUEUES_LISTED:
             for topic, qid, first in new:
                 log.info("tiering %s/%d from queue offset %d", topic, qid, first)

@@ -21,7 +21,7 @@ import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from tierd.drivers.paths import segment_dir
+from tierd.drivers.paths import segment_dir, topic_dir
 from tierd.drivers.segment import FileType
 from tierd.errors import CorruptionError, SegmentNotFoundError, TierdError
 from tierd.tiered.flatmessage import FlatMessageFile
@@ -158,6 +158,33 @@ class FlatFileStore:
                     self.topics.pop(topic, None)
                 raise
         return made
+
+    async def expect_first_writes(self, queues: Sequence[tuple[str, int]]) -> int:
+        """Tell the backend that ``queues`` (just created) are about to get their first
+        segments: one listing of each topic's directory (:meth:`DriverRoot.expect_new_dirs`,
+        topics at once up to ``max_concurrent_queues``) instead of a confirming listing per new
+        segment — two per queue. At most one page per new queue of the topic, so never more
+        requests than it saves. Best effort: a failed listing leaves those queues' first writes
+        to confirm themselves. Returns how many queue directories were found empty."""
+        by_topic: dict[str, list[str]] = {}
+        for topic, qid in queues:
+            by_topic.setdefault(topic, []).append(str(qid))
+        gate = asyncio.Semaphore(self.cfg.max_concurrent_queues)
+
+        async def expect(topic: str, names: list[str]) -> int:
+            parent = topic_dir("", self.cfg.cluster, self.cfg.broker, topic)
+            async with gate:
+                try:
+                    return await self.root.expect_new_dirs(parent, names, max_requests=len(names))
+                except (TierdError, TimeoutError) as e:
+                    log.debug("listing %s before its first writes failed: %s", parent, e)
+                    return 0
+
+        return sum(await asyncio.gather(*(expect(t, names) for t, names in by_topic.items())))
+
+    def forget_first_writes(self) -> None:
+        """Forget what :meth:`expect_first_writes` found (it holds for one round)."""
+        self.root.forget_new_dirs()
 
     async def _changed(self, _: FlatAppendFile | None = None) -> None:
         await self.save()

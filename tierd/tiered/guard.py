@@ -33,7 +33,7 @@ from tierd.drivers.segment import ByteRange, DriverRoot, SegmentDriver
 from tierd.errors import BackendError, TierdError
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable, Coroutine, Mapping
+    from collections.abc import Awaitable, Callable, Collection, Coroutine, Mapping
 
 log = logging.getLogger(__name__)
 _T = TypeVar("_T")
@@ -237,6 +237,19 @@ class GuardedRoot(DriverRoot):
         return await self.call(
             "list_objects", prefix, lambda: self.inner.list_objects(prefix), mutating=False
         )
+
+    async def expect_new_dirs(self, parent: str, names: Collection[str], *, max_requests: int) -> int:
+        # docstring inherited — a listing, bounded like every other call
+        return await self.call(
+            "list_objects",
+            parent,
+            lambda: self.inner.expect_new_dirs(parent, names, max_requests=max_requests),
+            mutating=False,
+        )
+
+    def forget_new_dirs(self) -> None:
+        # docstring inherited
+        self.inner.forget_new_dirs()
 
     async def check_capabilities(self) -> Mapping[str, Any] | None:
         # docstring inherited — the wrapped root's probe, bounded (never fenced: it decides
