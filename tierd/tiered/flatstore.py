@@ -163,9 +163,11 @@ class FlatFileStore:
         """Tell the backend that ``queues`` (just created) are about to get their first
         segments: one listing of each topic's directory (:meth:`DriverRoot.expect_new_dirs`,
         topics at once up to ``max_concurrent_queues``) instead of a confirming listing per new
-        segment — two per queue. At most one page per new queue of the topic, so never more
-        requests than it saves. Best effort: a failed listing leaves those queues' first writes
-        to confirm themselves. Returns how many queue directories were found empty."""
+        segment — two per queue. At most one page per new queue of the topic: fewer requests
+        than it saves when the round writes them (a round where they are not due yet spends
+        the listing for nothing; the next one confirms per segment). Best effort: a failed
+        listing leaves those queues' first writes to confirm themselves. Returns how many queue
+        directories were found empty."""
         by_topic: dict[str, list[str]] = {}
         for topic, qid in queues:
             by_topic.setdefault(topic, []).append(str(qid))
