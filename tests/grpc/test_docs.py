@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -41,6 +42,12 @@ def test_the_documented_example_works(tierd: GrpcTierd) -> None:
     message_id = lines[0]
     assert message_id
     assert lines[1] == "b'hello' paid {'order-1'} {'region': 'eu'} 1"
-    # Acked: the group's committed offsets (over HTTP) have moved past the one message.
-    offsets = httpx.get(f"{tierd.url}/v1/groups/billing/offsets", timeout=30).json()["offsets"]
-    assert sum(o["offset"] for o in offsets) == 1
+    # Acked: the group's committed offsets (over HTTP) move past the one message (within the
+    # lazy commit's delay, tierd.consumption.inflight.COMMIT_DELAY).
+    deadline = time.monotonic() + 30
+    while True:
+        offsets = httpx.get(f"{tierd.url}/v1/groups/billing/offsets", timeout=30).json()["offsets"]
+        if sum(o["offset"] for o in offsets) == 1:
+            break
+        assert time.monotonic() < deadline, f"committed offsets not moved in 30 s: {offsets}"
+        time.sleep(0.05)

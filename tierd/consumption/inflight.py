@@ -17,6 +17,13 @@ appended to ``{store.dir}/consumption/acks.log`` and fsynced *before* the answer
 reads the journal back, so acked offsets above the committed prefix stay consumed. Leases are
 memory only: after a restart every un-acked message is visible at once (at-least-once).
 
+The committed prefix reaches the offset store lazily: at most :data:`COMMIT_DELAY` after it
+moved, in one write for every queue that moved meanwhile, rather than one offsets-file rewrite
+(two fsyncs) per ack. The journal is what makes an ack durable, so the lag costs nothing on a
+crash: the journal is compacted only after the prefixes it covers are written, and a restart
+moves the prefix over the journaled offsets again. Readers of the offset store (``tierd
+groups``, HTTP) see a receive / ack group's offset up to that long after the ack.
+
 Dead letters: a message whose lease expires after ``max_attempts`` deliveries is not delivered
 again but copied to the topic ``%DLQ%<group>`` (RocketMQ's name), then acked in its own topic —
 in that order, so a crash between the two costs a second copy at most, never the message; the
@@ -46,6 +53,7 @@ from tierd.format.properties import KEY_SEPARATOR, PROPERTY_KEYS, PROPERTY_TAGS,
 from tierd.local.validation import check_topic
 from tierd.message import GetStatus, Message
 from tierd.offsets import check_group, write_atomically
+from tierd.repeats import FailureLog
 from tierd.subscription import parse_tags
 
 if TYPE_CHECKING:
@@ -56,8 +64,13 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 QueueKey = tuple[str, str, int]  # (group, topic, queue id)
+_commit_failures = FailureLog(log, "committing receive / ack offsets")
 #: Journal lines kept beyond the live ones before the journal is rewritten with only those.
 COMPACT_SLACK = 10_000
+#: Longest a moved committed prefix waits before it is written to the offset store (s).
+COMMIT_DELAY = 0.2
+#: Longest the shutdown waits to write them (s).
+CLOSE_TIMEOUT = 10.0
 #: Shortest and longest invisible duration (s). The RocketMQ proxy's floor is 10 s; tierd accepts
 #: one second so short-lived leases (tests, fast retries) work.
 MIN_INVISIBLE = 1.0
@@ -145,6 +158,9 @@ class Lease:
 class _Queue:
     committed: int
     cursor: int
+    #: The committed offset last written to the offset store (behind ``committed`` for at most
+    #: COMMIT_DELAY): the store holding anything else means someone else moved it (a reset).
+    written: int
     done: list[tuple[int, int]] = field(default_factory=list)
     leases: dict[int, Lease] = field(default_factory=dict)
 
@@ -302,6 +318,10 @@ class Inflight:
         #: Receives waiting per (group, topic): woken when a FIFO message is acked or moved, so
         #: the next message of its group is delivered at once, not at the end of the long poll.
         self._waiting: dict[tuple[str, str], set[asyncio.Future[None]]] = {}
+        #: Queues whose committed prefix moved since it was last written, and the task that
+        #: writes them COMMIT_DELAY later.
+        self._moved: set[QueueKey] = set()
+        self._writer: asyncio.Task[None] | None = None
 
     # ------------------------------------------------------------------ state
     async def _queue(self, group: str, topic: str, queue_id: int) -> _Queue:
@@ -310,18 +330,19 @@ class Inflight:
         key = (group, topic, queue_id)
         stored = self.store.committed_offsets(group).get((topic, queue_id))
         q = self._queues.get(key)
-        if q is not None and stored is not None and stored != q.committed:
+        if q is not None and stored is not None and stored != q.written:
             log.info("group %s moved on %s/%d to offset %d; leases dropped", group, topic, queue_id, stored)
             q = None
         if q is None:
             if stored is None:
                 stored = self._start_offset(topic, queue_id)
                 await self.store.commit_offset(group, topic, queue_id, stored)
-            q = _Queue(committed=stored, cursor=stored)
+            q = _Queue(committed=stored, cursor=stored, written=stored)
             for offset in self._acked_on_disk.pop(key, []):
                 q.mark_done(offset, offset + 1)
             if q.committed != stored:
                 await self.store.commit_offset(group, topic, queue_id, q.committed)
+                q.written = q.committed
             self._queues[key] = q
         return q
 
@@ -585,15 +606,71 @@ class Inflight:
             return encode_handle(g, t, queue_id, offset, lease.nonce)
 
     async def _commit(self, group: str, topic: str, queue_id: int, q: _Queue) -> None:
-        stored = self.store.committed_offsets(group).get((topic, queue_id))
-        if stored != q.committed:
-            await self.store.commit_offset(group, topic, queue_id, q.committed)
+        """Write ``q``'s committed prefix to the offset store within COMMIT_DELAY."""
+        if q.committed == q.written:
+            return
+        self._moved.add((group, topic, queue_id))
+        if self._writer is None or self._writer.done():
+            self._writer = asyncio.get_running_loop().create_task(
+                self._write_later(), name="tierd-consumption-commit"
+            )
+
+    async def _write_later(self) -> None:
+        await asyncio.sleep(COMMIT_DELAY)
+        async with self._lock:
+            try:
+                await self._write_moved()
+            except Exception as e:  # the journal still has the acks: written at the next move
+                _commit_failures.failed(e)
+
+    async def _write_moved(self) -> None:
+        """Write every moved committed prefix to the offset store (under ``self._lock``). One
+        the store no longer holds as written was moved by someone else (``tierd groups reset``,
+        UpdateOffset): left as it is, and :meth:`_queue` restarts from it."""
+        moved, self._moved = self._moved, set()
+        for key in sorted(moved):
+            q = self._queues.get(key)
+            if q is None or q.committed == q.written:
+                continue
+            group, topic, queue_id = key
+            if self.store.committed_offsets(group).get((topic, queue_id)) != q.written:
+                continue
+            try:
+                await self.store.commit_offset(group, topic, queue_id, q.committed)
+            except BaseException:
+                self._moved.add(key)  # tried again at the next write
+                raise
+            q.written = q.committed
+
+    async def flush(self) -> None:
+        """Write every moved committed prefix now: before an offset is read or set through the
+        protocol (GetOffset, UpdateOffset), so it reads what was acked and is not overwritten."""
+        async with self._lock:
+            await self._write_moved()
+
+    async def close(self) -> None:
+        """At shutdown: the committed prefixes written (the journal would restore them anyway,
+        but ``tierd groups`` on a stopped store then shows where each group is)."""
+        if self._writer is not None:
+            self._writer.cancel()
+        try:
+            await asyncio.wait_for(self.flush(), CLOSE_TIMEOUT)
+        except TimeoutError:  # the journal has the acks: a restart moves the prefixes
+            _commit_failures.failed(
+                TimeoutError(f"committed offsets not written within {CLOSE_TIMEOUT} s at shutdown")
+            )
+        except Exception as e:
+            _commit_failures.failed(e)
 
     async def _compact(self) -> None:
+        if self.journal.lines <= COMPACT_SLACK:  # the common case, without building ``live``
+            return
         live = [(key, offset) for key, q in self._queues.items() for a, b in q.done for offset in range(a, b)]
         live += [(key, o) for key, offsets in self._acked_on_disk.items() for o in offsets]
         live += self._acking  # journaled (or about to be) but not applied yet: keep them
         if self.journal.lines > COMPACT_SLACK + 4 * len(live):
+            # Journal lines below a prefix not yet written are what keeps those acks: write first.
+            await self._write_moved()
             await self.journal.compact(live)
 
     def in_flight(self) -> dict[str, int]:

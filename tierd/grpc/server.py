@@ -136,3 +136,5 @@ class GrpcListener:
     async def stop(self, grace: float) -> None:
         """Finish RPCs in flight for up to ``grace`` seconds, then cancel the rest (long polls)."""
         await self.server.stop(grace)
+        if self.servicer is not None:
+            await self.servicer.inflight.close()

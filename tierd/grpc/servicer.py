@@ -471,6 +471,7 @@ class Servicer(svc_grpc.MessagingServiceServicer):  # type: ignore[misc]
         bind_names(group=request.group.name)
         try:
             topic, queue_id = await self._queue_of(request.message_queue)
+            await self.inflight.flush()  # what receive / ack consumers of the group acked
             offset = get_offset(self.store, request.group.name, topic, queue_id)
             return svc.GetOffsetResponse(status=ok(), offset=offset)
         except Exception as e:
@@ -480,6 +481,7 @@ class Servicer(svc_grpc.MessagingServiceServicer):  # type: ignore[misc]
         bind_names(group=request.group.name)
         try:
             topic, queue_id = await self._queue_of(request.message_queue)
+            await self.inflight.flush()  # so a pending write of acks does not undo this
             await update_offset(self.store, request.group.name, topic, queue_id, request.offset)
             return svc.UpdateOffsetResponse(status=ok())
         except Exception as e:
