@@ -3,9 +3,11 @@ loopback port, driven by the official RocketMQ Python client (unmodified) or its
 
 from __future__ import annotations
 
+import asyncio
 import time
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import grpc
 import pytest
@@ -15,10 +17,13 @@ from rocketmq.grpc_protocol import service_pb2_grpc
 from tests.service.conftest import TierdProcess, service_config, toml
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterator
+    from collections.abc import Callable, Coroutine, Iterator
     from pathlib import Path
 
     from rocketmq import Message
+
+
+T = TypeVar("T")
 
 
 def grpc_config(
@@ -101,6 +106,15 @@ def receive_until(
         assert time.monotonic() < deadline, f"not received in {timeout} s; got {[m.body for m in got]}"
         got += c.receive(32, invisible)
     return got
+
+
+def run_async(coro: Coroutine[Any, Any, T], timeout: float = 120) -> T:
+    """``asyncio.run(coro)`` in a thread of its own. Run in the main thread, it leaves that
+    thread's event loop unset, and the official client, started later in the same pytest process,
+    then fails now and then to open its telemetry stream ("There is no current event loop in
+    thread 'MainThread'", then "failed to fetch topic route")."""
+    with ThreadPoolExecutor(1, thread_name_prefix="test-asyncio") as pool:
+        return pool.submit(asyncio.run, coro).result(timeout)
 
 
 def signed_config(server: GrpcTierd, access_key: str, secret_key: str) -> ClientConfiguration:

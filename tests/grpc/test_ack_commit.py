@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING
 
+from tests.grpc.conftest import run_async
 from tierd import MessageStore, TierdConfig
 from tierd.consumption import inflight as inflight_module
 from tierd.consumption.inflight import Delivery, Inflight
@@ -72,7 +73,7 @@ async def _acked_then_crashed(
 def test_a_crash_before_the_lazy_commit_loses_no_ack(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # The crash comes inside the window however slow the acks' fsyncs are on a busy machine.
     monkeypatch.setattr(inflight_module, "COMMIT_DELAY", 3600.0)
-    before, after, redelivered = asyncio.run(_acked_then_crashed(tmp_path, 5, 3))
+    before, after, redelivered = run_async(_acked_then_crashed(tmp_path, 5, 3))
     assert before == 0  # acked, but the committed offset was not written yet (the window)
     assert redelivered == [b"m3", b"m4"]  # exactly the un-acked ones
     assert after == 3  # the restart moved the prefix over the journaled acks
@@ -94,7 +95,7 @@ def test_the_lazy_commit_is_written_within_its_delay(tmp_path: Path) -> None:
             await inflight.close()
             return seen
 
-    assert asyncio.run(run()) == [0, 2]
+    assert run_async(run()) == [0, 2]
 
 
 def test_compacting_the_journal_writes_the_offsets_it_covers_first(
@@ -106,7 +107,7 @@ def test_compacting_the_journal_writes_the_offsets_it_covers_first(
     # ack being applied is live), which drops the lines of the first four.
     monkeypatch.setattr(inflight_module, "COMPACT_SLACK", 0)
     monkeypatch.setattr(inflight_module, "COMMIT_DELAY", 3600.0)  # only the compaction writes
-    before, after, redelivered = asyncio.run(_acked_then_crashed(tmp_path, 10, 8))
+    before, after, redelivered = run_async(_acked_then_crashed(tmp_path, 10, 8))
     assert before == 5  # written by the compaction, not COMMIT_DELAY later
     lines = (tmp_path / "consumption" / "acks.log").read_text().splitlines()
     assert len(lines) == 4  # the 5th ack's line, kept by the compaction, and the three after

@@ -4,7 +4,6 @@ nothing is served; the secret never reaches the log."""
 
 from __future__ import annotations
 
-import asyncio
 from typing import TYPE_CHECKING
 
 import pytest
@@ -12,7 +11,7 @@ from rocketmq import Message, Producer
 from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as svc
 
-from tests.grpc.conftest import GrpcTierd, signed_config
+from tests.grpc.conftest import GrpcTierd, run_async, signed_config
 from tests.service.conftest import service_config, toml
 from tierd.config import TierdConfig
 from tierd.errors import ConfigError
@@ -85,17 +84,16 @@ def test_a_non_loopback_listener_needs_credentials(tmp_path: Path) -> None:
     cfg["grpc"] = {"host": "0.0.0.0", "port": 0}
 
     async def bind() -> int:
-        # On a running loop, as the daemon builds the listener (grpc.aio needs one; after another
-        # test's asyncio.run the main thread has none).
+        # On a running loop, as the daemon builds the listener (grpc.aio needs one).
         listener = GrpcListener(TierdConfig.from_dict(cfg))
         port: int = listener.port
         await listener.stop(0)
         return port
 
     with pytest.raises(ConfigError, match="credentials"):
-        asyncio.run(bind())
+        run_async(bind())
     cfg["grpc"]["credentials"] = {"app": SECRET}
-    assert asyncio.run(bind())  # binds; serves nobody unsigned
+    assert run_async(bind())  # binds; serves nobody unsigned
     assert SECRET not in repr(TierdConfig.from_dict(cfg))
 
 
