@@ -633,8 +633,9 @@ class Inflight:
             if q is None or q.committed == q.written:
                 continue
             group, topic, queue_id = key
-            if self.store.committed_offsets(group).get((topic, queue_id)) != q.written:
-                continue
+            stored = self.store.committed_offsets(group).get((topic, queue_id))
+            if stored is not None and stored != q.written:
+                continue  # (none stored: the group was deleted meanwhile, written again as before)
             try:
                 await self.store.commit_offset(group, topic, queue_id, q.committed)
             except BaseException:
