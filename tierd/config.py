@@ -48,8 +48,8 @@ def _rmq(name: str) -> dict[str, Any]:
 class _Section(BaseModel):
     """``defer_build``: a model's validator is built when it first validates, not when the
     class is defined — importing this module builds none, so a CLI command that only asks the
-    daemon (:func:`load_client`) builds the three sections it validates, not all thirteen
-    (about 35 ms of its start-up; docs/performance.md, "CLI start-up")."""
+    daemon (:func:`load_client`) builds only the sections it validates, not all of them
+    (docs/performance.md, "CLI start-up")."""
 
     model_config = ConfigDict(frozen=True, extra="forbid", validate_default=True, defer_build=True)
 

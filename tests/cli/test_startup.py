@@ -32,7 +32,7 @@ __all__ = ["daemon"]  # the fixture, shared with test_remote
 
 #: Modules that make a start-up slow and that neither --help nor a command answered by the
 #: daemon needs: numpy, the engine behind the facade, and the inventory with its manifest models
-#: and segment drivers (~25 ms; ``queues`` and ``consume`` build :mod:`tierd.queue_info` rows).
+#: and segment drivers (~8 ms; ``queues`` and ``consume`` build :mod:`tierd.queue_info` rows).
 HEAVY = (
     "numpy",
     "tierd.store",
@@ -44,10 +44,10 @@ HEAVY = (
 )
 #: Imported on first use only, by what needs them: rich for tables on a terminal and progress
 #: bars (output to a pipe and JSON need none of it, ~25 ms of a start); asyncio and
-#: concurrent.futures for the two commands that use them (~10 ms each).
+#: concurrent.futures for the two commands that use them (~10 ms together).
 LAZY = ("rich.console", "rich.table", "asyncio", "concurrent.futures")
 #: ``groups ls`` turns the reply into :class:`tierd.groups.GroupInfo`, whose module imports the
-#: offsets machinery and asyncio with it (left as it is: ~35 ms of that one command).
+#: offsets machinery and asyncio with it (left as it is: outside the CLI).
 LAZY_EXCEPT = {"groups": ("asyncio", "concurrent.futures")}
 
 #: Runs the console entry point, then writes to argv[1] the names of every imported module and

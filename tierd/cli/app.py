@@ -2,9 +2,10 @@
 rendering text or JSON, progress bars, and the one error handler.
 
 Start-up cost is part of the interface: every ``tierd`` invocation imports this module and every
-command module (to register the commands), so those import only typer, rich's console and what
-a command that asks the daemon needs. The facade (numpy, the hot store, the tiering engine,
-about a second) is imported inside the commands that open the directory themselves
+command module (to register the commands), so those import only typer and what a command that
+asks the daemon needs. The facade (numpy, the hot store, the tiering engine, about a second) is
+imported inside the commands that open the directory themselves, rich only for a table on a
+terminal and for progress bars, and such a command validates only the config's client sections
 (``tests/cli/test_startup.py`` checks what ``--help`` and remote commands import).
 
 Commands are thin: they parse options, call the facade and render. A
@@ -136,8 +137,8 @@ class Context:
 
     def client(self) -> TierdConfig | ClientConfig:
         """The sections that find and ask a running daemon (``[store]``, ``[server]``,
-        ``[log]``): a command the daemon answers validates only those (``load_client``, about
-        35 ms less of its start than the whole configuration)."""
+        ``[log]``): a command the daemon answers validates only those (``load_client``); the
+        other sections' validators are never built (docs/performance.md, "CLI start-up")."""
         if self._cfg is not None:
             return self._cfg
         if self._client is None:
