@@ -42,8 +42,18 @@ lint: $(TEST_STAMP)
 typecheck: $(TEST_STAMP)
 	$(BIN)/mypy
 
+# Tests run on PYTEST_WORKERS processes (pytest-xdist; `auto`: one per CPU): most of them wait on
+# servers, subprocesses and sockets, so two workers on two cores overlap one test's waiting with
+# another's work. The heavy session fixtures stay on one worker each (tests/conftest.py).
+# PYTEST_WORKERS=0 runs them in this process, one after the other.
+PYTEST_WORKERS ?= auto
+# Bytecode is cached for the test runs even where the environment says otherwise
+# (PYTHONDONTWRITEBYTECODE): without the cache every run, every worker and every `tierd`
+# subprocess a test starts compiles tierd again, and pytest rewrites every test module's asserts
+# again (collection alone took twice the CPU). The caches are __pycache__ directories (.gitignore).
+pytest test-sanitizers: export PYTHONDONTWRITEBYTECODE :=
 pytest: $(TEST_STAMP)
-	$(BIN)/pytest $(PYTEST_ARGS)
+	$(BIN)/pytest -n $(PYTEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
 # The record format's C extension under AddressSanitizer and UBSan: built into a scratch copy of
 # tierd and tests (build/sanitizers; the venv's in-tree build, which other processes load, is never

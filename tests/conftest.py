@@ -21,6 +21,25 @@ settings.register_profile("tierd", suppress_health_check=[HealthCheck.too_slow],
 settings.load_profile("tierd")
 
 
+# --- Parallel runs (`make test` runs pytest-xdist workers)
+#: Session fixtures that start something heavy: every worker that runs one test using them starts
+#: its own copy. Their tests are kept on one worker each (``--dist loadgroup``), so one JVM runs
+#: the Spark session and one LocalStack or SeaweedFS runs per test run, as in a sequential run.
+_ONE_WORKER = ("spark", "localstack_server", "seaweedfs_server")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if not config.pluginmanager.hasplugin("xdist"):
+        return  # the marker is xdist's (and --strict-markers refuses unknown ones)
+    for item in items:
+        fixtures = set(getattr(item, "fixturenames", ()))
+        server = getattr(getattr(item, "callspec", None), "params", {}).get("s3_server")
+        for name in _ONE_WORKER:
+            if name in fixtures or f"{server}_server" == name:
+                item.add_marker(pytest.mark.xdist_group(name))
+                break
+
+
 @pytest.fixture(autouse=True)
 def _isolated_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     for key in list(os.environ):
