@@ -25,7 +25,6 @@ import json
 import os
 import re
 import resource
-import select
 import socket
 import statistics
 import subprocess
@@ -33,6 +32,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from tierd.testing.daemon import start_daemon
 
 TOKEN = "bench-token"
 COMMANDS: list[tuple[str, ...]] = [
@@ -54,22 +55,6 @@ def _tierd(tree: Path | None) -> list[str]:
     """The console entry point, from ``tree`` when given (first on ``sys.path``)."""
     prefix = f"import sys; sys.path.insert(0, {str(tree)!r}); " if tree is not None else ""
     return [sys.executable, "-c", prefix + "from tierd.cli import main; main()"]
-
-
-def _wait_listening(proc: subprocess.Popen[str], timeout: float) -> None:
-    assert proc.stderr is not None
-    deadline = time.monotonic() + timeout
-    seen = ""
-    while time.monotonic() < deadline:
-        ready, _, _ = select.select([proc.stderr], [], [], 1.0)
-        if ready:
-            line = proc.stderr.readline()
-            seen += line
-            if re.search(r"listening on http://", line):
-                return
-            if not line and proc.poll() is not None:
-                break
-    raise SystemExit(f"tierd serve did not start listening within {timeout} s:\n{seen}")
 
 
 def _run(argv: list[str], env: dict[str, str]) -> tuple[float, float]:
@@ -114,12 +99,13 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory(prefix="tierd-cli-bench-") as tmp:
         root = Path(tmp)
-        cfg = root / "tierd.toml"
-        cfg.write_text(
-            f'[store]\ndir = "{root / "hot"}"\ncommitlog_file_size = 8388608\n'
-            f'[tiered]\nenabled = false\n[server]\nhost = "127.0.0.1"\nport = {_free_port()}\n'
-            '[log]\nlevel = "WARNING"\n'
-        )
+        settings: dict[str, dict[str, object]] = {
+            "store": {"dir": str(root / "hot"), "commitlog_file_size": 8 * 1024 * 1024},
+            "tiered": {"enabled": False},
+            "server": {"host": "127.0.0.1", "port": _free_port(), "token": TOKEN},
+            "log": {"level": "WARNING"},  # the commands; the daemon logs at INFO (its readiness)
+        }
+        cfg = root / "tierd.toml"  # start_daemon writes it there; the commands read it too
         clean = {
             k: v
             for k, v in os.environ.items()
@@ -130,18 +116,10 @@ def main() -> None:
         env = {
             **clean,
             "TIERD_CONFIG": str(cfg),
-            "TIERD_SERVER__TOKEN": TOKEN,
             "PYTHONPYCACHEPREFIX": str(root / "pyc"),
         }
-        server = subprocess.Popen(
-            [*_tierd(None), "serve"],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            text=True,
-            env={**env, "PYTHONUNBUFFERED": "1", "TIERD_LOG__LEVEL": "INFO"},
-        )
+        server = start_daemon(root, settings)
         try:
-            _wait_listening(server, 60)
             _run([*_tierd(None), "produce", "orders", "hello", "-k", "k-1"], env)
             trees: dict[str, Path | None] = {"this": None}
             if args.baseline is not None:
@@ -171,8 +149,7 @@ def main() -> None:
                         times.setdefault((name, tree), []).append(_run(argv, env))
             load_after = os.getloadavg()[0]
         finally:
-            server.kill()
-            server.wait(30)
+            server.stop()
 
     result: dict[str, object] = {"rounds": args.rounds, "load_1min": [load_before, load_after]}
     for (name, tree), ts in times.items():

@@ -4,14 +4,11 @@ from __future__ import annotations
 
 import io
 import logging
-import os
-import select
-import signal
 import subprocess
 import sys
-import time
 from typing import TYPE_CHECKING
 
+from tests.service.conftest import TierdProcess
 from tierd import BlockingMessageStore, Message, TierdConfig
 
 if TYPE_CHECKING:
@@ -30,42 +27,18 @@ def _config(tmp_path: Path) -> Path:
     return path
 
 
-def _wait_for_line(proc: subprocess.Popen[str], needle: str, timeout: float) -> str:
-    assert proc.stderr is not None
-    deadline = time.monotonic() + timeout
-    seen = ""
-    while time.monotonic() < deadline:
-        ready, _, _ = select.select([proc.stderr], [], [], deadline - time.monotonic())
-        if not ready:
-            break
-        line = proc.stderr.readline()
-        if not line:
-            break
-        seen += line
-        if needle in line:
-            return seen
-    raise AssertionError(f"{needle!r} not seen; output so far:\n{seen}")
-
-
 def test_serve_recovers_runs_and_stops_cleanly_on_sigterm(tmp_path: Path) -> None:
     cfg_path = _config(tmp_path)
     with BlockingMessageStore.open(TierdConfig.load(cfg_path, env={})) as store:
         store.put(Message(topic="orders", body=b"before"))
-    with subprocess.Popen(
-        [*TIERD, "--config", str(cfg_path), "serve"],
-        stderr=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    ) as proc:
-        try:
-            out = _wait_for_line(proc, "ready: 1 topic(s)", 60)
-            assert (tmp_path / "hot" / "abort").exists()
-            proc.send_signal(signal.SIGTERM)
-            assert proc.wait(timeout=60) == 0
-            assert proc.stderr is not None
-            out += proc.stderr.read()
-        finally:
-            proc.kill()
+    proc = TierdProcess(cfg_path)
+    try:
+        proc.wait_for(r"ready: 1 topic\(s\)", 60)
+        assert (tmp_path / "hot" / "abort").exists()
+        assert proc.terminate(timeout=60) == 0
+        out = proc.output
+    finally:
+        proc.kill()
     assert "stopped cleanly" in out
     assert not (tmp_path / "hot" / "abort").exists()
     with BlockingMessageStore.open(TierdConfig.load(cfg_path, env={})) as store:

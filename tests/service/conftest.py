@@ -8,14 +8,13 @@ import json
 import os
 import re
 import resource
-import select
 import signal
 import subprocess
 import sys
 import threading
 import time
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any
 
 import httpx
 
@@ -133,6 +132,18 @@ def toml(data: dict[str, Any], prefix: str = "") -> str:
     return out
 
 
+def collect_lines(stream: IO[str], lines: list[str], cond: threading.Condition) -> None:
+    """Append each line of ``stream`` to ``lines`` (notifying ``cond``) until end of file.
+
+    Select-then-readline would be wrong: lines written together land in the file object's
+    buffer on the first read, and select, which sees only the pipe, then waits for more output
+    while they sit there (tests/service/test_process_lines.py)."""
+    for line in stream:
+        with cond:
+            lines.append(line)
+            cond.notify_all()
+
+
 class TierdProcess:
     """``tierd --config FILE serve`` as an operator runs it; stderr is collected by a thread so a
     chatty server never blocks on a full pipe."""
@@ -162,18 +173,7 @@ class TierdProcess:
 
     def _read(self) -> None:
         assert self.proc.stderr is not None
-        while True:
-            ready, _, _ = select.select([self.proc.stderr], [], [], 1.0)
-            if not ready:
-                if self.proc.poll() is not None:
-                    break
-                continue
-            line = self.proc.stderr.readline()
-            if not line:
-                break
-            with self._cond:
-                self.lines.append(line)
-                self._cond.notify_all()
+        collect_lines(self.proc.stderr, self.lines, self._cond)
 
     @property
     def output(self) -> str:
