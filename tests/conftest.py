@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 from typing import TYPE_CHECKING
 
@@ -38,6 +39,25 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             if name in fixtures or f"{server}_server" == name:
                 item.add_marker(pytest.mark.xdist_group(name))
                 break
+
+
+@pytest.fixture(autouse=True)
+def _main_thread_event_loop() -> Iterator[None]:
+    """Every test starts with a current event loop of its own in the main thread, closed after
+    the test.
+
+    ``asyncio.run`` leaves the main thread with no current loop (set to None), and from then on
+    ``asyncio.get_event_loop()`` there raises "There is no current event loop in thread
+    'MainThread'". The official RocketMQ client (through grpc.aio) asks for it, so a gRPC test
+    failed whenever an earlier test in the same process had called ``asyncio.run`` — and which
+    tests run earlier depends on how the workers of a parallel run share them out."""
+    policy = asyncio.get_event_loop_policy()
+    loop = policy.new_event_loop()
+    policy.set_event_loop(loop)
+    yield
+    policy.set_event_loop(None)  # (an asyncio.run in the test may have unset it already)
+    if not loop.is_running():
+        loop.close()
 
 
 @pytest.fixture(autouse=True)
