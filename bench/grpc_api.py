@@ -38,8 +38,6 @@ import argparse
 import asyncio
 import json
 import os
-import queue
-import re
 import shutil
 import signal
 import statistics
@@ -50,7 +48,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 from rocketmq import (
@@ -69,6 +67,10 @@ from rocketmq.grpc_protocol import service_pb2 as svc
 
 from tierd import MessageStore, TierdConfig
 from tierd.grpc.convert import to_message
+from tierd.testing.daemon import start_daemon
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 BODY = 1024
 TAGS = ("paid", "refunded")
@@ -118,42 +120,12 @@ def _requests(topic: str, requests: int, batch: int) -> list[Any]:
     ]
 
 
-def _start(root: Path) -> tuple[subprocess.Popen[str], str]:
-    """A ``tierd serve`` on ``root``; its gRPC endpoint once the store is open."""
-    root.mkdir(parents=True, exist_ok=True)
-    cfg = root / "tierd.toml"
-    lines = []
-    for section, values in _store(root / "hot").items():
-        lines.append(f"[{section}]")
-        lines += [f"{k} = {json.dumps(v)}" for k, v in values.items()]
-    cfg.write_text("\n".join(lines) + "\n")
-    cmd = [sys.executable, "-c", "from tierd.cli import main; main()", "--config", str(cfg)]
-    proc = subprocess.Popen([*cmd, "--log-level", "INFO", "serve"], stderr=subprocess.PIPE, text=True)
-    assert proc.stderr is not None
-    log: queue.Queue[str] = queue.Queue()
-
-    # A thread reads the log (select on a buffered pipe misses lines already buffered), and keeps
-    # reading it afterwards so the server never blocks on a full pipe.
-    def read() -> None:
-        for line in proc.stderr or ():
-            log.put(line)
-
-    threading.Thread(target=read, daemon=True).start()
-    deadline = time.monotonic() + 120
-    endpoint = None
-    seen: list[str] = []
-    while time.monotonic() < deadline and proc.poll() is None:
-        try:
-            line = log.get(timeout=1)
-        except queue.Empty:
-            continue
-        seen.append(line)
-        if m := re.search(r"RocketMQ gRPC API listening on grpc://([\d.]+):(\d+)", line):
-            endpoint = f"{m.group(1)}:{m.group(2)}"
-        if "ready:" in line and endpoint is not None:
-            return proc, endpoint
-    proc.kill()
-    raise RuntimeError("tierd serve did not become ready: " + "".join(seen[-20:]))
+def _start(root: Path) -> tuple[subprocess.Popen[str], str, Callable[[], None]]:
+    """A ``tierd serve`` on ``root``: the process, its gRPC endpoint once the store is open, and
+    how to stop it."""
+    daemon = start_daemon(root, _store(root / "hot"), want_grpc=True)
+    assert daemon.grpc is not None
+    return daemon.proc, daemon.grpc, daemon.stop
 
 
 def _stop(proc: subprocess.Popen[str]) -> None:
@@ -200,7 +172,7 @@ async def _in_process(root: Path, requests: list[Any]) -> dict[str, float]:
 def _grpc_send(root: Path, requests: list[Any], callers: int, noop: bool = False) -> dict[str, float]:
     """Pre-serialized requests, raw bytes on the wire: the callers spend next to nothing.
     ``noop``: against :func:`_noop_server` instead of tierd (the transport's ceiling)."""
-    proc, endpoint = _start_noop() if noop else _start(root)
+    proc, endpoint, stop = _start_noop() if noop else _start(root)
     try:
         payloads = [r.SerializeToString() for r in requests]
         shares = [payloads[i::callers] for i in range(callers)]
@@ -240,7 +212,7 @@ def _grpc_send(root: Path, requests: list[Any], callers: int, noop: bool = False
         if errors:
             raise RuntimeError(f"SendMessage errors: {errors[:3]}")
     finally:
-        _stop(proc)
+        stop()
     n = sum(len(r.messages) for r in requests)
     return {
         "messages": n,
@@ -253,14 +225,14 @@ def _grpc_send(root: Path, requests: list[Any], callers: int, noop: bool = False
     }
 
 
-def _start_noop() -> tuple[subprocess.Popen[str], str]:
+def _start_noop() -> tuple[subprocess.Popen[str], str, Callable[[], None]]:
     proc = subprocess.Popen([sys.executable, __file__, "--noop-server"], stdout=subprocess.PIPE, text=True)
     assert proc.stdout is not None
     line = proc.stdout.readline()  # the port, once serving (EOF if it failed: the error is on stderr)
     if not line.strip().isdigit():
         proc.kill()
         raise RuntimeError(f"the no-op gRPC server did not start: {line!r}")
-    return proc, f"127.0.0.1:{line.strip()}"
+    return proc, f"127.0.0.1:{line.strip()}", lambda: _stop(proc)
 
 
 def _noop_server() -> None:
@@ -313,7 +285,7 @@ def _config(endpoint: str) -> ClientConfiguration:
 
 def _receive_ack(root: Path, backlog: int) -> dict[str, float]:
     asyncio.run(_fill(root, "backlog", backlog))
-    proc, endpoint = _start(root)
+    _, endpoint, stop = _start(root)
     try:
         c = SimpleConsumer(
             _config(endpoint), "drainers", {"backlog": FilterExpression("*")}, await_duration=5
@@ -335,7 +307,7 @@ def _receive_ack(root: Path, backlog: int) -> dict[str, float]:
             pool.shutdown()
             c.shutdown()
     finally:
-        _stop(proc)
+        stop()
     if done < backlog:
         raise RuntimeError(f"drained {done} of {backlog} messages")
     return {"messages": done, "seconds": dt, "msgs_per_s": done / dt}
@@ -364,7 +336,7 @@ def _message(topic: str, i: int, body: bytes) -> Message:
 
 
 def _latency_and_client_send(root: Path, samples: int, sends: int) -> dict[str, Any]:
-    proc, endpoint = _start(root)
+    _, endpoint, stop = _start(root)
     try:
         producer = Producer(_config(endpoint), ("latency", "client"))
         producer.startup()
@@ -392,7 +364,7 @@ def _latency_and_client_send(root: Path, samples: int, sends: int) -> dict[str, 
             consumer.shutdown()
             producer.shutdown()
     finally:
-        _stop(proc)
+        stop()
     return {
         "latency": {"samples": samples, **_percentiles(lat)},
         "client_send": {"messages": sends, "seconds": dt, "msgs_per_s": sends / dt},
