@@ -71,7 +71,11 @@ def _kebab(name: str) -> str:
 class OffsetTable(BaseModel):
     """The file's shape (``format-version`` 1; unknown keys refused)."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid", alias_generator=_kebab, populate_by_name=True)
+    # defer_build: the validator is built on first use, not at import — a new store never reads
+    # the file, and start-up is part of issue 31's budget.
+    model_config = ConfigDict(
+        frozen=True, extra="forbid", alias_generator=_kebab, populate_by_name=True, defer_build=True
+    )
 
     format_version: Literal[1] = 1
     written_at: int = 0

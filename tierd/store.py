@@ -55,10 +55,6 @@ from tierd.subscription import TagFilter, parse_tags
 from tierd.systopics import is_system_topic, system_copy
 from tierd.tiered.dispatcher import TierReport
 from tierd.tiered.ownership import OwnerRecord, take_over_unreadable_prefix
-from tierd.tiered.readonly import ReadOnlyTiering, remove_scratch, scratch_config
-from tierd.tiered.restore import Progress, RestoreReport
-from tierd.tiered.restore import dry_run as restore_dry_run
-from tierd.tiered.restore import restore as restore_from_bucket
 from tierd.tiered.roots import backend_for_url
 from tierd.tiered.service import TieringService
 from tierd.topics import TopicAdmin, TopicInfo
@@ -66,8 +62,6 @@ from tierd.topics import restore_table as restore_topic_table
 from tierd.traffic import TopicTraffic
 from tierd.transactions.coordinator import EndResult, HalfResult, PendingTransaction, TransactionCoordinator
 from tierd.transactions.names import Resolution
-from tierd.verify import Progress as VerifyProgress
-from tierd.verify import VerifyReport, verify, verify_store
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Coroutine, Generator, Mapping, Sequence
@@ -80,6 +74,9 @@ if TYPE_CHECKING:
     from tierd.tiered.fetcher import CacheStats
     from tierd.tiered.guard import BackendHealth
     from tierd.tiered.index.results import IndexStats
+    from tierd.tiered.restore import Progress, RestoreReport
+    from tierd.verify import Progress as VerifyProgress
+    from tierd.verify import VerifyReport
 
 MAX_TIMESTAMP = 2**63 - 1
 #: Seconds tier_now / gc / verify wait for the hot store to index what was written before them.
@@ -623,6 +620,8 @@ class _StoreCore:
         await asyncio.to_thread(hot.require_dispatched, DISPATCH_WAIT, "verify")
         if self.tiering is not None:
             await self.tiering.wait_ready()
+        from tierd.verify import verify  # lazily: not on the open + put path (issue 31)
+
         return await verify(hot, self.tiering, progress, repair=repair)
 
 
@@ -960,6 +959,8 @@ class MessageStore(_StoreCore):
     ) -> VerifyReport:
         """Check a *stopped* store's directory and bucket without starting anything (what
         ``tierd verify`` runs); ``repair`` fixes what it safely can and says what it changed."""
+        from tierd.verify import verify_store  # lazily: not on the open + put path (issue 31)
+
         return await verify_store(cfg, progress, repair=repair)
 
     async def query(
@@ -995,6 +996,11 @@ class MessageStore(_StoreCore):
         """Rebuild an empty store directory's tiering metadata from the bucket's manifests,
         taking the bucket prefix over (``take_over=False``: refused while another store owns
         it). ``dry_run``: only report what it would bring back, writing nothing."""
+        # Lazily: restoring (and the read-only stack it opens the bucket with) is not on the
+        # open + put path (issue 31).
+        from tierd.tiered.restore import dry_run as restore_dry_run
+        from tierd.tiered.restore import restore as restore_from_bucket
+
         if dry_run:
             return await restore_dry_run(cfg, progress=progress)
         report = await restore_from_bucket(cfg, progress=progress, take_over=take_over)
@@ -1135,6 +1141,9 @@ class BlockingMessageStore(_StoreCore):
         (an empty hot store in a temporary directory, removed at close)."""
         if url is not None:
             cfg = cfg.model_copy(update={"backend": backend_for_url(url, cfg.backend)})
+        # Lazily: a read-only bucket store is not on the open + put path (issue 31).
+        from tierd.tiered.readonly import ReadOnlyTiering, remove_scratch, scratch_config
+
         cfg, scratch = scratch_config(cfg)
         loop = _LoopThread()
 
@@ -1362,6 +1371,8 @@ class BlockingMessageStore(_StoreCore):
         cfg: TierdConfig, progress: VerifyProgress | None = None, *, repair: bool = False
     ) -> VerifyReport:
         """Check a *stopped* store's directory and bucket (see :meth:`MessageStore.verify_store`)."""
+        from tierd.verify import verify_store  # lazily: not on the open + put path (issue 31)
+
         return asyncio.run(verify_store(cfg, progress, repair=repair))
 
     def _run_any(self, coro: Coroutine[Any, Any, T]) -> T:
@@ -1588,6 +1599,16 @@ class _LoopThread:
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join()
         self.loop.close()
+
+
+def __getattr__(name: str) -> Any:
+    """``RestoreReport`` on first use: its module (and the read-only stack behind it) is not on
+    the open + put path, so it is not imported with this one (issue 31)."""
+    if name == "RestoreReport":
+        from tierd.tiered.restore import RestoreReport
+
+        return RestoreReport
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 # The HTTP layer takes these from here, not from the layers below (docs/design.md, "Seams").

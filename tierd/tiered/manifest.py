@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Literal, TypeVar
 
-from pydantic import Field, ValidationError
+from pydantic import ConfigDict, Field, ValidationError
 
 from tierd.drivers.paths import cluster_dir
 from tierd.errors import CorruptionError, NotFoundError, SegmentNotFoundError
@@ -36,9 +36,14 @@ if TYPE_CHECKING:
 MANIFEST_NAME = "MANIFEST.json"
 INDEX_MANIFEST_NAME = "INDEX_MANIFEST.json"
 M = TypeVar("M", bound=JsonDocument)
+#: The manifests are read and written by tiering rounds, restore and verify, never on the open +
+#: put path: their validators are built on first use, not at import (issue 31's start-up budget).
+#: Merged with :class:`JsonDocument`'s configuration, which still says how they are checked.
+_DEFERRED = ConfigDict(defer_build=True)
 
 
 class QueueManifest(JsonDocument):
+    model_config = _DEFERRED
     format_version: Literal[1] = 1
     cluster: str
     broker: str
@@ -52,6 +57,7 @@ class QueueManifest(JsonDocument):
 
 
 class TopicEntry(JsonDocument):
+    model_config = _DEFERRED
     name: str
     id: int = Field(ge=0)
     reserve_hours: float | None = None
@@ -59,6 +65,7 @@ class TopicEntry(JsonDocument):
 
 
 class BrokerManifest(JsonDocument):
+    model_config = _DEFERRED
     format_version: Literal[1] = 1
     cluster: str
     broker: str
@@ -72,6 +79,8 @@ class IndexCoverage(JsonDocument):
     index segments of an :class:`IndexManifest` (unless their store timestamp is at or before
     its ``expired_through``)."""
 
+    model_config = _DEFERRED
+
     topic_id: int = Field(ge=0)
     queue_id: int = Field(ge=0)
     first_offset: int = Field(ge=0)
@@ -84,6 +93,8 @@ class IndexManifest(JsonDocument):
     every expiry. A reader of the bucket alone (Spark) needs both: index items are uploaded an
     index file at a time (up to ``max_file_age`` after the messages), so the index covers a
     prefix of each queue, not all of it — and after a restart or an expiry, not even that."""
+
+    model_config = _DEFERRED
 
     format_version: Literal[1] = 1
     cluster: str
