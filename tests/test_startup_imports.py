@@ -22,6 +22,7 @@ if TYPE_CHECKING:
 LAZY = ("tierd.verify", "tierd.tiered.restore", "tierd.tiered.readonly")
 #: Models whose validators that path must not build (``module:Class``).
 DEFERRED = (
+    "tierd.inventory:SegmentRow",
     "tierd.offsets:OffsetTable",
     "tierd.tiered.manifest:QueueManifest",
     "tierd.tiered.manifest:TopicEntry",

@@ -48,7 +48,9 @@ class SegmentRow(ManifestSegment):
     lives. Keys are the field names (snake_case) — it is the shape of the CLI's and the HTTP
     API's output, not a document on disk."""
 
-    model_config = ConfigDict(alias_generator=_same)
+    # defer_build: built on the first listing, not at import — the open + put path lists no
+    # segment (issue 31's start-up budget).
+    model_config = ConfigDict(alias_generator=_same, defer_build=True)
 
     topic: str | None = Field(description="None for INDEX segments (they mix topics).")
     queue_id: int | None
