@@ -15,6 +15,7 @@ shared: figures are what this run saw.
 
 from __future__ import annotations
 
+import argparse
 import os
 import statistics
 import sys
@@ -103,9 +104,17 @@ def lateness(store: BlockingMessageStore) -> list[int]:
 
 
 def main() -> None:
-    """``--scheduler-off``: the put rates only, with no scheduler (for scale: the put path's own
-    cost, the ceiling of what the scheduler's side can reach)."""
-    scheduler = "--scheduler-off" not in sys.argv[1:]
+    parser = argparse.ArgumentParser(
+        description="Delayed vs normal put throughput (target >= 0.5x) and delivery lateness of "
+        f"scheduled messages (~{ROUNDS * 2 * ROUND_SECONDS + SECONDS + 10:.0f} s)."
+    )
+    parser.add_argument(
+        "--scheduler-off",
+        action="store_true",
+        help="the put rates only, with no scheduler (for scale: the put path's own cost, the "
+        "ceiling of what the scheduler's side can reach)",
+    )
+    scheduler = not parser.parse_args().scheduler_off
     with tempfile.TemporaryDirectory() as tmp:
         with BlockingMessageStore.open(config(Path(tmp) / "a", scheduler=scheduler)) as store:
             normals: list[float] = []

@@ -9,7 +9,13 @@ from typing import TYPE_CHECKING
 import pytest
 
 from tierd import BlockingMessageStore
-from tierd.errors import AlreadyDeliveredError, DeliveryTimeError, InvalidTopicError, UnknownHandleError
+from tierd.errors import (
+    AlreadyDeliveredError,
+    DeliveryTimeError,
+    InvalidQueueError,
+    InvalidTopicError,
+    UnknownHandleError,
+)
 from tierd.message import Message
 from tierd.scheduled.timing import PROPERTY_TIMER_HANDLE, SCHEDULE_TOPIC
 
@@ -99,6 +105,41 @@ def test_bad_input_is_refused_with_a_typed_error(tmp_path: Path) -> None:
         with pytest.raises(UnknownHandleError):
             store.recall(f"{offset}-{r.deliver_at + 1}")
         assert store.recall(r.handle) is True
+
+
+def test_a_topic_scheduled_into_before_still_refuses_bad_input(tmp_path: Path) -> None:
+    """After a first accepted put into a topic, later puts into it take an inline check of the
+    same rules (docs/performance.md, "Scheduled messages"): each one still refuses what the
+    first put would have, with the same typed error, and stores nothing for it."""
+    with BlockingMessageStore.open(hot_config(tmp_path, max_delay=60)) as store:
+        first = store.schedule(Message(topic="t", body=b"ok", queue_id=0), deliver_at=now_ms() + 30_000)
+        end = store.router.max_offset(SCHEDULE_TOPIC, 0)
+        max_queues = store.config.store.max_queues
+        later: dict[str, object] = {"deliver_at": now_ms() + 9000}
+        bad: list[tuple[type[Exception], Message, dict[str, object]]] = [
+            (DeliveryTimeError, Message(topic="t", body=b"x"), {"deliver_at": now_ms() - 1000}),
+            (DeliveryTimeError, Message(topic="t", body=b"x"), {"deliver_at": now_ms() + 120_000}),
+            (DeliveryTimeError, Message(topic="t", body=b"x"), {"deliver_at": True}),
+            (DeliveryTimeError, Message(topic="t", body=b"x"), {"deliver_at": float(now_ms() + 9000)}),
+            (ValueError, Message(topic="t", body=b"x"), {"deliver_at": now_ms() + 9000, "delay_level": 1}),
+            (InvalidQueueError, Message(topic="t", body=b"x", queue_id=-1), later),
+            (InvalidQueueError, Message(topic="t", body=b"x", queue_id=max_queues), later),
+            (InvalidQueueError, Message(topic="t", body=b"x", queue_id=True), later),
+        ]
+        for error, msg, when in bad:
+            with pytest.raises(error):
+                store.schedule(msg, **when)  # type: ignore[arg-type]
+        assert store.router.max_offset(SCHEDULE_TOPIC, 0) == end, "a refused put was stored"
+        # Properties of its own are kept beside the schedule's (its UNIQ_KEY too).
+        r = store.schedule(
+            Message(topic="t", body=b"p", queue_id=1, properties={"UNIQ_KEY": "K1", "a": "b"}),
+            deliver_at=now_ms() + 30_000,
+        )
+        assert r.msg_id == "K1"
+        got = store.get(SCHEDULE_TOPIC, 0, end, 1).messages[0].properties
+        assert (got["a"], got["REAL_TOPIC"], got["REAL_QID"]) == ("b", "t", "1")
+        assert got["TIMER_DELIVER_MS"] == str(r.deliver_at)
+        assert store.recall(first.handle) is True
 
 
 def test_pending_messages_survive_a_restart(tmp_path: Path) -> None:

@@ -154,8 +154,11 @@ os.register_at_fork(after_in_child=_UNIQ.reseed)
 def new_uniq_key() -> str:
     """A client message id for a scheduled message that came without one: the delivered copy
     keeps it, and it is what the key index finds the copy by. 32 upper-case hex digits, the
-    length of RocketMQ's client ids."""
-    return _UNIQ.next()
+    length of RocketMQ's client ids. :meth:`_UniqKeys.next`'s common case written out: a call
+    fewer on every scheduled put."""
+    u = _UNIQ
+    n = next(u.counter)
+    return u.pattern % n if not n >> (4 * _UNIQ_COUNTER_DIGITS) else u.next()
 
 
 def handle_text(offset: int, deliver_at: int) -> str:
