@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from tierd import BlockingMessageStore
 from tierd.message import Message
+from tierd.scheduled import scheduler
 from tierd.scheduled.scheduler import IDLE_WAIT
 
 from .conftest import DEADLINE, hot_config, now_ms, read_all, wait_for_count
@@ -19,6 +20,8 @@ from .conftest import DEADLINE, hot_config, now_ms, read_all, wait_for_count
 if TYPE_CHECKING:
     from collections.abc import Callable
     from pathlib import Path
+
+    import pytest
 
 #: Scheduled puts due in an hour: reading each back would be far above the bound.
 N = 3_000
@@ -82,3 +85,22 @@ def test_offsets_no_put_told_of_are_read_between_told_ones(tmp_path: Path) -> No
         assert sorted(sched.pending) == [o for o in range(101) if o != 50]
         assert sched.stats.delivered == 1
         assert [m.body for m in read_all(store, "soon")] == [b"soon"]
+
+
+def test_told_offsets_half_filling_their_deque_wake_the_scheduler(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Puts due later wake nothing, but once their told offsets fill half the deque they wake
+    the scheduler: a producer faster than MAX_TOLD a round would otherwise overflow it, and
+    every offset dropped is read back (docs/performance.md, "Scheduled messages"). With rounds
+    an hour apart, only that wake can take them in."""
+    monkeypatch.setattr(scheduler, "MAX_TOLD", 64)
+    monkeypatch.setattr(scheduler, "IDLE_WAIT", 3600.0)
+    with BlockingMessageStore.open(hot_config(tmp_path, checkpoint_interval=3600)) as store:
+        sched = store.scheduler
+        _wait_until("the scheduler's start", sched.started.is_set)
+        due = now_ms() + 3_600_000
+        for i in range(40):
+            store.schedule(Message(topic="later", body=b"%d" % i, queue_id=0), deliver_at=due)
+        _wait_until("the half-full deque taken in", lambda: sched.stats.told >= 32)
+        assert len(sched.pending) == sched.stats.told  # taken in without reading them back

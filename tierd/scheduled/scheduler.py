@@ -241,9 +241,14 @@ class Scheduler:
         if loop is None or wake is None:
             return  # not running: the start reads everything
         if deliver_at - _now() > LOOKAHEAD_MS:
-            self._told.append((offset, deliver_at))
-            return
-        if self._wake_sent:
+            told = self._told
+            told.append((offset, deliver_at))
+            # Half full: wake it now rather than at its next round. A producer putting more than
+            # MAX_TOLD a round would otherwise overflow the deque, and each offset dropped is
+            # read back — what telling spares (docs/performance.md, "Scheduled messages").
+            if self._wake_sent or 2 * len(told) < MAX_TOLD:
+                return
+        elif self._wake_sent:
             return
         self._wake_sent = True
         with contextlib.suppress(RuntimeError):  # its loop closed: the next start reads it
