@@ -33,10 +33,11 @@ message back to learn them — decoding each new message was half the time of a 
 (docs/performance.md, "Scheduled messages"). Only a message due within :data:`LOOKAHEAD_MS`
 wakes it at once (wakes coalesce: at most one is outstanding), and is read back whole so its
 body is at hand when it falls due. The rest wait for the round it makes at least once per
-:data:`IDLE_WAIT` — soon enough, since IDLE_WAIT is shorter than LOOKAHEAD_MS. The told offsets
-are taken in order; whatever no put told of (a gap: a message due soon, a put whose
-acknowledgement failed, told offsets dropped while the scheduler was stalled) is read, so the
-schedule topic stays the one source of truth and a start still reads it all.
+:data:`IDLE_WAIT` — soon enough, since IDLE_WAIT is shorter than LOOKAHEAD_MS — or sooner, once
+they half fill the bounded deque that holds them (past it they would be dropped and read back).
+The told offsets are taken in order; whatever no put told of (a gap: a message due soon, a put
+whose acknowledgement failed, told offsets dropped while the scheduler was stalled) is read, so
+the schedule topic stays the one source of truth and a start still reads it all.
 """
 
 from __future__ import annotations
