@@ -20,10 +20,8 @@ from typing import TYPE_CHECKING
 
 import pytest
 from rich.console import Console
-from rich.table import Table
-from rich.text import Text
 
-from tierd.cli.app import PIPE_WIDTH, plain_table
+from tierd.cli.app import PIPE_WIDTH, plain_table, rich_table
 
 from .test_remote import cli, ok
 
@@ -109,13 +107,7 @@ def _rich(title: str | None, columns: list[str], rows: list[list[str]]) -> str:
     """What :func:`tierd.cli.app.emit_table` printed through rich to a pipe."""
     out = io.StringIO()
     console = Console(file=out, highlight=False, width=PIPE_WIDTH)
-    heading = Text(title, style="table.title") if title else None
-    table = Table(title=heading, show_edge=False, header_style="bold")
-    for col in columns:
-        table.add_column(col, overflow="fold")
-    for row in rows:
-        table.add_row(*(Text(v) for v in row))
-    console.print(table)
+    console.print(rich_table(title, columns, rows))
     return out.getvalue()
 
 

@@ -38,6 +38,7 @@ from tierd.logs import setup_logging as setup_process_logging
 if TYPE_CHECKING:
     from rich.console import Console
     from rich.progress import Progress
+    from rich.table import Table
 
     from tierd.config import ClientConfig, TierdConfig
     from tierd.store import BlockingMessageStore
@@ -442,6 +443,11 @@ def emit_table(title: str | None, columns: list[str], rows: list[list[Any]]) -> 
         if text is not None:
             typer.echo(text, nl=False)
             return
+    _console().print(rich_table(title, columns, cells))
+
+
+def rich_table(title: str | None, columns: list[str], cells: list[list[str]]) -> Table:
+    """The table :func:`emit_table` prints through rich: cells as plain text, never markup."""
     from rich.table import Table
     from rich.text import Text
 
@@ -451,7 +457,7 @@ def emit_table(title: str | None, columns: list[str], rows: list[list[Any]]) -> 
         table.add_column(col, overflow="fold")
     for row in cells:
         table.add_row(*(Text(v) for v in row))
-    _console().print(table)
+    return table
 
 
 def plain_table(title: str | None, columns: list[str], rows: list[list[str]], width: int) -> str | None:
