@@ -276,6 +276,9 @@ def shape_matrix(args: argparse.Namespace) -> dict[str, Any]:
                     for name in names
                 },
                 "put": {name: statistics.median(x["msgs_per_s"] for x in puts[name]) for name in names},
+                "put_per_round_msgs_per_s": {
+                    name: [round(x["msgs_per_s"]) for x in puts[name]] for name in names
+                },
                 "put_cpu_us_per_msg": {
                     name: statistics.median(x["cpu_us_per_msg"] for x in puts[name]) for name in names
                 },

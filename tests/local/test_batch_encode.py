@@ -444,7 +444,10 @@ def test_the_single_put_takes_the_c_encoder_and_declines_like_a_batch() -> None:
     p = preparer()
     m = Message(topic="t", body=b"x", keys=("k",), tags="a", queue_id=2)
     entry = p._topic("t")
-    assert prepare_module._encoder.encode_one(m, "t", entry, None, p._limits, p.store_host, NOW) is not None
+    assert (
+        prepare_module._encoder.encode_one(m, "t", entry, None, p._limits, p.store_host, NOW, None)
+        is not None
+    )
     for other in (
         Message(topic="t", body=bytearray(b"x"), keys=("k",)),  # type: ignore[arg-type]
         Message(topic="t", body=b"x", keys=("has space",)),
@@ -453,7 +456,8 @@ def test_the_single_put_takes_the_c_encoder_and_declines_like_a_batch() -> None:
         Message(topic="t", body=b"x", keys=("k",), flag=True),
     ):
         assert (
-            prepare_module._encoder.encode_one(other, "t", entry, None, p._limits, p.store_host, NOW) is None
+            prepare_module._encoder.encode_one(other, "t", entry, None, p._limits, p.store_host, NOW, None)
+            is None
         )
     converted = p.prepare_one(Message(topic="t", body=bytearray(b"x")), NOW)  # type: ignore[arg-type]
     assert converted[0] == ("t", 0)
@@ -503,3 +507,40 @@ def test_the_encoder_and_decoder_share_one_crc_hookup() -> None:
         compiled.bind_crc32()
     assert compiled.records.crc32_function() is isal_zlib.crc32
     check_against_python(msgs)
+
+
+def test_a_single_put_with_its_own_queue_id_reuses_the_topics_key_tuple() -> None:
+    """A new ``(topic, queue id)`` tuple per put lives until the dispatcher takes the record,
+    and every such survivor brings the collector's next full pass (over the whole heap of the
+    application) closer: the encoder hands back the topic's cached tuple instead. Queue ids
+    past the topic's queue count, and a key list that is not the topic's, still get a new
+    tuple of the right value."""
+    assert prepare_module._encoder is not None
+    p = preparer()
+    first = p.prepare_one(Message(topic="t", body=b"x", queue_id=3), NOW)[0]
+    second = p.prepare_one(Message(topic="t", body=b"y", queue_id=3), NOW)[0]
+    assert first == ("t", 3)
+    assert first is second
+    beyond = p.default_queues + 1
+    assert p.prepare_one(Message(topic="t", body=b"x", queue_id=beyond), NOW)[0] == ("t", beyond)
+    entry = p._topic("t")
+    encode_one = prepare_module._encoder.encode_one
+    foreign = [("u", q) for q in range(8)]
+    got = encode_one(
+        Message(topic="t", body=b"x", queue_id=3), "t", entry, None, p._limits, p.store_host, NOW, foreign
+    )
+    assert got is not None
+    assert got[0] == ("t", 3)
+    assert got[0] is not foreign[3]
+    shifted = [("t", q + 1) for q in range(8)]
+    got = encode_one(
+        Message(topic="t", body=b"x", queue_id=3), "t", entry, None, p._limits, p.store_host, NOW, shifted
+    )
+    assert got is not None
+    assert got[0] == ("t", 3)
+    huge = [("t", 2**70)] * 8
+    got = encode_one(
+        Message(topic="t", body=b"x", queue_id=3), "t", entry, None, p._limits, p.store_host, NOW, huge
+    )
+    assert got is not None
+    assert got[0] == ("t", 3)

@@ -12,19 +12,23 @@ the same either way.
 from __future__ import annotations
 
 import errno
+import gc
 import os
 from typing import TYPE_CHECKING
 
 import pytest
 
 from tierd import BlockingMessageStore, Message
+from tierd.format.compiled import records
 from tierd.format.host import encode_host
 from tierd.format.record import encode_record, topic_field
+from tierd.local import prepare as prepare_module
 from tierd.local.dispatch import DispatchBatch
 from tierd.local.mapped_file import MappedFile
 from tierd.local.validation import build_properties
 
 if TYPE_CHECKING:
+    from collections.abc import Iterator
     from pathlib import Path
 
     from tierd.local.dispatch import SingleRecord
@@ -169,3 +173,81 @@ def test_write_pieces_finishes_through_the_mapping(
     assert f.read(0, f.wrote) == b"head" + b"".join(PIECES)
     assert len(calls) == (0 if fault == "no descriptor" else 2)
     f.close()
+
+
+# ---------------------------------------------------------------- the cyclic collector
+# A single put's objects that outlive a young collection are promoted, and the count promoted
+# is what starts the collector's full pass over the application's whole heap: 0.27 s for the
+# 1.5 M objects the shape benchmark holds, which once landed in most single-put rounds of the
+# tag + properties + queue id shape (docs/performance.md, "Single put and the collector").
+
+
+@pytest.fixture
+def eager_collector() -> Iterator[list[str]]:
+    """Young collections every few allocations, each one promoting its survivors at once; the
+    names of the types promoted, for the test to read."""
+    promoted: list[str] = []
+    before: list[int] = []
+
+    def watch(phase: str, info: dict[str, int]) -> None:
+        if info["generation"] != 1:
+            return
+        if phase == "start":
+            before[:] = [len(gc.get_objects(2))]
+        else:
+            grown = gc.get_objects(2)[before[0] :]
+            promoted.extend(type(o).__name__ for o in grown)
+
+    old = gc.get_threshold()
+    gc.collect()
+    gc.set_threshold(50, 1, 1_000_000)
+    gc.callbacks.append(watch)
+    try:
+        yield promoted
+    finally:
+        gc.callbacks.remove(watch)
+        gc.set_threshold(*old)
+
+
+def test_merging_single_records_promotes_no_object_per_record(eager_collector: list[str]) -> None:
+    """The dispatcher turns a run of records into columns without an object per record (with
+    ``zip(*run)`` an iterator per record: thousands alive at once, promoted by any young
+    collection that runs meanwhile)."""
+    run: list[DispatchBatch | SingleRecord] = [record(i, i) for i in range(5000)]
+    batch = DispatchBatch.merge(run)
+    assert batch.queue_offsets.tolist() == list(range(5000))
+    assert batch.end == 4999 * 100 + 100
+    per_type = {name: eager_collector.count(name) for name in set(eager_collector)}
+    assert all(n < 100 for n in per_type.values()), per_type
+
+
+def test_a_single_puts_dispatch_record_is_not_tracked(store: BlockingMessageStore) -> None:
+    """What the commitlog hands the dispatcher holds numbers and the cached key tuple only: it
+    can never be in a reference cycle, so it is kept off the collector's lists."""
+    seen: list[DispatchBatch | SingleRecord] = []
+    hot = store.hot
+    submit = hot.commitlog.on_append
+
+    def spy(r: DispatchBatch | SingleRecord) -> None:
+        seen.append(r)
+        submit(r)
+
+    hot.commitlog.on_append = spy
+    for m in (*SHAPES, Message(topic="t", body=b"q", queue_id=2, properties={"a": "b"})):
+        store.put(m)
+    assert len(seen) == len(SHAPES) + 1
+    assert not any(gc.is_tracked(r) for r in seen)
+    assert store.hot.wait_dispatched(10)
+
+
+def test_untrack_tuple_leaves_tuples_that_could_hold_a_cycle_tracked() -> None:
+    assert prepare_module._encoder is not None
+    untrack = records.untrack_tuple
+    plain = tuple([("t", 1), 2, "x", b"y", None, (3, "z")])
+    assert untrack(plain) is plain
+    assert not gc.is_tracked(plain)
+    for risky in (tuple([[1], 2]), tuple([("t", [1])]), tuple([{"a": 1}]), tuple([((1,),)])):
+        assert untrack(risky) is risky
+        assert gc.is_tracked(risky)
+    with pytest.raises(TypeError):
+        untrack([1])

@@ -841,16 +841,34 @@ done:
 /* ------------------------------------------------------------------ encode_one */
 
 PyDoc_STRVAR(encode_one_doc,
-             "encode_one(message, topic, entry, key, limits, store_host, now_ms, /)\n--\n\n"
+             "encode_one(message, topic, entry, key, limits, store_host, now_ms, topic_keys, /)\n--\n\n"
              "The single put's record, checked and written as encode() writes a batch's: "
              "(key, record bytes, tags code, index hashes, position of STORETIMESTAMP in the record, "
              "record size) - what tierd.local.prepare calls PreparedOne - or None for a message a rule "
              "rejects or whose values are of other types (the Python path then raises or converts). "
              "topic is message.topic as the caller read it and entry its (magic, topic part); key the "
              "(topic, queue id) the store chose for a message without a queue id, else None; limits "
-             "(max_queues, max_body, max_record, max_properties). Index hashes: an int for one key, "
-             "else a tuple. Queue offset, physical offset and store timestamp stay zero: place() "
-             "writes them.");
+             "(max_queues, max_body, max_record, max_properties); topic_keys the topic's cached "
+             "(topic, queue id) tuples by queue id (or None): a message with its own queue id gets "
+             "the cached tuple, not a new one that would live until dispatched. Index hashes: an int "
+             "for one key, else a tuple. Queue offset, physical offset and store timestamp stay zero: "
+             "place() writes them.");
+
+/* topic_keys[queue_id] when it is that topic's (topic, queue_id) tuple, else NULL (borrowed).
+ * Every tracked object a put makes lives until the dispatcher takes the record; one per put
+ * fewer halves what young collections promote, and so how often a full one runs. */
+static PyObject *cached_key(PyObject *topic_keys, PyObject *topic, int32_t queue_id) {
+    if (!PyList_CheckExact(topic_keys) || queue_id < 0 || queue_id >= PyList_GET_SIZE(topic_keys))
+        return NULL;
+    PyObject *k = PyList_GET_ITEM(topic_keys, queue_id);
+    int overflow = 0;
+    if (!PyTuple_CheckExact(k) || PyTuple_GET_SIZE(k) != 2 || !PyUnicode_CheckExact(PyTuple_GET_ITEM(k, 0)) ||
+        !PyLong_CheckExact(PyTuple_GET_ITEM(k, 1)) ||
+        PyLong_AsLongAndOverflow(PyTuple_GET_ITEM(k, 1), &overflow) != queue_id || overflow != 0 ||
+        !same_text(PyTuple_GET_ITEM(k, 0), topic))
+        return NULL;
+    return k;
+}
 
 static int as_ssize(PyObject *o, Py_ssize_t *out) {
     *out = PyLong_AsSsize_t(o);
@@ -859,8 +877,8 @@ static int as_ssize(PyObject *o, Py_ssize_t *out) {
 
 static PyObject *encode_one(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
     (void)module;
-    if (nargs != 7) {
-        PyErr_SetString(PyExc_TypeError, "encode_one takes 7 arguments");
+    if (nargs != 8) {
+        PyErr_SetString(PyExc_TypeError, "encode_one takes 8 arguments");
         return NULL;
     }
     if (message_type == NULL) {
@@ -955,6 +973,8 @@ static PyObject *encode_one(PyObject *module, PyObject *const *args, Py_ssize_t 
     }
     if (key != Py_None) {
         qkey = Py_NewRef(key);
+    } else if ((qkey = cached_key(args[7], r.topic, it.queue_id)) != NULL) {
+        Py_INCREF(qkey);
     } else {
         PyObject *qid = PyLong_FromLong(it.queue_id);
         qkey = qid != NULL ? PyTuple_Pack(2, r.topic, qid) : NULL;
@@ -1026,6 +1046,41 @@ static PyObject *place(PyObject *module, PyObject *const *args, Py_ssize_t nargs
     Py_RETURN_NONE;
 }
 
+/* ------------------------------------------------------------------ untrack_tuple */
+
+PyDoc_STRVAR(untrack_tuple_doc,
+             "untrack_tuple(t, /)\n--\n\n"
+             "t itself, taken off the cyclic collector's lists when every item is an int, str, bytes, "
+             "None or a tuple of those: such a tuple can never be part of a reference cycle. A single "
+             "put's dispatch record lives until the dispatcher takes it, so young collections promote "
+             "many of them, and every promoted object brings the next full pass over the application's "
+             "whole heap closer. Any other tuple is returned as it is, still tracked.");
+
+static inline int atomic(PyObject *o) {
+    return PyLong_CheckExact(o) || PyUnicode_CheckExact(o) || PyBytes_CheckExact(o) || o == Py_None;
+}
+
+static PyObject *untrack_tuple(PyObject *module, PyObject *t) {
+    (void)module;
+    if (!PyTuple_CheckExact(t)) {
+        PyErr_SetString(PyExc_TypeError, "untrack_tuple takes a tuple");
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(t); i++) {
+        PyObject *o = PyTuple_GET_ITEM(t, i);
+        if (atomic(o))
+            continue;
+        if (!PyTuple_CheckExact(o))
+            return Py_NewRef(t);
+        for (Py_ssize_t j = 0; j < PyTuple_GET_SIZE(o); j++)
+            if (!atomic(PyTuple_GET_ITEM(o, j)))
+                return Py_NewRef(t);
+    }
+    if (PyObject_GC_IsTracked(t))
+        PyObject_GC_UnTrack(t);
+    return Py_NewRef(t);
+}
+
 /* ------------------------------------------------------------------ stamp */
 
 PyDoc_STRVAR(stamp_doc,
@@ -1086,5 +1141,6 @@ PyMethodDef records_encode_methods[] = {
     {"encode_one", (PyCFunction)(void (*)(void))encode_one, METH_FASTCALL, encode_one_doc},
     {"place", (PyCFunction)(void (*)(void))place, METH_FASTCALL, place_doc},
     {"key_hash", key_hash, METH_O, key_hash_doc},
+    {"untrack_tuple", untrack_tuple, METH_O, untrack_tuple_doc},
     {NULL, NULL, 0, NULL},
 };

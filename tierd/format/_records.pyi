@@ -2,13 +2,15 @@
 in :mod:`tierd.format.compiled`."""
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
 from tierd.format.message_ext import MessageExt
+
+_T = TypeVar("_T", bound=tuple[Any, ...])
 
 # The one CRC hookup (_records.c).
 def bind_crc32(crc32: Callable[[bytes | bytearray | memoryview], int], /) -> None: ...
@@ -94,6 +96,7 @@ def encode_one(
     limits: tuple[int, int, int, int],
     store_host: bytes,
     now_ms: int,
+    topic_keys: list[tuple[str, int]] | None,
     /,
 ) -> tuple[tuple[str, int], bytes, int, int | tuple[int, ...], int, int] | None: ...
 def place(
@@ -107,3 +110,4 @@ def place(
     /,
 ) -> None: ...
 def key_hash(data: bytes, /) -> int: ...
+def untrack_tuple(t: _T, /) -> _T: ...

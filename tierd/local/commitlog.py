@@ -27,7 +27,7 @@ from tierd.format.record import (
     store_timestamp_at,
 )
 from tierd.local.mapped_file import MappedFile, MappedFileQueue, offset_to_name
-from tierd.local.prepare import place
+from tierd.local.prepare import place, untracked
 from tierd.repeats import FailureLog
 
 if TYPE_CHECKING:
@@ -196,7 +196,7 @@ class CommitLog:
             f.wrote = end_at
             table[key] = qoff + 1
             end = phys + size
-            self.on_append((key, qoff, phys, size, tags, store_ts, hashes, end))
+            self.on_append(untracked((key, qoff, phys, size, tags, store_ts, hashes, end)))
         return qoff, phys, end
 
     def _next_file(self, f: MappedFile | None, size: int) -> MappedFile:

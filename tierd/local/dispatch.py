@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import operator
 import threading
 import time
 from collections import deque
@@ -57,6 +58,10 @@ RETRY_MAX = 2.0
 #: end). Index hashes: one ``int`` for a message with exactly one key, else a tuple (see
 #: :data:`~tierd.local.prepare.PreparedOne`).
 SingleRecord = tuple[tuple[str, int], int, int, int, int, int, "int | tuple[int, ...]", int]
+#: A :data:`SingleRecord`'s columns.
+_KEY, _QUEUE_OFFSET, _PHYSICAL_OFFSET, _SIZE, _TAGS_CODE, _STORE_TIMESTAMP, _HASHES = map(
+    operator.itemgetter, range(7)
+)
 
 
 @dataclass(slots=True)
@@ -160,10 +165,14 @@ class DispatchBatch:
 
     @classmethod
     def _from_singles(cls, run: list[SingleRecord]) -> DispatchBatch:
-        # Runs once per single put: everything here is a C-level pass (zip, map, chain, numpy),
-        # not a Python loop per record.
+        # Runs once per single put: everything here is a C-level pass (map, chain, numpy), not
+        # a Python loop per record. Columns by ``itemgetter``, not ``zip(*run)``: that makes an
+        # iterator per record, thousands alive at once, and a young collection that starts
+        # meanwhile promotes them all — what then starts the collector's full pass over the
+        # application's whole heap (docs/performance.md, "Single put and the collector").
         n = len(run)
-        keys_col, qoffs, phys, sizes, tags, stamps, hash_lists, ends = zip(*run, strict=True)
+        keys_col = list(map(_KEY, run))
+        hash_lists = list(map(_HASHES, run))
         ids = {k: i for i, k in enumerate(dict.fromkeys(keys_col))}
         if len(ids) == 1:
             groups = [(keys_col[0], np.arange(n, dtype=np.intp))]
@@ -179,13 +188,13 @@ class DispatchBatch:
             hashes = np.fromiter(itertools.chain.from_iterable(lists), np.uint32, int(counts.sum()))
             index_messages = np.repeat(np.arange(n, dtype=np.intp), counts).tolist()
         return cls(
-            end=ends[-1],
+            end=run[-1][7],
             groups=groups,
-            queue_offsets=np.fromiter(qoffs, np.int64, n),
-            offsets=np.fromiter(phys, np.int64, n),
-            sizes=np.fromiter(sizes, np.int64, n),
-            tags_codes=np.fromiter(tags, np.int64, n),
-            store_timestamps=np.fromiter(stamps, np.int64, n),
+            queue_offsets=np.fromiter(map(_QUEUE_OFFSET, run), np.int64, n),
+            offsets=np.fromiter(map(_PHYSICAL_OFFSET, run), np.int64, n),
+            sizes=np.fromiter(map(_SIZE, run), np.int64, n),
+            tags_codes=np.fromiter(map(_TAGS_CODE, run), np.int64, n),
+            store_timestamps=np.fromiter(map(_STORE_TIMESTAMP, run), np.int64, n),
             index_keys=[],
             index_messages=index_messages,
             index_hashes=hashes,
