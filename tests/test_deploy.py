@@ -824,8 +824,8 @@ def test_docs_stand_alone() -> None:
 def test_the_upgrade_table_states_the_versions_the_code_writes() -> None:
     """docs/deploy.md's "Upgrading and rolling back" tells operators which format versions a
     store holds; the code owns those numbers, so the table is checked against it."""
+    from tierd.consumption.offsets import OffsetTable
     from tierd.local import layout
-    from tierd.offsets import OffsetTable
     from tierd.tiered import metadata
     from tierd.tiered.manifest import BrokerManifest, IndexManifest, QueueManifest
     from tierd.tiered.ownership import OwnerRecord

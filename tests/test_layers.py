@@ -32,16 +32,19 @@ FORMAT = "tierd.format"
 FACADE = {
     "tierd.store",
     "tierd.router",
-    "tierd.groups",
     "tierd.inventory",
     "tierd.verify",
-    "tierd.longpoll",
-    "tierd.consumption",
+    "tierd.consumption.groups",
+    "tierd.consumption.longpoll",
     "tierd.consumption.inflight",
+    "tierd.consumption.pull",
     "tierd.topics",
     "tierd.transactions",
     "tierd.transactions.coordinator",
 }
+# The consumption package's leaves: tag filters and committed offsets, which the hot store and
+# the tiering engine use too. The rest of tierd.consumption is in FACADE.
+CONSUMPTION_LEAVES = {"tierd.consumption", "tierd.consumption.subscription", "tierd.consumption.offsets"}
 # tierd.transactions.names and tierd.scheduled.timing are leaves (names, the errors): the
 # system-topic rule (tierd.systopics) reads them, and so may a bucket reader.
 ACCESS = ("tierd.service", "tierd.grpc", "tierd.cli", "tierd.spark", "tierd.arrow", "tierd.table")
@@ -223,6 +226,17 @@ def test_spark_needs_no_daemon_and_no_local_metadata() -> None:
         }
         assert not reached, f"{module} reaches {sorted(reached)}"
     assert set(SPARK_ALLOWED) <= {(a, b) for a, targets in GRAPH.items() for b in targets}
+
+
+def test_the_consumption_package_is_one_place_split_by_layer() -> None:
+    # Subscriptions, offsets, groups, long polling and receive/ack live in tierd.consumption
+    # (issue 30); nothing of it stays at the top level, every module is either a leaf or the
+    # facade's, and the leaves reach nothing of the facade's level.
+    package = {m for m in GRAPH if _under(m, "tierd.consumption")}
+    assert package == CONSUMPTION_LEAVES | {m for m in FACADE if _under(m, "tierd.consumption")}
+    assert not {f"tierd.{m}" for m in ("subscription", "offsets", "groups", "longpoll")} & set(GRAPH)
+    for leaf in CONSUMPTION_LEAVES:
+        assert not (_closure(leaf) & FACADE), leaf
 
 
 def test_private_names_stay_in_their_package() -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from tierd.longpoll import ArrivalNotifier
+from tierd.consumption.longpoll import ArrivalNotifier
 from tierd.scheduled.timing import SCHEDULE_TOPIC
 
 

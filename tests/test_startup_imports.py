@@ -23,7 +23,7 @@ LAZY = ("tierd.verify", "tierd.tiered.restore", "tierd.tiered.readonly")
 #: Models whose validators that path must not build (``module:Class``).
 DEFERRED = (
     "tierd.inventory:SegmentRow",
-    "tierd.offsets:OffsetTable",
+    "tierd.consumption.offsets:OffsetTable",
     "tierd.tiered.manifest:QueueManifest",
     "tierd.tiered.manifest:TopicEntry",
     "tierd.tiered.manifest:BrokerManifest",

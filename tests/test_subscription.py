@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from tierd.consumption.subscription import ALL, MAX_TAGS, parse_tags
 from tierd.errors import InvalidArgumentError, InvalidSubscriptionError
 from tierd.format.cq_unit import java_string_hash, tags_code
-from tierd.subscription import ALL, MAX_TAGS, parse_tags
 
 
 @pytest.mark.parametrize("expression", [None, "", "   ", "*", " * "])

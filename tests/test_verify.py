@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from tierd import BlockingMessageStore, Message, TierdConfig
 from tierd.cli import app
-from tierd.offsets import bucket_path as offsets_path
+from tierd.consumption.offsets import bucket_path as offsets_path
 from tierd.tiered.manifest import broker_manifest_path, index_manifest_path, queue_manifest_path
 from tierd.tiered.ownership import owner_path
 

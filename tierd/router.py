@@ -33,9 +33,9 @@ from tierd.tiered.fetcher import ColdFetcher
 
 if TYPE_CHECKING:
     from tierd.config import TierdConfig
+    from tierd.consumption.subscription import TagFilter
     from tierd.format.message_ext import MessageExt
     from tierd.local.store import HotStore, QueueRange
-    from tierd.subscription import TagFilter
     from tierd.tiered.flatmessage import FlatMessageFile
     from tierd.tiered.flatstore import QueueDamage
     from tierd.tiered.service import TieringService

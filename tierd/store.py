@@ -21,6 +21,10 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
+from tierd.consumption.groups import ConsumerGroups, GroupInfo
+from tierd.consumption.longpoll import ArrivalNotifier
+from tierd.consumption.offsets import ConsumerOffsets, check_group
+from tierd.consumption.subscription import TagFilter, parse_tags
 from tierd.errors import (
     InvalidArgumentError,
     InvalidTopicError,
@@ -30,15 +34,12 @@ from tierd.errors import (
     TierdError,
 )
 from tierd.format.properties import PROPERTY_UNIQ_KEY
-from tierd.groups import ConsumerGroups, GroupInfo
 from tierd.inventory import QueueInfo, SegmentRow, check_kind, live_segments, queue_infos
 from tierd.local.store import MAX_GET_COUNT, HotStore, PutBatchResult, byte_bounded_count
 from tierd.local.validation import TOPIC_MAX_LENGTH, check_key, check_queue, check_topic
 from tierd.lockfile import lock_holder
-from tierd.longpoll import ArrivalNotifier
 from tierd.lookup import FoundMessage, check_message_id, find_message
 from tierd.message import GetResult, GetStatus, Message, PutResult, ReadPolicy
-from tierd.offsets import ConsumerOffsets, check_group
 from tierd.router import TierRouter
 from tierd.scheduled.scheduler import Scheduler
 from tierd.scheduled.timing import (
@@ -51,7 +52,6 @@ from tierd.scheduled.timing import (
     handle_text,
     new_uniq_key,
 )
-from tierd.subscription import TagFilter, parse_tags
 from tierd.systopics import is_system_topic, system_copy
 from tierd.tiered.dispatcher import TierReport
 from tierd.tiered.ownership import OwnerRecord, take_over_unreadable_prefix

@@ -64,9 +64,9 @@ from tierd.tiered.roots import open_driver_factory
 
 if TYPE_CHECKING:
     from tierd.config import TierdConfig
+    from tierd.consumption.offsets import ConsumerOffsets
     from tierd.drivers.segment import DriverRoot
     from tierd.local.store import HotStore
-    from tierd.offsets import ConsumerOffsets
     from tierd.tiered.service import TieringService
 
 log = logging.getLogger(__name__)

@@ -51,6 +51,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from tierd.consumption.offsets import bucket_path as offsets_path
+from tierd.consumption.offsets import inspect as inspect_offsets
+from tierd.consumption.offsets import write_atomically
 from tierd.drivers.paths import cluster_dir, index_segment_path
 from tierd.errors import CorruptionError, NotFoundError, PrefixOwnedError, TierdError
 from tierd.format.cq_unit import UNIT_SIZE, tags_code
@@ -58,9 +61,6 @@ from tierd.format.properties import PROPERTY_TAGS, decode_properties
 from tierd.format.record import BLANK, INVALID, VALID, RecordView, parse_record_view, scan_record
 from tierd.local.recovery import rebuild_units
 from tierd.local.store import HotStore
-from tierd.offsets import bucket_path as offsets_path
-from tierd.offsets import inspect as inspect_offsets
-from tierd.offsets import write_atomically
 from tierd.tiered.flatfile import stored_crc32c
 from tierd.tiered.flatmessage import FlatMessageFile
 from tierd.tiered.flatstore import FlatFileStore

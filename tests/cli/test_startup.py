@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from tierd.cli.consumers import RESET_TARGETS_HELP
-from tierd.groups import RESET_TARGETS
+from tierd.consumption.groups import RESET_TARGETS
 
 from .test_remote import TOKEN, daemon
 
@@ -46,7 +46,7 @@ HEAVY = (
 #: bars (output to a pipe and JSON need none of it, ~25 ms of a start); asyncio and
 #: concurrent.futures for the two commands that use them (~10 ms together).
 LAZY = ("rich.console", "rich.table", "asyncio", "concurrent.futures")
-#: ``groups ls`` turns the reply into :class:`tierd.groups.GroupInfo`, whose module imports the
+#: ``groups ls`` turns the reply into :class:`tierd.consumption.groups.GroupInfo`, whose module imports the
 #: offsets machinery and asyncio with it (left as it is: outside the CLI).
 LAZY_EXCEPT = {"groups": ("asyncio", "concurrent.futures")}
 

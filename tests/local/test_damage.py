@@ -12,9 +12,9 @@ from typing import TYPE_CHECKING
 import pytest
 
 from tierd import BlockingMessageStore, GetStatus, Message, TierdConfig
+from tierd.consumption.offsets import FILE_NAME as OFFSETS_FILE
 from tierd.format.cq_unit import UNIT_SIZE
 from tierd.local.index import HEADER_SIZE
-from tierd.offsets import FILE_NAME as OFFSETS_FILE
 
 from .conftest import small_config
 

@@ -23,9 +23,9 @@ import pytest
 
 from tierd import BlockingMessageStore, Message, TierdConfig
 from tierd.config import StoreConfig
+from tierd.consumption.offsets import FILE_NAME as OFFSETS_FILE
 from tierd.format.cq_unit import UNIT_SIZE
 from tierd.local.index import HEADER_SIZE
-from tierd.offsets import FILE_NAME as OFFSETS_FILE
 
 from .conftest import SMALL_STORE
 

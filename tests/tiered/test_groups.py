@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from tierd import BlockingMessageStore, Message, TierdConfig
+from tierd.consumption.offsets import FILE_NAME
 from tierd.errors import (
     CorruptionError,
     InvalidArgumentError,
@@ -27,7 +28,6 @@ from tierd.errors import (
     NotFoundError,
     OffsetOutOfRangeError,
 )
-from tierd.offsets import FILE_NAME
 
 from .conftest import cold_config, hot_only_config
 
@@ -186,9 +186,9 @@ def test_a_corrupt_offsets_file_is_reported_naming_it(cfg: TierdConfig) -> None:
 
 
 def test_the_number_of_groups_is_bounded(cfg: TierdConfig, monkeypatch: pytest.MonkeyPatch) -> None:
-    import tierd.offsets
+    import tierd.consumption.offsets
 
-    monkeypatch.setattr(tierd.offsets, "MAX_GROUPS", 2)
+    monkeypatch.setattr(tierd.consumption.offsets, "MAX_GROUPS", 2)
     with BlockingMessageStore.open(cfg) as store:
         _fill(store)
         store.commit_offset("a", "t", 0, 1)

@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING
 import pytest
 
 from tierd import BlockingMessageStore, Message, MessageStore, TierdConfig
+from tierd.consumption.offsets import FILE_NAME
 from tierd.errors import CorruptionError
-from tierd.offsets import FILE_NAME
 
 from .conftest import cold_config, hot_only_config
 

@@ -12,7 +12,7 @@ import typer
 from tierd.cli.app import app, echo, emit_json, emit_table, handle_errors, obj
 
 #: The targets of ``groups reset --to``, for its help text. The store owns them
-#: (``tierd.groups.RESET_TARGETS``, which imports the offsets machinery) and checks the value;
+#: (``tierd.consumption.groups.RESET_TARGETS``, which imports the offsets machinery) and checks the value;
 #: this copy keeps ``tierd --help`` from importing it, and a test holds the two equal.
 RESET_TARGETS_HELP = ("earliest", "latest", "timestamp", "offset")
 #: A store time is a signed 64-bit field of the record (docs/formats.md).

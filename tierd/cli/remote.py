@@ -34,7 +34,7 @@ from tierd.message import GetResult, GetStatus, PutResult, ReadPolicy
 if TYPE_CHECKING:
     from collections.abc import Iterator, Sequence
 
-    from tierd.groups import GroupInfo
+    from tierd.consumption.groups import GroupInfo
     from tierd.inventory import SegmentRow
     from tierd.lookup import FoundMessage
     from tierd.message import Message
@@ -351,7 +351,7 @@ class RemoteStore:
         return _offsets(self.api.call("GET", _path("v1", "groups", group, "offsets")))
 
     def consumer_groups(self, group: str | None = None) -> list[GroupInfo]:
-        from tierd.groups import GroupInfo, QueueLag
+        from tierd.consumption.groups import GroupInfo, QueueLag
 
         if group is None:
             docs = self.api.call("GET", "/v1/groups")["groups"]

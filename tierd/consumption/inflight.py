@@ -4,7 +4,7 @@ redelivery after the invisible time, and the committed prefix in the shared offs
 Per (group, topic, queue) the state is:
 
 * ``committed`` — the next offset not yet consumed; every offset below it is acked (or filtered
-  out). It is the group's committed offset in :class:`~tierd.offsets.ConsumerOffsets`, so
+  out). It is the group's committed offset in :class:`~tierd.consumption.offsets.ConsumerOffsets`, so
   ``tierd groups`` shows gRPC groups next to HTTP ones, and ``tierd groups reset`` moves it.
 * ``cursor`` — the next offset never delivered.
 * ``done`` — offsets at or above ``committed`` that are consumed (acked, or skipped by the tag
@@ -48,18 +48,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from tierd.consumption.offsets import check_group, write_atomically
+from tierd.consumption.subscription import parse_tags
 from tierd.errors import InvalidArgumentError, NotFoundError
 from tierd.format.properties import KEY_SEPARATOR, PROPERTY_KEYS, PROPERTY_TAGS, PROPERTY_UNIQ_KEY
 from tierd.local.validation import check_topic
 from tierd.message import GetStatus, Message
-from tierd.offsets import check_group, write_atomically
 from tierd.repeats import FailureLog
-from tierd.subscription import parse_tags
 
 if TYPE_CHECKING:
+    from tierd.consumption.subscription import TagFilter
     from tierd.format.message_ext import MessageExt
     from tierd.store import MessageStore
-    from tierd.subscription import TagFilter
 
 log = logging.getLogger(__name__)
 

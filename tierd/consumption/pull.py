@@ -13,14 +13,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 from tierd.consumption.inflight import MAX_BATCH
+from tierd.consumption.offsets import check_group
 from tierd.errors import InvalidArgumentError, InvalidQueueError, NotFoundError
 from tierd.message import GetStatus
-from tierd.offsets import check_group
 
 if TYPE_CHECKING:
+    from tierd.consumption.subscription import TagFilter
     from tierd.format.message_ext import MessageExt
     from tierd.store import MessageStore
-    from tierd.subscription import TagFilter
 
 
 class OffsetNotFoundError(NotFoundError):

@@ -14,6 +14,7 @@ from rocketmq.grpc_protocol import service_pb2 as svc
 from rocketmq.grpc_protocol import service_pb2_grpc as svc_grpc
 
 from tierd.consumption.inflight import Inflight, unknown_topic, valid_topic
+from tierd.consumption.offsets import check_group
 from tierd.consumption.pull import (
     OffsetPolicy,
     PulledOffsetError,
@@ -29,7 +30,6 @@ from tierd.grpc.codes import UnsupportedFeatureError, ok, set_ok, status_of
 from tierd.grpc.context import bind_names
 from tierd.grpc.convert import to_message, to_protocol
 from tierd.grpc.scheduled import is_scheduled, recall, send_scheduled
-from tierd.offsets import check_group
 from tierd.topics import queue_for_group
 from tierd.transactions.names import HALF_ONLY, Resolution
 

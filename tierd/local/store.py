@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Literal, overload
 
 import numpy as np
 
+from tierd.consumption.subscription import MAX_SCAN_UNITS
 from tierd.descriptors import descriptor_bound
 from tierd.errors import (
     ConfigError,
@@ -60,7 +61,6 @@ from tierd.local.recovery import rebuild_units, scan_commitlog
 from tierd.local.validation import check_key, check_queue, check_topic
 from tierd.message import GetStatus, Message, PutResult, new_put_result
 from tierd.repeats import FailureLog
-from tierd.subscription import MAX_SCAN_UNITS
 
 if TYPE_CHECKING:
     import concurrent.futures
@@ -68,9 +68,9 @@ if TYPE_CHECKING:
     import numpy.typing as npt
 
     from tierd.config import StoreConfig
+    from tierd.consumption.subscription import TagFilter
     from tierd.format.message_ext import MessageExt
     from tierd.local.recovery import Damage
-    from tierd.subscription import TagFilter
 
 log = logging.getLogger(__name__)
 

@@ -22,6 +22,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from pydantic import BaseModel, BeforeValidator, ValidationError
 
+from tierd.consumption.subscription import MAX_EXPRESSION_LENGTH
+
 # FastAPI reads route annotations at runtime: this import must stay a real one.
 from tierd.errors import InvalidArgumentError, NotReadyError
 from tierd.format.message_id import OFFSET_MASK, offset_msg_id_template
@@ -87,7 +89,6 @@ from tierd.service.schemas import (
     VerifyOut,
 )
 from tierd.store import byte_bounded_count
-from tierd.subscription import MAX_EXPRESSION_LENGTH
 from tierd.topics import queue_for_group, refuse_table_opt_in
 
 if TYPE_CHECKING:

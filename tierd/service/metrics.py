@@ -52,7 +52,7 @@ BYTES_BUCKETS = (1e3, 1e4, 1e5, 1e6, 1e7, 32e6, 50e6, 100e6)
 #: Methods labelled as themselves; anything else (client-controlled) is ``other``.
 _METHODS = frozenset({"GET", "POST", "PUT", "DELETE", "HEAD", "OPTIONS", "PATCH"})
 #: Per-queue consumer-lag series exported at most (groups × queues is user-controlled); the
-#: per-group totals are always exported (at most ``tierd.offsets.MAX_GROUPS`` series).
+#: per-group totals are always exported (at most ``tierd.consumption.offsets.MAX_GROUPS`` series).
 LAG_SERIES_LIMIT = 1000
 HTTP_LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0)
 

@@ -23,8 +23,8 @@ from tierd.message import GetStatus, Message
 from tierd.store import MAX_GET_COUNT
 
 if TYPE_CHECKING:
+    from tierd.consumption.groups import GroupInfo
     from tierd.format.message_ext import MessageExt
-    from tierd.groups import GroupInfo
     from tierd.inventory import QueueInfo
     from tierd.lookup import FoundMessage
     from tierd.message import GetResult, PutResult

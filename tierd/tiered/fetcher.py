@@ -32,18 +32,18 @@ from typing import TYPE_CHECKING
 import numpy as np
 import numpy.typing as npt
 
+from tierd.consumption.subscription import MAX_SCAN_UNITS
 from tierd.errors import CorruptionError, CorruptRecordError, LostMessagesError, TierdError
 from tierd.format.batch import RecordBatch
 from tierd.format.cq_unit import UNIT_SIZE
-from tierd.subscription import MAX_SCAN_UNITS
 from tierd.tiered.bufferpool import BufferPool
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
     from tierd.config import TieredConfig
+    from tierd.consumption.subscription import TagFilter
     from tierd.format.message_ext import MessageExt
-    from tierd.subscription import TagFilter
     from tierd.tiered.flatmessage import FlatMessageFile
 
 log = logging.getLogger(__name__)

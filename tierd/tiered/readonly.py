@@ -43,6 +43,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from tierd.consumption.offsets import download as download_offsets
+from tierd.consumption.offsets import restore_offsets
 from tierd.drivers.paths import INDEX_TOPIC, cluster_dir, index_segment_path, parse_segment_name
 from tierd.errors import (
     CorruptionError,
@@ -52,8 +54,6 @@ from tierd.errors import (
     ReadOnlyError,
     SegmentNotFoundError,
 )
-from tierd.offsets import download as download_offsets
-from tierd.offsets import restore_offsets
 from tierd.tiered.flatstore import DAMAGE, FlatFileStore, QueueDamage
 from tierd.tiered.manifest import (
     IndexManifest,

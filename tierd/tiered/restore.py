@@ -22,10 +22,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from tierd.consumption.offsets import ConsumerOffsets, restore_offsets
+from tierd.consumption.offsets import download as download_offsets
 from tierd.errors import CorruptionError, InvalidArgumentError
 from tierd.local.store import HotStore
-from tierd.offsets import ConsumerOffsets, restore_offsets
-from tierd.offsets import download as download_offsets
 from tierd.tiered.flatstore import FlatFileStore, QueueDamage
 from tierd.tiered.guard import GuardedRoot
 from tierd.tiered.metadata import MetadataStore

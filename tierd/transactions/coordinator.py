@@ -36,6 +36,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
+from tierd.consumption.offsets import check_group
 from tierd.errors import (
     InvalidArgumentError,
     InvalidPropertiesError,
@@ -47,7 +48,6 @@ from tierd.errors import (
 from tierd.format.properties import PROPERTY_KEYS, PROPERTY_TAGS, PROPERTY_UNIQ_KEY
 from tierd.local.validation import check_queue, check_topic
 from tierd.message import GetStatus, Message, PutResult, ReadPolicy
-from tierd.offsets import check_group
 from tierd.repeats import FailureLog
 from tierd.systopics import is_system_topic, system_copy
 from tierd.transactions.names import (

@@ -1,6 +1,6 @@
 """Consumer groups: commits checked against the queues, lag per queue, and resets.
 
-The offsets themselves live in :mod:`tierd.offsets`; this module decides what a valid commit or
+The offsets themselves live in :mod:`tierd.consumption.offsets`; this module decides what a valid commit or
 reset is, over the merged offset range of both tiers (what :meth:`~tierd.MessageStore.get`
 serves), and reports lag the way RocketMQ's ``consumerProgress`` does: per queue, the max
 offset minus the committed offset.
@@ -11,14 +11,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, get_args
 
+from tierd.consumption.offsets import check_group
 from tierd.errors import InvalidArgumentError, NotFoundError, OffsetOutOfRangeError
 from tierd.local.validation import check_queue, check_topic
-from tierd.offsets import check_group
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from tierd.offsets import ConsumerOffsets, QueueKey
+    from tierd.consumption.offsets import ConsumerOffsets, QueueKey
     from tierd.router import TierRouter
 
 ResetTo = Literal["earliest", "latest", "timestamp", "offset"]
