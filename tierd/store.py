@@ -622,6 +622,13 @@ class _StoreCore:
         self._cold_loaded_now()
         return [t for t in self.topic_admin.names() if not is_system_topic(t)]
 
+    def has_topic(self, topic: str) -> bool:
+        """Whether :meth:`list_topics` lists ``topic``, answered without listing every topic
+        (produce asks it per request when topics are not created on first use)."""
+        self._hot()
+        self._cold_loaded_now()
+        return not is_system_topic(topic) and self.topic_admin.exists(topic)
+
     def describe_topic(self, topic: str) -> TopicInfo:
         """A topic's queue count, retention, sizes and per-queue ranges in both tiers
         (NotFoundError if it does not exist)."""

@@ -348,8 +348,25 @@ class TopicAdmin:
         entry = self.registry.table.topics.get(topic)
         if entry is not None:
             return entry.queues
-        ids = self.known().get(topic)
-        return max(self.cfg.store.default_queues, max(ids) + 1 if ids else 0)
+        highest = self._highest_queue(topic)
+        return max(self.cfg.store.default_queues, highest + 1 if highest is not None else 0)
+
+    def exists(self, topic: str) -> bool:
+        """Whether :meth:`names` lists ``topic``, without building that list (a lookup per
+        tier: produce asks it per request)."""
+        table = self.registry.table
+        if topic in table.deleting:
+            return False
+        return topic in table.topics or self._highest_queue(topic) is not None
+
+    def _highest_queue(self, topic: str) -> int | None:
+        """``topic``'s highest queue id with data in either tier (None: none), from the tiers'
+        per-topic index, not a pass over every queue of the store."""
+        hot = self.hot.cqs.highest_queue(topic)
+        cold = self.tiering.flat.files.highest_queue(topic) if self.tiering is not None else None
+        if hot is None or cold is None:
+            return hot if cold is None else cold
+        return max(hot, cold)
 
     def group_queue(self, topic: str, group: str) -> int:
         """The queue message group ``group`` of ``topic`` goes to (see :func:`queue_for_group`)."""

@@ -122,7 +122,7 @@ class Servicer(svc_grpc.MessagingServiceServicer):  # type: ignore[misc]
         ``tiered.ready_timeout``) for the cold tier, which knows topics too."""
         await self.store.wait_ready()
         name = valid_topic(topic)
-        if not self.cfg.grpc.auto_create_topics and name not in self.store.list_topics():
+        if not self.cfg.grpc.auto_create_topics and not self.store.has_topic(name):
             raise unknown_topic(topic)
         return self.store.queue_count(name)
 

@@ -60,6 +60,7 @@ from tierd.local.quarantine import COPY_LIMIT, Quarantine
 from tierd.local.recovery import rebuild_units, scan_commitlog
 from tierd.local.validation import check_key, check_queue, check_topic
 from tierd.message import GetStatus, Message, PutResult, new_put_result
+from tierd.queue_map import QueueMap
 from tierd.repeats import FailureLog
 
 if TYPE_CHECKING:
@@ -297,7 +298,8 @@ class HotStore:
         #: ``% phys`` gives a message id (commitlog offsets are >= 0: no mask needed).
         self._msg_id = offset_msg_id_template(self.store_host)
         self._closed = True
-        self.cqs: dict[tuple[str, int], ConsumeQueue] = {}
+        #: Its topics' highest queue ids are kept too: produce asks for a topic's count per request.
+        self.cqs: QueueMap[ConsumeQueue] = QueueMap()
         self._cq_lock = threading.Lock()
         #: Consume-queue files open at once (each holds a descriptor; docs/hot-store.md).
         self.queue_files = FileCache(

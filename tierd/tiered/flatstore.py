@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from tierd.drivers.paths import segment_dir, topic_dir
 from tierd.drivers.segment import FileType
 from tierd.errors import CorruptionError, SegmentNotFoundError, TierdError
+from tierd.queue_map import QueueMap
 from tierd.tiered.flatmessage import FlatMessageFile
 from tierd.tiered.guard import GuardedRoot
 from tierd.tiered.metadata import MetadataStore, QueueMeta, TieredMetadata, TopicMeta
@@ -96,7 +97,8 @@ class FlatFileStore:
         self.root = root
         self.cfg = cfg
         self.metadata = metadata
-        self.files: dict[tuple[str, int], FlatMessageFile] = {}
+        #: Its topics' highest queue ids are kept too: produce asks for a topic's count per request.
+        self.files: QueueMap[FlatMessageFile] = QueueMap()
         self.topics: dict[str, TopicMeta] = {}
         self._save_lock = asyncio.Lock()
         #: Save requests made and covered by a completed write (see :meth:`save`).
