@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from tierd.consumption.longpoll import ArrivalNotifier
+from tierd.consumption.longpoll import ANY_QUEUE, ArrivalNotifier
 from tierd.scheduled.timing import SCHEDULE_TOPIC
 
 
@@ -19,3 +19,19 @@ def test_the_stores_own_waits_on_system_topics_are_not_reads() -> None:
         return waiting, arrivals.wakeups, arrivals.waiting
 
     assert asyncio.run(scenario()) == (1, 1, 0)
+
+
+def test_a_topic_wide_waiter_is_woken_by_any_of_its_queues_only() -> None:
+    """A RocketMQ 5 receive waits on its whole topic: an arrival in a queue it had never seen
+    wakes it; one in another topic does not."""
+
+    async def scenario() -> tuple[bool, bool, int]:
+        arrivals = ArrivalNotifier()
+        read = arrivals.register(("orders", ANY_QUEUE))
+        arrivals.arrived([("invoices", 0)])
+        untouched = arrivals.waiting == 1  # still registered: nothing was sent to wake it
+        arrivals.arrived([("orders", 7), ("orders", 3)])
+        await asyncio.wait_for(read, 5)
+        return untouched, read.done(), arrivals.wakeups
+
+    assert asyncio.run(scenario()) == (True, True, 1)

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import base64
 import signal
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 from rocketmq import Message
 
 from tests.grpc.conftest import GrpcTierd, consumer, producer, receive_until
@@ -101,15 +103,35 @@ def test_tag_filter(tierd: GrpcTierd) -> None:
         assert c.receive(32, 30) == []
 
 
+def _long_poll(url: str) -> dict[str, float]:
+    """The daemon's long-poll metrics: reads waiting now, and reads woken by an arrival."""
+    text = httpx.get(f"{url}/metrics", timeout=30).text
+    return {
+        s.name: s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name in ("tierd_long_poll_waiters", "tierd_long_poll_wakeups_total")
+    }
+
+
 def test_long_poll_is_woken_by_a_new_message(tierd: GrpcTierd) -> None:
+    """A waiting receive is woken by the arrival, also in a queue that held nothing when it
+    began to wait: the producer's round-robin put "first" in one queue and "second" in the next.
+    (It used to wait for arrivals only in queues that already held data, and so ended at its
+    timeout; a last read then found "second", so only the wake-up count tells.)"""
     with producer(tierd, "wake") as p, consumer(tierd, "sleepers", "wake", await_duration=30) as c:
         p.send(_message("wake", b"first"))  # the topic and its queues now exist
         receive_until(c, lambda got: len(got) >= 1)
         with ThreadPoolExecutor(1) as pool:
             waiting = pool.submit(c.receive, 32, 30)
+            deadline = time.monotonic() + 30
+            while _long_poll(tierd.url)["tierd_long_poll_waiters"] < 1:
+                assert time.monotonic() < deadline, "the receive never started waiting"
+                time.sleep(0.02)
+            woken = _long_poll(tierd.url)["tierd_long_poll_wakeups_total"]
             p.send(_message("wake", b"second"))
-            # One receive call: without the wake-up it would end empty at its 30 s timeout.
             assert [m.body for m in waiting.result(60)] == [b"second"]
+            assert _long_poll(tierd.url)["tierd_long_poll_wakeups_total"] == woken + 1
 
 
 def test_acked_is_never_redelivered_after_kill_9(tmp_path: Path) -> None:

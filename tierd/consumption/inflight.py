@@ -48,6 +48,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from tierd.consumption.longpoll import ANY_QUEUE
 from tierd.consumption.offsets import check_group, write_atomically
 from tierd.consumption.subscription import parse_tags
 from tierd.errors import InvalidArgumentError, NotFoundError
@@ -376,8 +377,9 @@ class Inflight:
         arrivals = self.store.arrivals
         while True:
             queue_ids = self.store.topics(system=True).get(topic, [])
-            waiters = [(topic, q) for q in range(max([*queue_ids, -1]) + 1)] or [(topic, 0)]
-            futures = [(key, arrivals.register(key)) for key in waiters]
+            # Woken by a message in any queue of the topic, also one that held nothing when
+            # this read began (a producer's round-robin reaches it next).
+            futures = [((topic, ANY_QUEUE), arrivals.register((topic, ANY_QUEUE)))]
             released: asyncio.Future[None] = loop.create_future()
             self._waiting.setdefault((group, topic), set()).add(released)
             try:

@@ -24,6 +24,9 @@ if TYPE_CHECKING:
     from collections.abc import Iterable
 
 QueueKey = tuple[str, int]
+#: The queue id of a waiter woken by an arrival in any queue of its topic: a RocketMQ 5 receive
+#: reads every queue, including ones a producer has not written to yet when it starts waiting.
+ANY_QUEUE = -1
 
 
 def _wake(fut: asyncio.Future[None]) -> None:
@@ -49,8 +52,9 @@ class ArrivalNotifier:
         self.wakeups = 0
 
     def register(self, key: QueueKey) -> asyncio.Future[None]:
-        """A future completed by the next arrival in ``key`` (already completed when released).
-        Call on the event loop that will await it; :meth:`unregister` it afterwards."""
+        """A future completed by the next arrival in ``key`` — in any queue of the topic when
+        its queue id is :data:`ANY_QUEUE` — (already completed when released). Call on the
+        event loop that will await it; :meth:`unregister` it afterwards."""
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         with self._lock:
             if self.released:
@@ -75,7 +79,7 @@ class ArrivalNotifier:
         with self._lock:
             woken: list[asyncio.Future[None]] = []
             for key in keys:
-                waiters = self._waiters.pop(key, ())
+                waiters = [*self._waiters.pop(key, ()), *self._waiters.pop((key[0], ANY_QUEUE), ())]
                 woken.extend(waiters)
                 if not is_system_topic(key[0]):
                     self.wakeups += len(waiters)
@@ -99,4 +103,4 @@ class ArrivalNotifier:
             return sum(len(w) for key, w in self._waiters.items() if not is_system_topic(key[0]))
 
 
-__all__ = ["ArrivalNotifier"]
+__all__ = ["ANY_QUEUE", "ArrivalNotifier"]
