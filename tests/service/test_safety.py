@@ -367,7 +367,10 @@ def test_json_logs_and_a_backend_outage_in_one_line_each(tmp_path: Path) -> None
     s3 = start_moto(tmp_path / "moto")
     try:
         bucket = create_bucket(s3)
-        backend = {"name": "s3", "url": f"s3://{bucket}/t", "storage_options": s3.storage_options}
+        # One attempt per S3 call: the subject is how failures are logged, not botocore's retry
+        # backoff, which made each failing tier call 6-17 s and the daemon's stop 19 s.
+        options = {**s3.storage_options, "config_kwargs": {"retries": {"max_attempts": 1}}}
+        backend = {"name": "s3", "url": f"s3://{bucket}/t", "storage_options": options}
         # Short timers: dispatch rounds and upkeep (seals, metadata, manifests) run during the outage.
         data = service_config(tmp_path, backend, dispatch_interval=0.5, manifest_interval=0.5)
         data["log"] = {"format": "json"}
