@@ -86,7 +86,15 @@ def test_queue_count_and_existence_come_from_the_index_not_the_listing(
     def no_listing(self: TopicAdmin) -> dict[str, list[int]]:
         raise AssertionError("a produce-path question built the full topic listing")
 
+    store.put(Message(topic="wide", body=b"z", queue_id=1))  # a gap: queues 2 .. default + 2 empty
+    assert store.hot.wait_dispatched(10)
+    listed = store.topics(system=True)
+
     monkeypatch.setattr(TopicAdmin, "known", no_listing)
+    for topic in ("wide", "narrow", "never"):  # what a receive reads, each topic's own entry
+        assert store.queue_ids(topic) == listed.get(topic, [])
+    assert store.queue_ids("wide") == [1, default + 3]
+    assert store.describe_topic("wide").queues == default + 4
     assert store.queue_count("wide") == default + 4  # one past its highest queue id, both tiers
     assert store.queue_count("narrow") == default
     assert store.queue_count("never") == default

@@ -609,11 +609,7 @@ class _StoreCore:
 
     def _topic_queues(self) -> dict[str, list[int]]:
         """:meth:`topics` once the cold tier has loaded (callable on the store's loop)."""
-        out = {t: set(q) for t, q in self.hot.topics().items()}
-        if self.tiering is not None:
-            for t, q in self.tiering.flat.files:
-                out.setdefault(t, set()).add(q)
-        return {t: sorted(q) for t, q in sorted(out.items())}
+        return dict(sorted(self.topic_admin.known().items()))
 
     def list_topics(self) -> list[str]:
         """Every topic: created, declared in the configuration, or holding messages — less the
@@ -621,6 +617,13 @@ class _StoreCore:
         self._hot()
         self._cold_loaded_now()
         return [t for t in self.topic_admin.names() if not is_system_topic(t)]
+
+    def queue_ids(self, topic: str) -> list[int]:
+        """``topic``'s queue ids with data in either tier — its :meth:`topics` entry, system
+        topics included — answered without listing every topic (a receive asks it per call)."""
+        self._hot()
+        self._cold_loaded_now()
+        return self.topic_admin.queue_ids(check_topic(topic))
 
     def has_topic(self, topic: str) -> bool:
         """Whether :meth:`list_topics` lists ``topic``, answered without listing every topic

@@ -339,8 +339,7 @@ class TopicAdmin:
 
     def names(self) -> list[str]:
         """Every topic: created or declared, or holding messages (a delete in progress: not)."""
-        table = self.registry.table
-        return sorted((set(self.known()) | set(table.topics)) - set(table.deleting))
+        return sorted(t for t in set(self.known()) | set(self.registry.table.topics) if self.exists(t))
 
     def queue_count(self, topic: str) -> int:
         """The queues ``topic`` spreads over: its created count, else ``store.default_queues``
@@ -357,7 +356,23 @@ class TopicAdmin:
         table = self.registry.table
         if topic in table.deleting:
             return False
-        return topic in table.topics or self._highest_queue(topic) is not None
+        return topic in table.topics or self._has_data(topic)
+
+    def queue_ids(self, topic: str) -> list[int]:
+        """``topic``'s queue ids with data in either tier (its :meth:`known` entry), without
+        building the whole listing: a look at each id up to its highest (receive asks it per
+        call)."""
+        highest = self._highest_queue(topic)
+        if highest is None:
+            return []
+        hot, cold = self.hot.cqs, self.tiering.flat.files if self.tiering is not None else None
+        return [
+            q for q in range(highest + 1) if (topic, q) in hot or (cold is not None and (topic, q) in cold)
+        ]
+
+    def _has_data(self, topic: str) -> bool:
+        """Whether ``topic`` has a queue in either tier (is in :meth:`known`), by lookup."""
+        return self._highest_queue(topic) is not None
 
     def _highest_queue(self, topic: str) -> int | None:
         """``topic``'s highest queue id with data in either tier (None: none), from the tiers'
@@ -375,15 +390,15 @@ class TopicAdmin:
     def describe(self, topic: str) -> TopicInfo:
         check_topic(topic)
         table = self.registry.table
-        known = self.known()
+        with_data = self.queue_ids(topic)
         entry = table.topics.get(topic)
         if topic in table.deleting:
             raise TopicDeletingError(
                 f"topic {topic!r} is being deleted; it is gone once the delete has finished", topic=topic
             )
-        if entry is None and topic not in known:
+        if entry is None and not with_data:
             raise NotFoundError(f"topic {topic!r} does not exist", topic=topic)
-        ids = sorted(set(known.get(topic, [])) | set(range(self.queue_count(topic))))
+        ids = sorted(set(with_data) | set(range(self.queue_count(topic))))
         views, hot_n, cold_n, cold_bytes = [], 0, 0, 0
         for qid in ids:
             hot = self.hot.acknowledged_range(topic, qid)
@@ -452,7 +467,7 @@ class TopicAdmin:
             table = self.registry.table
             if topic in table.deleting:
                 raise TopicInUseError(f"topic {topic!r} is being deleted; retry when it is gone", topic=topic)
-            if topic in table.topics or topic in self.known():
+            if topic in table.topics or self._has_data(topic):
                 raise TopicExistsError(f"topic {topic!r} already exists", topic=topic)
             entry = TopicEntry(queues=n, cold_retention_hours=hours, created_at=int(time.time() * 1000))
             await self._save(table.model_copy(update={"topics": {**table.topics, topic: entry}}))
@@ -477,7 +492,7 @@ class TopicAdmin:
             refuse_hot_retention(topic, hot_retention_hours)
         async with self._lock:
             table = self.registry.table
-            if topic in table.deleting or (topic not in table.topics and topic not in self.known()):
+            if topic in table.deleting or (topic not in table.topics and not self._has_data(topic)):
                 raise NotFoundError(f"topic {topic!r} does not exist", topic=topic)
             current = self.queue_count(topic)
             entry = table.topics.get(topic) or TopicEntry(queues=current, created_at=int(time.time() * 1000))
@@ -554,7 +569,7 @@ class TopicAdmin:
         async with self._lock:
             table = self.registry.table
             if topic not in table.deleting:
-                if topic not in table.topics and topic not in self.known():
+                if topic not in table.topics and not self._has_data(topic):
                     raise NotFoundError(f"topic {topic!r} does not exist", topic=topic)
                 reasons = self.needed_by(topic)
                 if reasons and not force:
@@ -679,7 +694,7 @@ class TopicAdmin:
                 continue
             entry = table.topics.get(name)
             queues = tc.queues if tc.queues is not None else None
-            if entry is None and name not in self.known():
+            if entry is None and not self._has_data(name):
                 await self.create(name, queues, tc.cold_retention_hours)
                 continue
             if queues is not None and queues < self.queue_count(name):

@@ -376,7 +376,7 @@ class Inflight:
         deadline = loop.time() + max(0.0, wait)
         arrivals = self.store.arrivals
         while True:
-            queue_ids = self.store.topics(system=True).get(topic, [])
+            queue_ids = self.store.queue_ids(topic)
             # Woken by a message in any queue of the topic, also one that held nothing when
             # this read began (a producer's round-robin reaches it next).
             futures = [((topic, ANY_QUEUE), arrivals.register((topic, ANY_QUEUE)))]
