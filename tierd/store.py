@@ -36,7 +36,7 @@ from tierd.errors import (
 from tierd.format.properties import PROPERTY_UNIQ_KEY
 from tierd.inventory import QueueInfo, SegmentRow, check_kind, live_segments, queue_infos
 from tierd.local.store import MAX_GET_COUNT, HotStore, PutBatchResult, byte_bounded_count
-from tierd.local.validation import TOPIC_MAX_LENGTH, check_key, check_queue, check_topic
+from tierd.local.validation import TOPIC_CACHE_MAX, TOPIC_MAX_LENGTH, check_key, check_queue, check_topic
 from tierd.lockfile import lock_holder
 from tierd.lookup import FoundMessage, check_message_id, find_message
 from tierd.message import GetResult, GetStatus, Message, PutResult, ReadPolicy
@@ -212,7 +212,7 @@ class _StoreCore:
             levels=self.scheduler.levels,
             max_delay_ms=self._max_delay_ms(),
         )
-        if len(self._schedulable) < _SCHEDULABLE_MAX:
+        if len(self._schedulable) < TOPIC_CACHE_MAX:
             self._schedulable.add(topic)  # the next put into it takes the inline checks
         given = message.properties
         return self._scheduled_props(message, topic, message.queue_id, given, when, delay_level)
@@ -717,9 +717,6 @@ class ScheduleResult:
 def _now_ms() -> int:
     return time.time_ns() // 1_000_000
 
-
-#: Bound on ``_schedulable`` (as on the hot store's own cache of checked topics).
-_SCHEDULABLE_MAX = 100_000
 
 _new_object = object.__new__
 _SET_RESULT = {name: ScheduleResult.__dict__[name].__set__ for name in ScheduleResult.__slots__}

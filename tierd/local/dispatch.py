@@ -59,8 +59,8 @@ RETRY_MAX = 2.0
 #: :data:`~tierd.local.prepare.PreparedOne`).
 SingleRecord = tuple[tuple[str, int], int, int, int, int, int, "int | tuple[int, ...]", int]
 #: A :data:`SingleRecord`'s columns.
-_KEY, _QUEUE_OFFSET, _PHYSICAL_OFFSET, _SIZE, _TAGS_CODE, _STORE_TIMESTAMP, _HASHES = map(
-    operator.itemgetter, range(7)
+_KEY, _QUEUE_OFFSET, _PHYSICAL_OFFSET, _SIZE, _TAGS_CODE, _STORE_TIMESTAMP, _HASHES, _END = map(
+    operator.itemgetter, range(8)
 )
 
 
@@ -188,7 +188,7 @@ class DispatchBatch:
             hashes = np.fromiter(itertools.chain.from_iterable(lists), np.uint32, int(counts.sum()))
             index_messages = np.repeat(np.arange(n, dtype=np.intp), counts).tolist()
         return cls(
-            end=run[-1][7],
+            end=_END(run[-1]),
             groups=groups,
             queue_offsets=np.fromiter(map(_QUEUE_OFFSET, run), np.int64, n),
             offsets=np.fromiter(map(_PHYSICAL_OFFSET, run), np.int64, n),

@@ -36,6 +36,7 @@ from tierd.format.record import crc32, encode_record, place_record, topic_field
 from tierd.local.validation import (
     INT32_MAX,
     INT32_MIN,
+    TOPIC_CACHE_MAX,
     build_properties,
     check_body,
     check_born_timestamp,
@@ -211,7 +212,7 @@ class Preparer:
         if entry is None:
             check_topic(topic)
             entry = topic_field(topic.encode())
-            if len(self._topics) < 100_000:
+            if len(self._topics) < TOPIC_CACHE_MAX:
                 self._topics[topic] = entry
         return entry
 

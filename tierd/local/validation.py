@@ -34,6 +34,9 @@ INT32_MAX: Final = (1 << 31) - 1
 INT64_MAX: Final = (1 << 63) - 1
 
 
+#: Most topic names a cache of names checked once holds (this one, the encoder's topic fields,
+#: the facade's schedulable topics): past it, names are checked on each use, memory stays bounded.
+TOPIC_CACHE_MAX: Final = 100_000
 _valid_topics: set[str] = set()
 
 
@@ -52,7 +55,7 @@ def check_topic(topic: object) -> str:
         raise InvalidTopicError(
             f"topic {topic!r} uses the reserved prefix {RESERVED_TOPIC_PREFIX!r}", topic=topic
         )
-    if len(_valid_topics) < 100_000:
+    if len(_valid_topics) < TOPIC_CACHE_MAX:
         _valid_topics.add(topic)
     return topic
 
